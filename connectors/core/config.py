@@ -1,0 +1,215 @@
+"""Deployment configuration: one YAML file, environment overrides, validated at start.
+
+The file is a mapping of sections. The core validates ``kafka``, ``claim_check`` and ``health``;
+each connector validates its own section through :meth:`MailtapConfig.section`, so the core never
+imports a connector (dependency direction in DESIGN.md).
+
+Environment overrides: ``MAILTAP__<SECTION>__<KEY>[__<KEY>...]=value`` sets a nested key (values are
+parsed as YAML scalars, so ``MAILTAP__HEALTH__PORT=9100`` is an int); ``MAILTAP_KAFKA_BOOTSTRAP``
+overrides ``kafka.bootstrap_servers`` (the variable the test suite and the demo honour).
+We merge these ourselves rather than with pydantic-settings' env source because connector sections
+are opaque to the core until their owner validates them.
+
+Example::
+
+    kafka:
+      bootstrap_servers: 127.0.0.1:9092
+    claim_check:
+      url: file:///var/lib/mailtap/claims
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from connectors.core.errors import ConfigError
+
+ENV_PREFIX = "MAILTAP__"
+ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base for every settings model: unknown keys are errors (a typo must not be ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TopicNames(StrictModel):
+    """Topic names; defaults as in DESIGN.md."""
+
+    events: str = "mail.events"
+    commands: str = "mail.commands"
+    retry_prefix: str = "mail.commands.retry"
+    dlq: str = "mail.commands.dlq"
+    delivery: str = "mail.delivery"
+    offsets: str = "mailtap.offsets"
+    workflow: str = "mail.workflow"
+
+
+class KafkaSettings(StrictModel):
+    """How to reach the Kafka cluster (and optionally a Schema Registry)."""
+
+    bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = Field(
+        default=None, description="CA bundle for SSL/SASL_SSL; the system store when unset"
+    )
+    schema_registry_url: str | None = Field(
+        default=None,
+        description="Confluent-compatible registry; when unset, Avro single-object encoding is used",
+    )
+    topics: TopicNames = TopicNames()
+    partitions: int = Field(default=3, ge=1, description="partitions for topics mailtap creates")
+    replication_factor: int = Field(default=1, ge=1)
+    client_properties: dict[str, str] = Field(
+        default_factory=dict, description="extra librdkafka properties passed through verbatim"
+    )
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _has_port(cls, value: str) -> str:
+        for server in value.split(","):
+            host, _, port = server.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
+        return value
+
+
+class ClaimCheckSettings(StrictModel):
+    """Where large bodies, attachments and raw MIME go (referenced from events by URI)."""
+
+    url: str = Field(
+        default="file://./.state/claims", description="file:///path or s3://bucket/prefix"
+    )
+
+
+class HealthSettings(StrictModel):
+    """Metrics and /healthz."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9108, ge=0, le=65535, description="0 picks a free port")
+    max_sync_age_seconds: float = Field(
+        default=600.0, gt=0, description="/healthz fails when a mailbox has not synced for longer"
+    )
+
+
+class MailtapConfig(StrictModel):
+    """The whole file. Connector sections are kept raw until :meth:`section` validates them."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    kafka: KafkaSettings
+    claim_check: ClaimCheckSettings = ClaimCheckSettings()
+    health: HealthSettings = HealthSettings()
+    source_path: str | None = None
+
+    def section(self, name: str, model: type[M]) -> M:
+        """Validate the raw section ``name`` with ``model``; errors name the full key path."""
+        raw = (self.model_extra or {}).get(name)
+        if raw is None:
+            raise ConfigError(
+                f"{self._where()}: section '{name}' is missing; add a '{name}:' mapping "
+                f"(see README, Configuration)"
+            )
+        try:
+            return model.model_validate(raw)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, prefix=name, where=self._where())) from None
+
+    def has_section(self, name: str) -> bool:
+        return (self.model_extra or {}).get(name) is not None
+
+    def _where(self) -> str:
+        return self.source_path or "configuration"
+
+
+def _describe(exc: ValidationError, *, prefix: str, where: str) -> str:
+    lines = []
+    for err in exc.errors():
+        path = prefix
+        for part in err["loc"]:
+            path = (
+                f"{path}[{part}]"
+                if isinstance(part, int)
+                else f"{path}.{part}"
+                if path
+                else str(part)
+            )
+        got = err.get("input")
+        shown = "" if isinstance(got, Mapping) or got is None else f" (got {got!r})"
+        if "password" in path or "secret" in path or "token" in path:
+            shown = ""
+        lines.append(f"{path}: {err['msg']}{shown}")
+    return f"{where}: invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """Return ``raw`` with ``MAILTAP__A__B=v`` and ``MAILTAP_KAFKA_BOOTSTRAP`` applied.
+
+    >>> apply_env_overrides({"kafka": {"bootstrap_servers": "a:1"}},
+    ...                     {"MAILTAP__HEALTH__PORT": "9100", "MAILTAP_KAFKA_BOOTSTRAP": "b:2"})
+    {'kafka': {'bootstrap_servers': 'b:2'}, 'health': {'port': 9100}}
+    """
+    merged: dict[str, Any] = {k: v for k, v in raw.items()}
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            continue
+        node = merged
+        for part in path[:-1]:
+            child = node.get(part)
+            child = dict(child) if isinstance(child, Mapping) else {}
+            node[part] = child
+            node = child
+        node[path[-1]] = yaml.safe_load(value) if value else value
+    if env.get(ENV_KAFKA_BOOTSTRAP):
+        kafka = dict(merged.get("kafka") or {})
+        kafka["bootstrap_servers"] = env[ENV_KAFKA_BOOTSTRAP]
+        merged["kafka"] = kafka
+    return merged
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> MailtapConfig:
+    """Read, merge environment overrides, validate. Raises ConfigError with a fix-it sentence."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(
+            f"config file {file} does not exist; pass -c with the path of a YAML file"
+        )
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"{file}: the top level must be a mapping of sections (kafka:, imap:, ...)"
+        )
+    return config_from_dict(raw, env=os.environ if env is None else env, source=str(file))
+
+
+def config_from_dict(
+    raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str | None = None
+) -> MailtapConfig:
+    merged = apply_env_overrides(dict(raw), env or {})
+    if "kafka" not in merged:
+        raise ConfigError(
+            f"{source or 'configuration'}: section 'kafka' is missing; add kafka.bootstrap_servers "
+            f"or set {ENV_KAFKA_BOOTSTRAP}"
+        )
+    try:
+        return MailtapConfig.model_validate({**merged, "source_path": source})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, prefix="", where=source or "configuration")) from None

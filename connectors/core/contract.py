@@ -1,0 +1,154 @@
+"""The source contract: records that carry their resume position, written exactly once.
+
+After Kafka Connect's ``SourceTask``/``SourceRecord`` and its exactly-once source support (KIP-618):
+
+1. A source builds a batch of :class:`SourceRecord` (events for ``mail.events``, DLQ records...).
+2. It hands the batch and the batch's new source offsets to :meth:`TransactionalSourceWriter.write`.
+3. The writer opens one Kafka transaction, produces the records *and* the offsets to the offsets
+   topic, and commits. Either all of it is visible to read_committed consumers, or none of it.
+4. Only after ``write`` returns may the source perform side effects on the mailbox.
+
+The transactional id is derived from the source partition, so a second instance on the same
+mailbox calls ``init_transactions`` with the same id and fences the first (zombie fencing): the
+first one's next commit fails with a fatal ``PRODUCER_FENCED`` and it must stop.
+
+The writer is used from one thread (the source's loop); confluent-kafka's producer is thread-safe
+but transactions are a per-producer sequence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from connectors.core.config import KafkaSettings
+from connectors.core.errors import MailtapError
+from connectors.core.kafka import producer_config
+from connectors.core.offsets import SourceOffset, SourcePartition, canonical_json
+
+log = logging.getLogger(__name__)
+
+#: init_transactions waits for the broker to fence and abort a previous incarnation's open
+#: transaction, which can take up to the transaction timeout; give it that plus slack.
+INIT_TIMEOUT_S = 90.0
+COMMIT_TIMEOUT_S = 60.0
+
+
+class FencedError(MailtapError):
+    """Another instance took over this source partition; this one must stop, not retry."""
+
+
+class TransactionAborted(MailtapError):
+    """The batch was aborted; nothing of it is visible. Re-read from the last committed cursor."""
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """One record of a batch. ``value=None`` is a tombstone."""
+
+    topic: str
+    key: bytes
+    value: bytes | None
+    headers: Sequence[tuple[str, bytes]] = field(default_factory=tuple)
+
+
+def transactional_id(prefix: str, partition: SourcePartition) -> str:
+    """Stable, readable, bounded: ``mailtap-imap-demo-INBOX-4847b7a7``.
+
+    >>> transactional_id("mailtap-imap", {"account": "demo", "folder": "INBOX"})
+    'mailtap-imap-demo-INBOX-4847b7a7'
+    """
+    digest = hashlib.sha256(canonical_json(partition)).hexdigest()[:8]
+    readable = "-".join(str(v) for _, v in sorted(partition.items()) if isinstance(v, str))
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in readable)[:120]
+    return f"{prefix}-{safe}-{digest}"
+
+
+class TransactionalSourceWriter:
+    """Writes batches and their source offsets in one transaction each."""
+
+    def __init__(self, kafka: KafkaSettings, txn_id: str, **producer_overrides: Any) -> None:
+        self._kafka = kafka
+        self.transactional_id = txn_id
+        self._producer = Producer(
+            producer_config(kafka, transactional_id=txn_id, **producer_overrides)
+        )
+        try:
+            self._producer.init_transactions(INIT_TIMEOUT_S)
+        except KafkaException as exc:
+            raise _translate(exc) from exc
+        log.info("transactional writer ready", extra={"transactional_id": txn_id})
+
+    def write(
+        self,
+        records: Sequence[SourceRecord],
+        offsets: Mapping[bytes, SourceOffset] | Sequence[tuple[SourcePartition, SourceOffset]],
+    ) -> None:
+        """Produce ``records`` and the new ``offsets`` atomically.
+
+        Raises :class:`TransactionAborted` (nothing written; redo from the committed cursor) or
+        :class:`FencedError` (stop this instance).
+        """
+        items = (
+            list(offsets.items())
+            if isinstance(offsets, Mapping)
+            else [(canonical_json(p), o) for p, o in offsets]
+        )
+        try:
+            self._producer.begin_transaction()
+            for record in records:
+                self._produce(record.topic, record.key, record.value, record.headers)
+            for key, offset in items:
+                self._produce(self._kafka.topics.offsets, key, canonical_json(offset), ())
+            self._commit()
+        except KafkaException as exc:
+            error = _translate(exc)
+            if isinstance(error, FencedError):
+                raise error from exc
+            self._abort()
+            raise error from exc
+
+    def _produce(
+        self, topic: str, key: bytes, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+    ) -> None:
+        wire_headers: list[tuple[str, str | bytes | None]] | None = list(headers) or None
+        while True:
+            try:
+                self._producer.produce(topic, key=key, value=value, headers=wire_headers)
+                return
+            except BufferError:
+                # The local queue is full: serve delivery reports until there is room again.
+                self._producer.poll(0.1)
+
+    def _commit(self) -> None:
+        for _ in range(5):
+            try:
+                self._producer.commit_transaction(COMMIT_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.retriable() and not err.txn_requires_abort():
+                    continue
+                raise
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit did not complete"))
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(COMMIT_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("abort_transaction failed: %s", exc.args[0])
+
+    def close(self) -> None:
+        self._producer.flush(10)
+
+
+def _translate(exc: KafkaException) -> MailtapError:
+    err: KafkaError = exc.args[0]
+    if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+        return FencedError(f"transactional producer fenced or fatal: {err.str()}")
+    return TransactionAborted(f"transaction aborted: {err.str()}")

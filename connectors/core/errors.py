@@ -1,0 +1,64 @@
+"""One exception root for mailtap, and the single place that decides retry vs permanent vs data.
+
+Modelled on Debezium's ``ErrorHandler``: the decision is made from the cause chain, so a
+``socket.timeout`` wrapped three levels deep still reads as retriable.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import ssl
+
+
+class MailtapError(Exception):
+    """Root of every error mailtap raises on purpose."""
+
+
+class ConfigError(MailtapError, ValueError):
+    """The configuration is invalid; the message says which key and what to change."""
+
+
+class AuthenticationError(MailtapError):
+    """The server refused our credentials. Retrying at full speed would only lock the account."""
+
+
+class DataError(MailtapError):
+    """One input item is bad; skip it (with a record of why) and move on."""
+
+
+class Disposition(enum.Enum):
+    """What to do about a failure."""
+
+    RETRY = "retry"
+    """Transient: back off and reconnect; the cursor has not moved."""
+    PERMANENT = "permanent"
+    """Will not heal by retrying (bad credentials, bad config): report loudly, back off to the cap."""
+    DATA = "data"
+    """One record is bad: record it (DLQ or parse_error) and move the cursor on."""
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def classify(exc: BaseException) -> Disposition:
+    """Decide from the whole cause chain; the most specific known cause wins.
+
+    Certificate failures are permanent: a retry cannot make a bad certificate good, and silently
+    downgrading is forbidden by the security rules.
+    """
+    for cause in _chain(exc):
+        if isinstance(cause, (ConfigError, AuthenticationError, ssl.SSLCertVerificationError)):
+            return Disposition.PERMANENT
+        if isinstance(cause, DataError):
+            return Disposition.DATA
+    for cause in _chain(exc):
+        if isinstance(cause, (OSError, socket.timeout, TimeoutError, EOFError, ConnectionError)):
+            return Disposition.RETRY
+    return Disposition.RETRY
