@@ -75,6 +75,14 @@ def _known_writers() -> dict[bytes, LoadedSchema]:
     return found
 
 
+@cache
+def _registry_client(url: str) -> Any:
+    """One client per registry URL and process: its schema-id cache is shared by every serde."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient.new_client({"url": url})
+
+
 class AvroSerde:
     """Encode and decode one record type.
 
@@ -100,17 +108,14 @@ class AvroSerde:
 
     def _init_registry(self, url: str) -> None:
         try:
-            from confluent_kafka.schema_registry import (
-                SchemaRegistryClient,
-                topic_subject_name_strategy,
-            )
+            from confluent_kafka.schema_registry import topic_subject_name_strategy
             from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ImportError(
                 "a schema registry is configured but confluent-kafka's registry support is "
                 "missing: pip install 'confluent-kafka[avro,schemaregistry]'"
             ) from exc
-        client = SchemaRegistryClient.new_client({"url": url})
+        client = _registry_client(url)
         schema_str = json.dumps(self.schema.raw)
         self._serializer = AvroSerializer(
             client,
@@ -161,4 +166,38 @@ class AvroSerde:
             ctx = SerializationContext(topic, MessageField.VALUE)
             decoded: dict[str, Any] = self._deserializer(data, ctx)
             return decoded
+        raise DataError(f"not an Avro record of a known encoding (first bytes {data[:4].hex()})")
+
+
+class AnyAvroDecoder:
+    """Decodes a value of any mailtap schema, with the writer's own schema (for tools and people).
+
+    Single-object records are resolved by fingerprint; Confluent-framed ones through the registry.
+    """
+
+    def __init__(self, registry_url: str | None = None) -> None:
+        self._registry_url = registry_url
+        self._deserializer: Any = None
+
+    def decode(self, data: bytes, topic: str = "") -> tuple[str, dict[str, Any]]:
+        """Return ``(schema name, record)``."""
+        if data[:2] == SINGLE_OBJECT_MAGIC:
+            writer = _known_writers().get(data[2:10])
+            if writer is None:
+                raise DataError(f"unknown schema fingerprint {data[2:10].hex()}")
+            record: dict[str, Any] = fastavro.schemaless_reader(  # type: ignore[assignment]
+                io.BytesIO(data[10:]), writer.parsed, None
+            )
+            return writer.raw["name"], record
+        if data[:1] == CONFLUENT_MAGIC and len(data) > 5 and self._registry_url:
+            if self._deserializer is None:
+                from confluent_kafka.schema_registry.avro import AvroDeserializer
+
+                self._deserializer = AvroDeserializer(_registry_client(self._registry_url))
+            from confluent_kafka.serialization import MessageField, SerializationContext
+
+            decoded: dict[str, Any] = self._deserializer(
+                data, SerializationContext(topic, MessageField.VALUE)
+            )
+            return "confluent", decoded
         raise DataError(f"not an Avro record of a known encoding (first bytes {data[:4].hex()})")

@@ -1,0 +1,90 @@
+"""The ``mailtap`` command. Subcommands load lazily so ``mailtap --help`` stays fast and a missing
+optional extra only breaks the command that needs it (with an actionable message)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+#: name -> "module:attribute" of a click command or group.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "dev": (
+        "mailtap.commands.dev:dev",
+        "Start, inspect and stop the local Kafka, Dovecot and SMTP.",
+    ),
+    "topics": ("mailtap.commands.topics:topics", "Create and check mailtap's Kafka topics."),
+    "consume": (
+        "mailtap.commands.consume:consume",
+        "Print decoded events of a topic as JSON lines.",
+    ),
+    "run": ("mailtap.commands.run:run", "Run a connector or the streams worker."),
+    "bench": ("mailtap.commands.bench:bench", "Benchmarks against the local services."),
+    "demo": ("mailtap.commands.demo:demo", "The whole pipeline on the local services."),
+}
+
+#: Which extra provides what a command imports, for the error message.
+EXTRAS = {
+    "imapclient": "imap",
+    "exchangelib": "ews",
+    "aiosmtplib": "smtp",
+    "flufl": "smtp",
+    "faust": "streams",
+    "authres": "streams",
+    "dkim": "streams",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        target, _ = COMMANDS[cmd_name]
+        module_name, attr = target.split(":")
+        module = import_optional(module_name)
+        command: click.Command = getattr(module, attr)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_text) for name, (_, help_text) in sorted(COMMANDS.items())]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def import_optional(module_name: str) -> Any:
+    """Import a module; a missing optional dependency becomes a sentence naming the extra."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        extra = EXTRAS.get(top)
+        if extra:
+            raise click.ClickException(
+                f"'{top}' is not installed; install mailtap with the '{extra}' extra: "
+                f"pip install 'mailtap[{extra}]'"
+            ) from exc
+        raise
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
+def main(verbose: int) -> None:
+    """mailtap: mail as a reliable Kafka event interface."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    level = getattr(logging, os.environ.get("MAILTAP_LOG_LEVEL", ""), level)
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

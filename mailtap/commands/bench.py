@@ -1,0 +1,50 @@
+"""``mailtap bench <name> [--json]``: benchmarks that print their figures (never assertions).
+
+Each benchmark measures its own baseline in the same run and prints the ratio, because these
+machines are shared and noisy: absolute numbers are not comparable between runs, ratios are.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from mailtap.cli import import_optional
+
+
+def _emit(figures: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(figures, sort_keys=True, default=str))
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks against the local services (started when none are running)."""
+
+
+@bench.command("ingest")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--mails", type=int, default=20_000, show_default=True, help="Backfill size.")
+def ingest(as_json: bool, mails: int) -> None:
+    """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, IDLE latency, peak RSS."""
+    module = import_optional("mailtap.bench.ingest")
+    _emit(module.bench_ingest(json_out=as_json, mails=mails), as_json)
+
+
+@bench.command("sink")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+def sink(as_json: bool) -> None:
+    """mail.commands -> SMTP -> SENT events, vs raw aiosmtplib on one connection."""
+    module = import_optional("mailtap.bench.sink")
+    _emit(module.bench_sink(json_out=as_json), as_json)
+
+
+@bench.command("e2e")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--mails", type=int, default=200, show_default=True)
+def e2e(as_json: bool, mails: int) -> None:
+    """APPEND into Dovecot -> reply received by the SMTP server: p50/p99 latency."""
+    module = import_optional("mailtap.bench.e2e")
+    _emit(module.bench_e2e(json_out=as_json, mails=mails), as_json)

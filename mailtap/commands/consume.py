@@ -1,0 +1,169 @@
+"""``mailtap consume TOPIC``: how another team looks at the stream, one JSON object per record.
+
+Avro values are decoded with the schema they were written with; the offsets topic's JSON values
+are shown as JSON; anything else (DLQ payloads) as text when it is UTF-8, else base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import time
+import uuid
+from typing import Any
+
+import click
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+
+from connectors.core.config import load_config
+from connectors.core.errors import ConfigError, DataError
+from connectors.core.kafka import consumer_config
+from connectors.core.serde import AnyAvroDecoder
+from mailtap.commands.common import config_option
+
+
+def _bytes_to_json(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode()}
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    raise TypeError(f"cannot show {type(value).__name__}")
+
+
+@click.command()
+@click.argument("topic")
+@config_option
+@click.option("--from-beginning", is_flag=True, help="Start at the oldest record.")
+@click.option("--offset", type=int, default=None, help="Start at this offset in every partition.")
+@click.option("--from-time", default=None, help="Start at an ISO time, e.g. 2026-11-29T10:00:00Z.")
+@click.option("--max-messages", type=int, default=None, help="Stop after this many records.")
+@click.option("--follow/--no-follow", default=False, help="Keep waiting for new records.")
+@click.option("--uncommitted", is_flag=True, help="Also show records of open/aborted transactions.")
+def consume(
+    topic: str,
+    config_path: str,
+    from_beginning: bool,
+    offset: int | None,
+    from_time: str | None,
+    max_messages: int | None,
+    follow: bool,
+    uncommitted: bool,
+) -> None:
+    """Print TOPIC's records as JSON lines (key, partition, offset, timestamp, headers, value).
+
+    Without --from-beginning/--offset/--from-time it starts at the end (new records only)
+    and implies --follow.
+    """
+    if (
+        sum(x is not None and x is not False for x in (from_beginning or None, offset, from_time))
+        > 1
+    ):
+        raise click.UsageError("use only one of --from-beginning, --offset, --from-time")
+    try:
+        cfg = load_config(config_path)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not (from_beginning or offset is not None or from_time):
+        follow = True
+    consumer = Consumer(
+        consumer_config(
+            cfg.kafka,
+            group_id=f"mailtap-consume-{uuid.uuid4().hex[:8]}",
+            isolation_level="read_uncommitted" if uncommitted else "read_committed",
+            enable_partition_eof=True,
+        )
+    )
+    decoder = AnyAvroDecoder(cfg.kafka.schema_registry_url)
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        if topic not in metadata.topics or metadata.topics[topic].error is not None:
+            raise click.ClickException(
+                f"topic {topic!r} does not exist on {cfg.kafka.bootstrap_servers}"
+            )
+        partitions = sorted(metadata.topics[topic].partitions)
+        assignments = [TopicPartition(topic, p, _start(from_beginning, offset)) for p in partitions]
+        if from_time:
+            when = dt.datetime.fromisoformat(from_time.replace("Z", "+00:00"))
+            millis = int(when.timestamp() * 1000)
+            assignments = consumer.offsets_for_times(
+                [TopicPartition(topic, p, millis) for p in partitions], timeout=10
+            )
+        consumer.assign(assignments)
+        _print_records(consumer, decoder, topic, set(partitions), max_messages, follow)
+    finally:
+        consumer.close()
+
+
+def _start(from_beginning: bool, offset: int | None) -> int:
+    if offset is not None:
+        return offset
+    return OFFSET_BEGINNING if from_beginning else OFFSET_END
+
+
+def _print_records(
+    consumer: Consumer,
+    decoder: AnyAvroDecoder,
+    topic: str,
+    partitions: set[int],
+    max_messages: int | None,
+    follow: bool,
+) -> None:
+    printed = 0
+    at_end: set[int] = set()
+    idle_since = time.monotonic()
+    while max_messages is None or printed < max_messages:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            # Without --follow, stop once every partition reported its end (or nothing comes).
+            if not follow and (at_end >= partitions or time.monotonic() - idle_since > 10):
+                return
+            continue
+        idle_since = time.monotonic()
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                at_end.add(msg.partition() or 0)
+                if not follow and at_end >= partitions:
+                    return
+                continue
+            raise click.ClickException(f"consuming {topic}: {err}")
+        at_end.discard(msg.partition())
+        click.echo(json.dumps(_record(msg, decoder, topic), default=_default, ensure_ascii=False))
+        printed += 1
+
+
+def _record(msg: Any, decoder: AnyAvroDecoder, topic: str) -> dict[str, Any]:
+    raw = msg.value()
+    out: dict[str, Any] = {
+        "topic": topic,
+        "partition": msg.partition(),
+        "offset": msg.offset(),
+        "timestamp": dt.datetime.fromtimestamp(msg.timestamp()[1] / 1000, dt.UTC).isoformat(),
+        "key": _bytes_to_json(msg.key()),
+        "headers": {k: _bytes_to_json(v) for k, v in (msg.headers() or [])},
+    }
+    if raw is None:
+        out["value"] = None
+        out["tombstone"] = True
+        return out
+    try:
+        schema, value = decoder.decode(raw, topic)
+        out["schema"] = schema
+        out["value"] = value
+    except DataError:
+        out["value"] = _bytes_to_json(raw)
+    return out

@@ -1,0 +1,37 @@
+"""``mailtap topics ensure -c CONFIG``: create the topics of DESIGN.md, idempotently."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from connectors.core.config import load_config
+from connectors.core.errors import ConfigError
+from connectors.core.kafka import DEFAULT_RETRY_TIERS, ensure_topics, topic_specs
+from mailtap.commands.common import config_option, retry_tiers_of
+
+
+@click.group()
+def topics() -> None:
+    """Kafka topics used by mailtap."""
+
+
+@topics.command("ensure")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def ensure(config_path: str, as_json: bool) -> None:
+    """Create missing topics and align cleanup policies (compaction where DESIGN.md says so)."""
+    try:
+        cfg = load_config(config_path)
+        tiers = retry_tiers_of(cfg) or DEFAULT_RETRY_TIERS
+        result = ensure_topics(cfg.kafka, tiers)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result, sort_keys=True))
+        return
+    specs = {s.name: s for s in topic_specs(cfg.kafka, tiers)}
+    for name, state in sorted(result.items()):
+        policy = specs[name].config.get("cleanup.policy", "")
+        click.echo(f"{state:8} {name} ({policy}, {specs[name].partitions} partitions)")

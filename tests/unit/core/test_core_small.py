@@ -1,0 +1,77 @@
+import random
+import ssl
+
+from connectors.core.backoff import Backoff
+from connectors.core.config import KafkaSettings
+from connectors.core.contract import transactional_id
+from connectors.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    DataError,
+    Disposition,
+    classify,
+)
+from connectors.core.kafka import producer_config, topic_specs
+from connectors.core.offsets import canonical_json
+
+
+def test_backoff_grows_to_the_cap_with_jitter_and_resets() -> None:
+    b = Backoff(initial=1.0, cap=8.0, rng=random.Random(1))
+    delays = [b.next_delay() for _ in range(10)]
+    assert all(0 <= d <= 8.0 for d in delays)
+    assert max(delays[5:]) > 1.0  # grows past the initial delay
+    assert b.at_cap() == 8.0
+    b.reset()
+    assert b.attempt == 0 and b.next_delay() <= 1.0
+
+
+def test_classify_case_by_case() -> None:
+    assert classify(ConfigError("x")) is Disposition.PERMANENT
+    assert classify(AuthenticationError("x")) is Disposition.PERMANENT
+    assert classify(ssl.SSLCertVerificationError("bad cert")) is Disposition.PERMANENT
+    assert classify(DataError("x")) is Disposition.DATA
+    assert classify(TimeoutError("t")) is Disposition.RETRY
+    assert classify(ConnectionResetError()) is Disposition.RETRY
+    try:
+        try:
+            raise AuthenticationError("nope")
+        except AuthenticationError as inner:
+            raise RuntimeError("wrapped") from inner
+    except RuntimeError as outer:
+        assert classify(outer) is Disposition.PERMANENT
+
+
+def test_canonical_json_is_order_independent() -> None:
+    assert canonical_json({"b": 1, "a": "é"}) == canonical_json({"a": "é", "b": 1})
+
+
+def test_transactional_id_is_stable_and_distinct() -> None:
+    a = transactional_id("mailtap-imap", {"account": "a", "folder": "INBOX"})
+    assert a == transactional_id("mailtap-imap", {"folder": "INBOX", "account": "a"})
+    assert a != transactional_id("mailtap-imap", {"account": "a", "folder": "Archive"})
+    assert len(transactional_id("p", {"account": "x" * 500, "folder": "y"})) < 200
+
+
+def test_producer_config_is_idempotent_and_transactional() -> None:
+    conf = producer_config(KafkaSettings(bootstrap_servers="a:1"), transactional_id="t")
+    assert conf["enable.idempotence"] is True and conf["acks"] == "all"
+    assert conf["transactional.id"] == "t"
+
+
+def test_ssl_always_verifies() -> None:
+    conf = producer_config(
+        KafkaSettings(bootstrap_servers="a:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN")
+    )
+    assert conf["enable.ssl.certificate.verification"] is True
+
+
+def test_topic_specs_compact_where_design_says() -> None:
+    specs = {
+        s.name: s.config["cleanup.policy"]
+        for s in topic_specs(KafkaSettings(bootstrap_servers="a:1"), ["5m"])
+    }
+    assert specs["mail.events"] == "compact"
+    assert specs["mail.delivery"] == "compact"
+    assert specs["mailtap.offsets"] == "compact"
+    assert specs["mail.commands"] == "delete"
+    assert specs["mail.commands.retry.5m"] == "delete"
