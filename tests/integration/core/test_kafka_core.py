@@ -1,0 +1,177 @@
+"""The core's Kafka path against the real broker: topics, Avro through Kafka, transactions, offsets."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.contract import FencedError, SourceRecord, TransactionalSourceWriter
+from connectors.core.kafka import consumer_config, ensure_topics, producer_config
+from connectors.core.offsets import OffsetStore, canonical_json
+from connectors.core.serde import AvroSerde
+from mailtap.cli import main
+
+NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
+
+
+@pytest.fixture
+def kafka(services, unique) -> KafkaSettings:
+    names = {f: f"{getattr(TopicNames(), f)}.{unique}" for f in TopicNames.model_fields}
+    settings = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, topics=TopicNames(**names), partitions=2
+    )
+    ensure_topics(settings, retry_tiers=["1m"])
+    return settings
+
+
+def read_all(kafka: KafkaSettings, topic: str, isolation: str = "read_committed") -> list:
+    consumer = Consumer(
+        consumer_config(
+            kafka,
+            group_id=f"t-{uuid.uuid4().hex[:6]}",
+            isolation_level=isolation,
+            enable_partition_eof=True,
+        )
+    )
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    out, eof = [], set()
+    while eof != set(parts):
+        msg = consumer.poll(5)
+        assert msg is not None, f"no end of partition seen on {topic}"
+        if msg.error():
+            eof.add(msg.partition())
+            continue
+        out.append(msg)
+    consumer.close()
+    return out
+
+
+def mail_event(key: str) -> dict:
+    return {
+        "key": key,
+        "key_kind": "MESSAGE_ID",
+        "account": "demo",
+        "source": {"kind": "IMAP", "folder": "INBOX", "uidvalidity": 1, "uid": 1},
+        "subject": "Bestellung Nr. 5 — 你好",
+        "guard_headers": {},
+        "observed_at": NOW,
+    }
+
+
+def test_ensure_topics_is_idempotent_and_compacts_where_designed(services, unique) -> None:
+    names = {f: f"{getattr(TopicNames(), f)}.x{unique}" for f in TopicNames.model_fields}
+    settings = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, topics=TopicNames(**names)
+    )
+    first = ensure_topics(settings, retry_tiers=["5m", "1h"])
+    assert set(first.values()) == {"created"} and len(first) == 8
+    assert set(ensure_topics(settings, retry_tiers=["5m", "1h"]).values()) == {"ok"}
+    from confluent_kafka.admin import AdminClient, ConfigResource
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    res = ConfigResource(ConfigResource.Type.TOPIC, settings.topics.events)
+    entries = admin.describe_configs([res])[res].result()
+    assert entries["cleanup.policy"].value == "compact"
+
+
+def test_avro_mail_event_through_kafka(kafka: KafkaSettings) -> None:
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    producer = Producer(producer_config(kafka))
+    producer.produce(
+        kafka.topics.events,
+        key=b"demo/mid:a@x",
+        value=serde.encode(mail_event("demo/mid:a@x"), kafka.topics.events),
+    )
+    assert producer.flush(10) == 0
+    [msg] = read_all(kafka, kafka.topics.events)
+    decoded = serde.decode(msg.value())
+    assert msg.key() == b"demo/mid:a@x"
+    assert decoded["subject"] == "Bestellung Nr. 5 — 你好"
+    assert decoded["source"]["folder"] == "INBOX"
+
+
+def test_transaction_writes_events_and_offsets_atomically(kafka: KafkaSettings) -> None:
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    partition = {"source": "imap", "account": "demo", "folder": "INBOX"}
+    writer = TransactionalSourceWriter(kafka, f"test-{uuid.uuid4().hex[:8]}")
+    records = [
+        SourceRecord(kafka.topics.events, f"k{i}".encode(), serde.encode(mail_event(f"k{i}"), ""))
+        for i in range(5)
+    ]
+    writer.write(records, [(partition, {"uidvalidity": 1, "last_uid": 5})])
+    writer.write(records[:1], [(partition, {"uidvalidity": 1, "last_uid": 6})])
+    assert len(read_all(kafka, kafka.topics.events)) == 6
+    assert OffsetStore(kafka).read(partition) == {"uidvalidity": 1, "last_uid": 6}
+    assert canonical_json(partition) in OffsetStore(kafka).read_all()
+
+
+def test_second_instance_fences_the_first_and_nothing_leaks(kafka: KafkaSettings) -> None:
+    txn = f"fence-{uuid.uuid4().hex[:8]}"
+    partition = {"source": "imap", "account": "demo", "folder": "INBOX"}
+    first = TransactionalSourceWriter(kafka, txn)
+    first.write([SourceRecord(kafka.topics.events, b"a", b"1")], [(partition, {"last_uid": 1})])
+    second = TransactionalSourceWriter(kafka, txn)
+    with pytest.raises(FencedError):
+        first.write([SourceRecord(kafka.topics.events, b"b", b"2")], [(partition, {"last_uid": 2})])
+    second.write([SourceRecord(kafka.topics.events, b"c", b"3")], [(partition, {"last_uid": 3})])
+    keys = [m.key() for m in read_all(kafka, kafka.topics.events)]
+    assert sorted(keys) == [b"a", b"c"]
+    assert OffsetStore(kafka).read(partition) == {"last_uid": 3}
+
+
+def test_open_transaction_of_a_crashed_writer_is_aborted_by_its_successor(
+    kafka: KafkaSettings,
+) -> None:
+    """A writer that produced but never committed (kill -9) leaves nothing visible."""
+    txn = f"crash-{uuid.uuid4().hex[:8]}"
+    producer = Producer(producer_config(kafka, transactional_id=txn))
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(kafka.topics.events, key=b"lost", value=b"x")
+    producer.flush(10)  # on the broker, inside an open transaction; then "crash"
+    successor = TransactionalSourceWriter(kafka, txn)
+    successor.write([SourceRecord(kafka.topics.events, b"kept", b"y")], [])
+    assert [m.key() for m in read_all(kafka, kafka.topics.events)] == [b"kept"]
+    assert sorted(m.key() for m in read_all(kafka, kafka.topics.events, "read_uncommitted")) == [
+        b"kept",
+        b"lost",
+    ]
+
+
+def test_consume_cli_prints_decoded_json(kafka: KafkaSettings, tmp_path: Path) -> None:
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    producer = Producer(producer_config(kafka))
+    producer.produce(
+        kafka.topics.events, key=b"demo/mid:c@x", value=serde.encode(mail_event("demo/mid:c@x"), "")
+    )
+    producer.produce(kafka.topics.events, key=b"demo/mid:c@x", value=None)
+    producer.flush(10)
+    config = tmp_path / "m.yaml"
+    config.write_text(yaml.safe_dump({"kafka": json.loads(kafka.model_dump_json())}))
+    result = CliRunner().invoke(
+        main, ["consume", kafka.topics.events, "-c", str(config), "--from-beginning"]
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.output.splitlines()]
+    assert lines[0]["schema"] == "MailEvent"
+    assert lines[0]["value"]["subject"] == "Bestellung Nr. 5 — 你好"
+    assert lines[1]["tombstone"] is True
+
+
+def test_topics_ensure_cli(kafka: KafkaSettings, tmp_path: Path) -> None:
+    config = tmp_path / "m.yaml"
+    config.write_text(yaml.safe_dump({"kafka": json.loads(kafka.model_dump_json())}))
+    result = CliRunner().invoke(main, ["topics", "ensure", "-c", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    state = json.loads(result.output)
+    assert state[kafka.topics.events] == "ok"
+    assert state[f"{kafka.topics.retry_prefix}.4h"] == "created"
