@@ -45,23 +45,33 @@ class StrictModel(BaseModel):
 class TopicNames(StrictModel):
     """Topic names; defaults as in DESIGN.md."""
 
-    events: str = "mail.events"
-    commands: str = "mail.commands"
-    retry_prefix: str = "mail.commands.retry"
-    dlq: str = "mail.commands.dlq"
-    delivery: str = "mail.delivery"
-    offsets: str = "mailtap.offsets"
-    workflow: str = "mail.workflow"
+    events: str = Field(
+        default="mail.events", description="MailEvents, compacted, key = message identity"
+    )
+    commands: str = Field(default="mail.commands", description="ReplyCommands, key = command id")
+    retry_prefix: str = Field(
+        default="mail.commands.retry", description="retry topics are <retry_prefix>.<tier>"
+    )
+    dlq: str = Field(default="mail.commands.dlq", description="dead letters with error headers")
+    delivery: str = Field(default="mail.delivery", description="DeliveryEvents, compacted")
+    offsets: str = Field(default="mailtap.offsets", description="source offsets, compacted")
+    workflow: str = Field(default="mail.workflow", description="WorkflowEvents, compacted")
 
 
 class KafkaSettings(StrictModel):
     """How to reach the Kafka cluster (and optionally a Schema Registry)."""
 
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="SASL_SSL in production; certificates are always verified"
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = (
+        Field(default=None, description="with SASL_PLAINTEXT/SASL_SSL")
+    )
+    sasl_username: str | None = Field(default=None, description="SASL user")
+    sasl_password: SecretStr | None = Field(
+        default=None, description="SASL password (never logged)"
+    )
     ssl_ca_location: str | None = Field(
         default=None, description="CA bundle for SSL/SASL_SSL; the system store when unset"
     )
@@ -69,9 +79,13 @@ class KafkaSettings(StrictModel):
         default=None,
         description="Confluent-compatible registry; when unset, Avro single-object encoding is used",
     )
-    topics: TopicNames = TopicNames()
+    topics: TopicNames = Field(default=TopicNames(), description="topic names (DESIGN.md defaults)")
     partitions: int = Field(default=3, ge=1, description="partitions for topics mailtap creates")
-    replication_factor: int = Field(default=1, ge=1)
+    replication_factor: int = Field(
+        default=1,
+        ge=1,
+        description="replication factor for topics mailtap creates (3 in production)",
+    )
     client_properties: dict[str, str] = Field(
         default_factory=dict, description="extra librdkafka properties passed through verbatim"
     )
@@ -97,7 +111,7 @@ class ClaimCheckSettings(StrictModel):
 class HealthSettings(StrictModel):
     """Metrics and /healthz."""
 
-    host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="listen address (0.0.0.0 in a container)")
     port: int = Field(default=9108, ge=0, le=65535, description="0 picks a free port")
     max_sync_age_seconds: float = Field(
         default=600.0, gt=0, description="/healthz fails when a mailbox has not synced for longer"
