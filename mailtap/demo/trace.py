@@ -1,0 +1,149 @@
+"""Follow one demo run across the topics and the SMTP server, one printed line per step."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from connectors.core.config import KafkaSettings
+from connectors.core.errors import DataError
+from connectors.core.kafka import consumer_config
+from connectors.core.serde import AnyAvroDecoder
+from mailtap.dev.received import ReceivedMessage, received_messages
+
+
+@dataclass
+class RunTrace:
+    """Everything seen of one run: the records of the run's account and what the SMTP server got."""
+
+    account: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    workflow: list[dict[str, Any]] = field(default_factory=list)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    delivery: list[dict[str, Any]] = field(default_factory=list)
+    received: list[ReceivedMessage] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ours(self, event_key: str | None) -> bool:
+        return bool(event_key) and str(event_key).startswith(f"{self.account}/")
+
+    @property
+    def command_ids(self) -> set[str]:
+        return {c["command_id"] for c in self.commands}
+
+
+class Tracer:
+    """Consumes the four topics from ``since`` and watches the SMTP folder, on one thread."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        trace: RunTrace,
+        received_dir: Any,
+        since: dt.datetime,
+        emit: Callable[[str, str], None],
+        run_token: str,
+    ) -> None:
+        self.run_token = run_token
+        self.kafka = kafka
+        self.trace = trace
+        self.received_dir = received_dir
+        self.since_ms = int(since.timestamp() * 1000)
+        self.emit = emit
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-tracer", daemon=True)
+        self._seen_files: set[str] = set()
+        self._decoder = AnyAvroDecoder(kafka.schema_registry_url)
+
+    def start(self) -> Tracer:
+        self._seen_files = {m.path.name for m in received_messages(self.received_dir)}
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        t = self.kafka.topics
+        topics = [t.events, t.workflow, t.commands, t.delivery]
+        consumer = Consumer(
+            consumer_config(self.kafka, group_id=f"mailtap-demo-trace-{uuid.uuid4().hex[:8]}")
+        )
+        try:
+            wanted = []
+            for topic in topics:
+                meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+                for p in meta.partitions if meta else {}:
+                    wanted.append(TopicPartition(topic, p, self.since_ms))
+            consumer.assign(consumer.offsets_for_times(wanted, timeout=10))
+            while not self._stop.is_set():
+                msg = consumer.poll(0.1)
+                if msg is not None and msg.error() is None:
+                    topic, value = msg.topic(), msg.value()
+                    if topic is not None and value is not None:
+                        self._record(topic, value)
+                self._check_smtp()
+        finally:
+            consumer.close()
+
+    def _record(self, topic: str, raw: bytes) -> None:
+        try:
+            _, value = self._decoder.decode(raw, topic)
+        except DataError:
+            return
+        tr, t = self.trace, self.kafka.topics
+        with tr.lock:
+            if topic == t.events and tr.ours(value.get("key")):
+                tr.events.append(value)
+                self.emit("mail", f"{value['change']:<8} {value['key']}  “{value.get('subject')}”")
+            elif topic == t.workflow and tr.ours(value.get("event_key")):
+                tr.workflow.append(value)
+                attrs = ", ".join(f"{k}={v}" for k, v in sorted(value["attributes"].items()))
+                self.emit(
+                    "flow",
+                    f"{value['workflow']:<13} {value['status']:<17} {value['instance_id']}  {attrs}",
+                )
+            elif topic == t.commands and tr.ours(value.get("event_key")):
+                tr.commands.append(value)
+                to = ", ".join(a["address"] for a in value["to"])
+                self.emit(
+                    "command", f"{value['kind']:<8} → {to}  “{value['subject']}”  ({value['step']})"
+                )
+            elif topic == t.delivery and value.get("command_id") in tr.command_ids:
+                tr.delivery.append(value)
+                code = value.get("smtp_code") or ""
+                self.emit("delivery", f"{value['status']:<8} {value.get('recipient')} {code}")
+
+    def _check_smtp(self) -> None:
+        for message in received_messages(self.received_dir):
+            if message.path.name in self._seen_files:
+                continue
+            self._seen_files.add(message.path.name)
+            parsed = message.message
+            threading_ids = f"{parsed['In-Reply-To'] or ''} {parsed['References'] or ''}"
+            if self.run_token not in threading_ids:
+                continue  # another run's mail (or a late retry of one)
+            with self.trace.lock:
+                self.trace.received.append(message)
+            self.emit(
+                "smtp",
+                f"received for {', '.join(message.rcpt_tos)}: “{parsed['Subject']}”  "
+                f"In-Reply-To {parsed['In-Reply-To']}",
+            )
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
