@@ -87,9 +87,9 @@ class Tracer:
             while not self._stop.is_set():
                 msg = consumer.poll(0.1)
                 if msg is not None and msg.error() is None:
-                    topic, value = msg.topic(), msg.value()
-                    if topic is not None and value is not None:
-                        self._record(topic, value)
+                    name, value = msg.topic(), msg.value()
+                    if name is not None and value is not None:
+                        self._record(name, value)
                 self._check_smtp()
         finally:
             consumer.close()
