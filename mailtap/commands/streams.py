@@ -1,0 +1,33 @@
+"""``mailtap run streams -c CONFIG``: the faust worker that turns mail events into reply commands."""
+
+from __future__ import annotations
+
+import logging
+
+from connectors.core.claimcheck import open_claim_check
+from connectors.core.config import load_config
+from streams.app import StreamsWorker, events_partitions
+from streams.config import StreamsSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_worker(config_path: str) -> StreamsWorker:
+    """Load and validate the configuration, look up the partition count, build the app."""
+    cfg = load_config(config_path)
+    settings = cfg.section("streams", StreamsSettings)
+    store = open_claim_check(cfg.claim_check.url)
+    partitions = events_partitions(cfg.kafka)
+    log.info(
+        "streams %s: %d partitions of %s, %d rules",
+        settings.app_id,
+        partitions,
+        cfg.kafka.topics.events,
+        len(settings.rules),
+    )
+    return StreamsWorker(settings, cfg.kafka, partitions=partitions, load_raw=store.get)
+
+
+def run_streams(config_path: str) -> None:
+    """Run until SIGTERM/SIGINT."""
+    build_worker(config_path).run()

@@ -1,0 +1,273 @@
+"""The faust-streaming app: ``mail.events`` -> guards -> routing -> workflows -> ``mail.commands``.
+
+Lifecycle of one record (agent ``mail-events``, one at a time, in partition order):
+
+1. decode the Avro ``MailEvent`` (tombstones, i.e. null values, are ignored);
+2. :class:`~streams.pipeline.Pipeline` admits it (routing, loop guards, dedupe), authenticates
+   the sender (in a thread when that needs DNS), runs the workflow;
+3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent
+   and **their acknowledgements awaited**;
+4. only then are the table writes applied (dedupe mark last), and faust commits the offset
+   later (``processing_guarantee="at_least_once"``).
+
+A crash anywhere before 4 replays the mail against the old tables and re-emits the same
+command ids, which the SMTP sink absorbs; after 4 the dedupe table stops the replay. faust's
+``exactly_once`` mode is not used (open rebalance bugs, PITFALLS.md).
+
+Tables (``memory://`` store, rebuilt from their changelog topics ``<app_id>-<name>-changelog``
+at start): ``runs`` (dedupe), ``rates`` (per-sender reply times), ``state`` (workflow state).
+They use the producer's partitioner (``use_partitioner=True``) because workflow state is keyed
+by thread or approval id, not by the mail key, and because the reminder timer writes outside any
+stream event. Consequence: run **one worker per app id** (all partitions on one process); a
+second worker would see only part of the state. Scaling out needs a repartition by thread root.
+
+A single lock serialises the agent and the reminder timer, so a timer tick never overwrites a
+decision the agent is committing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import ssl
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as aiokafka_driver
+
+from connectors.core.config import KafkaSettings
+from connectors.core.errors import ConfigError, DataError
+from connectors.core.kafka import admin_client
+from connectors.core.serde import AvroSerde
+from streams.auth import DnsFunc, RawLoader
+from streams.config import StreamsSettings
+from streams.pipeline import SKIPPED, Outcome, Pipeline
+from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
+
+log = logging.getLogger(__name__)
+
+AGENT_NAME = "mail-events"
+TABLE_NAMES = ("runs", "rates", "state")
+
+
+class _ReadCommittedConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        # The sources write mail.events in transactions; faust only reads committed data in
+        # exactly_once mode (faust/transport/drivers/aiokafka.py, _create_worker_consumer).
+        # aiokafka reads this attribute when it builds its fetcher in start().
+        consumer._isolation_level = "read_committed"
+        return consumer
+
+
+class _ReadCommittedConsumer(aiokafka_driver.Consumer):
+    def _new_consumer_thread(self) -> Any:
+        return _ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+
+class _ReadCommittedTransport(aiokafka_driver.Transport):
+    Consumer = _ReadCommittedConsumer
+
+
+class StreamsApp(faust.App):
+    """A faust App whose consumer reads ``read_committed`` in at-least-once mode."""
+
+    def _new_transport(self) -> Any:
+        return _ReadCommittedTransport(self.conf.broker_consumer, self)
+
+
+@dataclass
+class FaustTables:
+    runs: MutableMapping[str, Any]
+    rates: MutableMapping[str, Any]
+    state: MutableMapping[str, Any]
+
+
+def events_partitions(kafka: KafkaSettings, timeout: float = 15.0) -> int:
+    """Partition count of ``mail.events``; the changelog topics must match it."""
+    topic = kafka.topics.events
+    metadata = admin_client(kafka).list_topics(topic, timeout=timeout)
+    found = metadata.topics.get(topic)
+    if found is None or found.error is not None or not found.partitions:
+        raise ConfigError(
+            f"topic {topic} does not exist on {kafka.bootstrap_servers}; create the topics first "
+            f"(mailtap topics create -c CONFIG)"
+        )
+    return len(found.partitions)
+
+
+def _broker_options(kafka: KafkaSettings) -> dict[str, Any]:
+    urls = [f"kafka://{server.strip()}" for server in kafka.bootstrap_servers.split(",")]
+    options: dict[str, Any] = {"broker": urls}
+    protocol = kafka.security_protocol
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=kafka.ssl_ca_location)
+    if protocol == "SSL":
+        options["broker_credentials"] = faust.SSLCredentials(context)
+    elif protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        if kafka.sasl_mechanism == "OAUTHBEARER" or not kafka.sasl_username:
+            raise ConfigError(
+                "kafka: the streams worker supports SASL PLAIN and SCRAM with "
+                "sasl_username/sasl_password; OAUTHBEARER is not supported here"
+            )
+        options["broker_credentials"] = faust.SASLCredentials(
+            username=kafka.sasl_username,
+            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else "",
+            ssl_context=context,
+            mechanism=kafka.sasl_mechanism or "PLAIN",
+        )
+    return options
+
+
+class StreamsWorker:
+    """The faust app with its topics, tables, agent and timer, around one :class:`Pipeline`."""
+
+    def __init__(
+        self,
+        settings: StreamsSettings,
+        kafka: KafkaSettings,
+        *,
+        partitions: int,
+        load_raw: RawLoader | None = None,
+        dnsfunc: DnsFunc | None = None,
+        modules: tuple[str, ...] = BUILTIN_MODULES,
+    ) -> None:
+        self.settings = settings
+        self.kafka = kafka
+        self.pipeline = Pipeline(
+            settings, bind_workflows(settings, modules), load_raw=load_raw, dnsfunc=dnsfunc
+        )
+        self.mail_serde = AvroSerde.for_schema("MailEvent", kafka)
+        self.command_serde = AvroSerde.for_schema("ReplyCommand", kafka)
+        self.workflow_serde = AvroSerde.for_schema("WorkflowEvent", kafka)
+        self._lock = asyncio.Lock()
+        self.app = StreamsApp(
+            settings.app_id,
+            **_broker_options(kafka),
+            processing_guarantee="at_least_once",
+            store="memory://",
+            topic_partitions=partitions,
+            topic_replication_factor=kafka.replication_factor,
+            topic_disable_leader=True,
+            web_enabled=False,
+            datadir=settings.data_dir,
+            consumer_auto_offset_reset="earliest",
+            key_serializer="raw",
+            value_serializer="raw",
+        )
+        self.events_topic = self._topic(kafka.topics.events)
+        self.commands_topic = self._topic(kafka.topics.commands)
+        self.workflow_topic = self._topic(kafka.topics.workflow)
+        self.tables = FaustTables(
+            *(
+                self.app.Table(
+                    name,
+                    partitions=partitions,
+                    use_partitioner=True,
+                    schema=faust.Schema(key_serializer="json", value_serializer="json"),
+                )
+                for name in TABLE_NAMES
+            )
+        )
+        self.agent = self.app.agent(self.events_topic, name=AGENT_NAME)(self._consume)
+        self.app.timer(settings.tick_interval_seconds)(self._tick)
+
+    def _topic(self, name: str) -> Any:
+        return self.app.topic(name, key_serializer="raw", value_serializer="raw")
+
+    async def _consume(self, stream: Any) -> None:
+        async for event in stream.events():
+            await self.on_record(event.key, event.value)
+
+    async def on_record(self, key: bytes | None, value: bytes | None) -> Outcome:
+        """Handle one ``mail.events`` record end to end (also called by tests)."""
+        if value is None:
+            return Outcome()
+        try:
+            record = self.mail_serde.decode(value, self.kafka.topics.events)
+        except DataError as exc:
+            # The record stays on the topic; saying so on mail.workflow beats a silent skip.
+            log.warning("undecodable record on %s: %s", self.kafka.topics.events, exc)
+            text = (key or b"").decode("utf-8", "replace")
+            outcome = Outcome(events=[_undecodable(text, exc)])
+            await self.publish(outcome)
+            return outcome
+        async with self._lock:
+            admitted = self.pipeline.admit(record, self.tables)
+            if isinstance(admitted, Outcome):
+                outcome = admitted
+            else:
+                verdict = (
+                    await asyncio.to_thread(self.pipeline.authenticate, admitted)
+                    if admitted.needs_io
+                    else self.pipeline.authenticate(admitted)
+                )
+                outcome = self.pipeline.run(admitted, verdict, self.tables)
+            await self.publish(outcome)
+            Pipeline.apply(outcome, self.tables)
+        for command in outcome.commands:
+            log.info(
+                "command %s %s/%s for %s",
+                command["command_id"][:12],
+                command["workflow"],
+                command["step"],
+                command["event_key"],
+            )
+        return outcome
+
+    async def _tick(self) -> None:
+        if self.app.in_recovery or self.app.rebalancing:
+            return  # the tables are incomplete; the next tick comes soon enough
+        await self.on_tick(dt.datetime.now(dt.UTC))
+
+    async def on_tick(self, now: dt.datetime) -> Outcome:
+        async with self._lock:
+            outcome = self.pipeline.tick(now, self.tables)
+            if outcome.commands or outcome.events:
+                await self.publish(outcome)
+            Pipeline.apply(outcome, self.tables)
+        return outcome
+
+    async def publish(self, outcome: Outcome) -> None:
+        """Send commands and events and wait until Kafka acknowledged every one of them."""
+        pending = []
+        for command in outcome.commands:
+            pending.append(
+                await self.commands_topic.send(
+                    key=command["command_id"].encode(),
+                    value=self.command_serde.encode(command, self.kafka.topics.commands),
+                )
+            )
+        for event in outcome.events:
+            pending.append(
+                await self.workflow_topic.send(
+                    key=event["instance_id"].encode(),
+                    value=self.workflow_serde.encode(event, self.kafka.topics.workflow),
+                )
+            )
+        if pending:
+            await asyncio.gather(*pending)
+
+    def run(self, loglevel: str = "INFO") -> None:
+        """Run the worker until SIGTERM/SIGINT (blocking)."""
+        worker = faust.Worker(self.app, loglevel=loglevel, redirect_stdouts=False)
+        try:
+            worker.execute_from_commandline()
+        except SystemExit as exc:
+            if exc.code not in (0, None):
+                raise
+
+
+def _undecodable(key: str, exc: Exception) -> Record:
+    return workflow_event(
+        instance_id=key or "(no key)",
+        workflow="decode",
+        status=SKIPPED,
+        event_key=key or None,
+        attributes={"guard": "decode", "reason": str(exc)},
+        at=dt.datetime.now(dt.UTC),
+    )

@@ -1,0 +1,155 @@
+"""Settings of the streams worker: the ``streams`` section of the mailtap YAML.
+
+Example (the rules are tried in order, the first match picks the workflow)::
+
+    streams:
+      app_id: mailtap-streams
+      from_address: {name: Helpdesk, address: helpdesk@example.com}
+      auth_policy: authserv            # none | authserv | dkim; per workflow below
+      authserv_id: mx.example.com      # whose Authentication-Results we trust
+      rate_limit: {max_replies: 5, window_seconds: 3600}
+      rules:
+        - name: expenses
+          match: {recipient: approvals@example.com, has_attachment: true}
+          workflow: approval
+        - match: {recipient: "*@support.example.com", subject: "(?i)help|broken"}
+          workflow: ticket_intake
+      workflows:
+        approval:
+          options: {approver: boss@example.com, reminder_after_seconds: 86400}
+        ticket_intake:
+          auth_policy: none
+
+Validated at start-up (:func:`streams.workflow.bind_workflows`): a rule naming an unknown
+workflow or workflow options of the wrong shape stop the worker with the key path to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+AuthPolicy = Literal["none", "authserv", "dkim"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AddressSettings(_Strict):
+    address: str = Field(description="mailbox, e.g. helpdesk@example.com")
+    name: str | None = Field(default=None, description="display name")
+
+    @model_validator(mode="after")
+    def _no_line_breaks(self) -> AddressSettings:
+        # Header injection (DESIGN.md, security rules): nothing we put in a header may break a line.
+        for value in (self.address, self.name or ""):
+            if "\r" in value or "\n" in value:
+                raise ValueError("must not contain CR or LF")
+        if "@" not in self.address:
+            raise ValueError(f"{self.address!r} is not an address (no '@')")
+        return self
+
+
+class RateLimitSettings(_Strict):
+    """At most ``max_replies`` replies to one sender within ``window_seconds`` (RFC 3834 §2)."""
+
+    max_replies: int = Field(default=5, ge=1)
+    window_seconds: float = Field(default=3600.0, gt=0)
+
+
+class RuleMatch(_Strict):
+    """All given conditions must hold; an empty match matches every mail (a catch-all)."""
+
+    account: str | None = Field(default=None, description="configured account name, exact")
+    folder: str | None = Field(default=None, description="folder name, exact")
+    recipient: str | None = Field(
+        default=None, description="To/Cc address, case-insensitive, shell wildcards (*@x.com)"
+    )
+    sender: str | None = Field(
+        default=None, description="From address, case-insensitive, shell wildcards"
+    )
+    subject: re.Pattern[str] | None = Field(
+        default=None, description="regular expression searched in the subject"
+    )
+    has_attachment: bool | None = None
+
+
+class RoutingRule(_Strict):
+    name: str | None = Field(default=None, description="shown in logs and UNROUTED events")
+    match: RuleMatch = RuleMatch()
+    workflow: str = Field(description="registered workflow name, e.g. ticket_intake")
+
+
+class WorkflowSettings(_Strict):
+    auth_policy: AuthPolicy | None = Field(
+        default=None, description="overrides streams.auth_policy for this workflow"
+    )
+    from_address: AddressSettings | None = Field(
+        default=None, description="overrides streams.from_address for this workflow"
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="validated by the workflow's own options model"
+    )
+
+
+class StreamsSettings(_Strict):
+    app_id: str = Field(
+        default="mailtap-streams",
+        description="faust app id: the consumer group and the prefix of the changelog topics",
+    )
+    from_address: AddressSettings = Field(description="sender of every reply")
+    own_addresses: list[str] = Field(
+        default_factory=list,
+        description="further addresses of ours; mail from them is never answered (loop guard)",
+    )
+    auth_policy: AuthPolicy = Field(
+        default="authserv", description="sender authentication required before a workflow runs"
+    )
+    authserv_id: str | None = Field(
+        default=None,
+        description="the authserv-id of our border MTA; only its Authentication-Results count",
+    )
+    rate_limit: RateLimitSettings = RateLimitSettings()
+    rules: list[RoutingRule] = Field(default_factory=list)
+    workflows: dict[str, WorkflowSettings] = Field(default_factory=dict)
+    workflow_modules: list[str] = Field(
+        default_factory=list,
+        description="importable modules with your own @workflow functions (built-ins are loaded)",
+    )
+    tick_interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="how often time-driven steps (approval reminders) are checked",
+    )
+    data_dir: str = Field(default=".state/streams", description="faust's local data directory")
+
+    def policy_for(self, workflow: str) -> AuthPolicy:
+        own = self.workflows.get(workflow)
+        return own.auth_policy if own and own.auth_policy else self.auth_policy
+
+    def from_address_for(self, workflow: str) -> AddressSettings:
+        own = self.workflows.get(workflow)
+        return own.from_address if own and own.from_address else self.from_address
+
+    @property
+    def own_address_set(self) -> frozenset[str]:
+        addresses = {self.from_address.address, *self.own_addresses}
+        addresses |= {w.from_address.address for w in self.workflows.values() if w.from_address}
+        return frozenset(a.strip().lower() for a in addresses)
+
+    @model_validator(mode="after")
+    def _authserv_id_when_needed(self) -> StreamsSettings:
+        needs = [w for w in self._workflow_names() if self.policy_for(w) == "authserv"]
+        if needs and not self.authserv_id:
+            raise ValueError(
+                f"auth_policy 'authserv' (workflows: {', '.join(needs)}) needs authserv_id, the "
+                f"authserv-id your border MTA writes into Authentication-Results; or set "
+                f"auth_policy to 'dkim' or 'none'"
+            )
+        return self
+
+    def _workflow_names(self) -> list[str]:
+        return sorted({r.workflow for r in self.rules} | set(self.workflows))

@@ -1,0 +1,203 @@
+"""Guards: named, pure checks a mail must pass before any workflow runs.
+
+Each guard returns :data:`PASS` or a :class:`Skip` naming itself and the reason; the pipeline
+publishes every skip as a ``SKIPPED`` WorkflowEvent on ``mail.workflow`` (attributes ``guard``
+and ``reason``), so "why did nobody answer?" has an answer on Kafka.
+
+Order in the pipeline (:mod:`streams.pipeline`): :data:`LOOP_GUARDS` (RFC 3834 loop
+prevention and our own addresses), then :func:`dedupe`, sender authentication
+(:mod:`streams.auth`), then :func:`rate_limit`.
+
+RFC 3834 §2 in one sentence: an automatic responder must not answer mail that is itself
+automatic (``Auto-Submitted`` other than ``no``), that has a null return path, that came from a
+list or as bulk, or that is a delivery report; and it should limit how often it answers a sender.
+
+>>> from streams.mail import MailView, GuardHeaders
+>>> import dataclasses, datetime as dt
+>>> mail = MailView.from_record({"key": "k", "account": "a", "source": {"folder": "INBOX"},
+...     "from": {"address": "ann@example.com"}, "guard_headers": {"auto_submitted": "auto-replied"},
+...     "observed_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
+>>> auto_submitted(mail)
+Skip(guard='auto_submitted', reason='Auto-Submitted: auto-replied')
+>>> first_skip(mail, LOOP_GUARDS, own_addresses=frozenset())
+Skip(guard='auto_submitted', reason='Auto-Submitted: auto-replied')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from streams.config import RateLimitSettings
+from streams.mail import MailView
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """The mail may go on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Skip:
+    """The mail stops here; ``guard`` and ``reason`` are published."""
+
+    guard: str
+    reason: str
+
+
+Verdict = Pass | Skip
+PASS: Final = Pass()
+
+#: Precedence values that mark mass mail (RFC 3834 §2; RFC 2076 §3.9 lists them).
+BULK_PRECEDENCE: Final = frozenset({"bulk", "list", "junk"})
+#: X-Auto-Response-Suppress tokens that ask us not to answer ([MS-OXCMAIL] §2.2.3.2.14).
+SUPPRESS_TOKENS: Final = frozenset({"all", "autoreply"})
+#: Local parts RFC 3834 §2 names as never to be answered automatically.
+SYSTEM_LOCAL_PARTS: Final = frozenset({"mailer-daemon", "postmaster"})
+
+
+def _token(value: str) -> str:
+    """First token of a structured header value, lower-cased: ``"Auto-Replied; x=1"`` -> ``auto-replied``."""
+    return value.split(";", 1)[0].split("(", 1)[0].strip().lower()
+
+
+def parse_complete(mail: MailView, **_: Any) -> Verdict:
+    """A mail the parser could not fully read is recorded, never answered."""
+    if mail.parse_error:
+        return Skip("parse_complete", f"parse error: {mail.parse_error}")
+    return PASS
+
+
+def auto_submitted(mail: MailView, **_: Any) -> Verdict:
+    """RFC 3834 §5: anything but ``Auto-Submitted: no`` is automatic mail."""
+    value = mail.guard_headers.auto_submitted
+    if value is not None and _token(value) not in ("", "no"):
+        return Skip("auto_submitted", f"Auto-Submitted: {value.strip()}")
+    return PASS
+
+
+def null_return_path(mail: MailView, **_: Any) -> Verdict:
+    """RFC 3834 §2: no reply when the envelope sender is null (``<>``) or MAILER-DAEMON."""
+    value = mail.guard_headers.return_path
+    if value is None:
+        return PASS
+    path = value.strip().strip("<>").strip()
+    if not path or path.split("@", 1)[0].lower() == "mailer-daemon":
+        return Skip("null_return_path", f"Return-Path: {value.strip() or '<>'}")
+    return PASS
+
+
+def system_sender(mail: MailView, **_: Any) -> Verdict:
+    """RFC 3834 §2: never answer mailer-daemon, postmaster, ``owner-*`` or ``*-request``."""
+    address = mail.reply_address
+    if address is None:
+        return Skip("system_sender", "no From or Reply-To address to answer")
+    local = address.normalized.split("@", 1)[0]
+    if local in SYSTEM_LOCAL_PARTS or local.startswith("owner-") or local.endswith("-request"):
+        return Skip("system_sender", f"system address {address.address}")
+    return PASS
+
+
+def mailing_list(mail: MailView, **_: Any) -> Verdict:
+    """RFC 3834 §2 / RFC 2369, 2919: List-Id or List-Unsubscribe marks list mail."""
+    headers = mail.guard_headers
+    if headers.list_id is not None:
+        return Skip("mailing_list", f"List-Id: {headers.list_id.strip()}")
+    if headers.list_unsubscribe is not None:
+        return Skip("mailing_list", "List-Unsubscribe present")
+    return PASS
+
+
+def bulk_precedence(mail: MailView, **_: Any) -> Verdict:
+    value = mail.guard_headers.precedence
+    if value is not None and _token(value) in BULK_PRECEDENCE:
+        return Skip("bulk_precedence", f"Precedence: {value.strip()}")
+    return PASS
+
+
+def delivery_report(mail: MailView, **_: Any) -> Verdict:
+    """RFC 6522: ``multipart/report`` carries DSNs (RFC 3464), MDNs and abuse reports."""
+    value = mail.guard_headers.content_type
+    if value is not None and _token(value) == "multipart/report":
+        return Skip("delivery_report", f"Content-Type: {_token(value)}")
+    return PASS
+
+
+def auto_response_suppressed(mail: MailView, **_: Any) -> Verdict:
+    """Exchange's ``X-Auto-Response-Suppress: All`` / ``AutoReply`` asks for no auto-reply."""
+    value = mail.guard_headers.x_auto_response_suppress
+    if value is None:
+        return PASS
+    tokens = {t.strip().lower() for t in value.split(",")}
+    if tokens & SUPPRESS_TOKENS:
+        return Skip("auto_response_suppressed", f"X-Auto-Response-Suppress: {value.strip()}")
+    return PASS
+
+
+def own_address(mail: MailView, *, own_addresses: frozenset[str], **_: Any) -> Verdict:
+    """Mail from one of our own addresses would start a conversation with ourselves."""
+    for address in (mail.sender, mail.reply_address):
+        if address is not None and address.normalized in own_addresses:
+            return Skip("own_address", f"sent by our own address {address.address}")
+    return PASS
+
+
+Guard = Callable[..., Verdict]
+
+#: RFC 3834 loop prevention, cheapest and most specific first.
+LOOP_GUARDS: Final[tuple[Guard, ...]] = (
+    parse_complete,
+    auto_submitted,
+    null_return_path,
+    delivery_report,
+    mailing_list,
+    bulk_precedence,
+    auto_response_suppressed,
+    system_sender,
+    own_address,
+)
+
+
+def first_skip(mail: MailView, guards: Sequence[Guard], **context: Any) -> Verdict:
+    """Run ``guards`` in order; the first skip wins."""
+    for guard in guards:
+        verdict = guard(mail, **context)
+        if isinstance(verdict, Skip):
+            return verdict
+    return PASS
+
+
+def dedupe_key(event_key: str, workflow: str) -> str:
+    """Key of the dedupe table: one entry per (mail, workflow) that has run."""
+    return f"{workflow}\x1f{event_key}"
+
+
+def dedupe(mail: MailView, workflow: str, runs: Mapping[str, Any]) -> Verdict:
+    """A mail key runs a workflow at most once: flag changes, rescans and replays stop here."""
+    if runs.get(dedupe_key(mail.key, workflow)) is not None:
+        return Skip("dedupe", f"{workflow} already ran for this mail ({mail.change})")
+    return PASS
+
+
+def rate_limit(mail: MailView, history: Sequence[float], limit: RateLimitSettings) -> Verdict:
+    """RFC 3834 §2: at most ``max_replies`` answers to one sender per window.
+
+    ``history`` holds the times (epoch seconds, from ``observed_at`` so that a replay sees the
+    same clock) at which earlier mails of this sender were answered.
+    """
+    now = mail.observed_at.timestamp()
+    recent = [t for t in history if now - limit.window_seconds < t <= now]
+    if len(recent) >= limit.max_replies:
+        sender = mail.reply_address.address if mail.reply_address else "?"
+        return Skip(
+            "rate_limit",
+            f"{len(recent)} replies to {sender} in the last {limit.window_seconds:g}s",
+        )
+    return PASS
+
+
+def record_reply(history: Sequence[float], at: float, limit: RateLimitSettings) -> list[float]:
+    """The sender's new history after answering at ``at``: entries outside the window dropped."""
+    kept = [t for t in history if at - limit.window_seconds < t <= at]
+    return [*kept, at][-limit.max_replies :]

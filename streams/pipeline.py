@@ -1,0 +1,269 @@
+"""One mail through the stream, as a pure function of (record, tables) -> outputs.
+
+The faust app (:mod:`streams.app`) and the in-memory harness (:mod:`streams.testing`) both
+drive this class, so what the unit tests exercise is what runs on Kafka.
+
+Per mail::
+
+    tombstone? -> ignored
+    route      -> no rule: UNROUTED event
+    loop guards (RFC 3834, own address)  -> SKIPPED
+    dedupe (mail key x workflow)         -> SKIPPED
+    sender authentication (policy)       -> SKIPPED
+    rate limit per sender                -> SKIPPED
+    workflow.on_mail -> ReplyCommands + WorkflowEvents + state writes
+
+The caller publishes ``Outcome.commands`` and ``Outcome.events``, waits for Kafka to
+acknowledge them, and only then applies the table writes with :meth:`Pipeline.apply`
+(at-least-once: a crash before that replays the mail against the old tables and produces the
+same command ids).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from streams.auth import DnsFunc, RawLoader, needs_io, sender_authentication
+from streams.config import AuthPolicy, StreamsSettings
+from streams.guards import (
+    LOOP_GUARDS,
+    Pass,
+    Skip,
+    Verdict,
+    dedupe,
+    dedupe_key,
+    first_skip,
+    rate_limit,
+    record_reply,
+)
+from streams.mail import MailView
+from streams.routing import route
+from streams.workflow import BoundWorkflow, Record, WorkflowContext, WorkflowState, workflow_event
+
+log = logging.getLogger(__name__)
+
+UNROUTED = "UNROUTED"
+SKIPPED = "SKIPPED"
+FAILED = "FAILED"
+#: ``workflow`` field of events about mail that reached no workflow.
+ROUTING = "routing"
+
+
+class Tables(Protocol):
+    """The three tables the pipeline reads; faust Tables in the app, dicts in tests."""
+
+    @property
+    def runs(self) -> MutableMapping[str, Any]: ...
+    @property
+    def rates(self) -> MutableMapping[str, Any]: ...
+    @property
+    def state(self) -> MutableMapping[str, Any]: ...
+
+
+@dataclass
+class MemoryTables:
+    runs: dict[str, Any] = field(default_factory=dict)
+    rates: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    commands: list[Record] = field(default_factory=list)
+    events: list[Record] = field(default_factory=list)
+    runs: dict[str, Any] = field(default_factory=dict)
+    rates: dict[str, list[float]] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    """Table writes; a None value deletes the key."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A mail that passed routing, loop guards and dedupe; authentication comes next."""
+
+    mail: MailView
+    workflow: BoundWorkflow
+    policy: AuthPolicy
+
+    @property
+    def needs_io(self) -> bool:
+        return needs_io(self.policy)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: StreamsSettings,
+        workflows: Mapping[str, BoundWorkflow],
+        *,
+        load_raw: RawLoader | None = None,
+        dnsfunc: DnsFunc | None = None,
+    ) -> None:
+        self.settings = settings
+        self.workflows = dict(workflows)
+        self._load_raw = load_raw
+        self._dnsfunc = dnsfunc
+        self._own = settings.own_address_set
+
+    # -- per mail ----------------------------------------------------------------------------
+
+    def admit(self, record: Mapping[str, Any] | None, tables: Tables) -> Admission | Outcome:
+        """Everything before authentication: pure and cheap."""
+        if record is None:
+            return Outcome()  # tombstone: the mail left the mailbox; nothing to answer
+        mail = MailView.from_record(record)
+        rule = route(mail, self.settings.rules)
+        if rule is None:
+            return Outcome(events=[_unrouted(mail)])
+        bound = self.workflows[rule.workflow]
+        verdict = first_skip(mail, LOOP_GUARDS, own_addresses=self._own)
+        if isinstance(verdict, Pass):
+            verdict = dedupe(mail, bound.name, tables.runs)
+        if isinstance(verdict, Skip):
+            return Outcome(events=[_skipped(mail, bound.name, verdict)])
+        return Admission(mail, bound, self.settings.policy_for(bound.name))
+
+    def authenticate(self, admission: Admission) -> Verdict:
+        """The sender authentication guard; may read the claim-check store and DNS."""
+        return sender_authentication(
+            admission.mail,
+            admission.policy,
+            authserv_id=self.settings.authserv_id,
+            load_raw=self._load_raw,
+            dnsfunc=self._dnsfunc,
+        )
+
+    def run(self, admission: Admission, auth: Verdict, tables: Tables) -> Outcome:
+        """Rate limit, then the workflow."""
+        mail, bound = admission.mail, admission.workflow
+        if isinstance(auth, Skip):
+            return Outcome(events=[_skipped(mail, bound.name, auth)])
+        sender = mail.reply_address.normalized if mail.reply_address else ""
+        history = list(tables.rates.get(sender) or ())
+        limited = rate_limit(mail, history, self.settings.rate_limit)
+        if isinstance(limited, Skip):
+            return Outcome(events=[_skipped(mail, bound.name, limited)])
+        state = WorkflowState(bound.name, tables.state)
+        ctx = WorkflowContext(
+            workflow=bound.name,
+            event_key=mail.key,
+            mail=mail,
+            options=bound.options,
+            from_address=bound.from_address,
+            state=state,
+            now=mail.observed_at,
+        )
+        try:
+            bound.registered.on_mail(mail, ctx)
+        except Exception as exc:
+            # A workflow bug must not stop the stream; the mail is not marked as run, so a
+            # fixed workflow picks it up on the next replay.
+            log.exception("workflow %s failed on %s", bound.name, mail.key)
+            return Outcome(events=[_failed(mail.key, bound.name, exc, mail.observed_at)])
+        outcome = Outcome(commands=ctx.commands, events=ctx.events, state=state.writes)
+        outcome.runs[dedupe_key(mail.key, bound.name)] = [c["command_id"] for c in ctx.commands]
+        if sender and any(sender in _recipients(c) for c in ctx.commands):
+            at = mail.observed_at.timestamp()
+            outcome.rates[sender] = record_reply(history, at, self.settings.rate_limit)
+        return outcome
+
+    def process(self, record: Mapping[str, Any] | None, tables: Tables) -> Outcome:
+        """admit -> authenticate -> run, synchronously (tests and the in-memory harness)."""
+        admitted = self.admit(record, tables)
+        if isinstance(admitted, Outcome):
+            return admitted
+        return self.run(admitted, self.authenticate(admitted), tables)
+
+    # -- time-driven steps -------------------------------------------------------------------
+
+    def tick(self, now: dt.datetime, tables: Tables) -> Outcome:
+        """Run every workflow's ``on_tick`` (e.g. approval reminders) at ``now``."""
+        outcome = Outcome()
+        for bound in self.workflows.values():
+            if bound.registered.on_tick is None:
+                continue
+            state = WorkflowState(bound.name, tables.state)
+            ctx = WorkflowContext(
+                workflow=bound.name,
+                event_key=None,
+                mail=None,
+                options=bound.options,
+                from_address=bound.from_address,
+                state=state,
+                now=now,
+            )
+            try:
+                bound.registered.on_tick(ctx)
+            except Exception as exc:
+                log.exception("workflow %s failed on tick", bound.name)
+                outcome.events.append(_failed(f"tick/{bound.name}", bound.name, exc, now))
+                continue
+            outcome.commands += ctx.commands
+            outcome.events += ctx.events
+            outcome.state.update(state.writes)
+        return outcome
+
+    @staticmethod
+    def apply(outcome: Outcome, tables: Tables) -> None:
+        """Write the outcome's table changes (after its outputs were acknowledged)."""
+        for key, value in outcome.state.items():
+            if value is None:
+                tables.state.pop(key, None)
+            else:
+                tables.state[key] = value
+        for key, history in outcome.rates.items():
+            tables.rates[key] = history
+        # Last: once a run is marked, a replay skips the mail, so everything else must be durable.
+        for key, value in outcome.runs.items():
+            tables.runs[key] = value
+
+
+def _recipients(command: Record) -> set[str]:
+    return {str(a["address"]).strip().lower() for a in [*command["to"], *command["cc"]]}
+
+
+def _unrouted(mail: MailView) -> Record:
+    return workflow_event(
+        instance_id=mail.key,
+        workflow=ROUTING,
+        status=UNROUTED,
+        event_key=mail.key,
+        attributes={
+            "account": mail.account,
+            "folder": mail.folder,
+            "from": mail.sender.address if mail.sender else None,
+            "subject": mail.subject,
+        },
+        at=mail.observed_at,
+    )
+
+
+def _skipped(mail: MailView, workflow: str, skip: Skip) -> Record:
+    return workflow_event(
+        instance_id=mail.key,
+        workflow=workflow,
+        status=SKIPPED,
+        event_key=mail.key,
+        attributes={
+            "guard": skip.guard,
+            "reason": skip.reason,
+            "from": mail.sender.address if mail.sender else None,
+            "subject": mail.subject,
+        },
+        at=mail.observed_at,
+    )
+
+
+def _failed(instance: str, workflow: str, exc: Exception, at: dt.datetime) -> Record:
+    return workflow_event(
+        instance_id=instance,
+        workflow=workflow,
+        status=FAILED,
+        event_key=None if instance.startswith("tick/") else instance,
+        attributes={"error": f"{type(exc).__name__}: {exc}"},
+        at=at,
+    )

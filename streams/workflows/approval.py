@@ -1,0 +1,284 @@
+"""Approval: a request goes to an approver, whose APPROVE or REJECT goes back to the requester.
+
+Copy this module for workflows that wait for someone: a class with ``on_mail`` (mail-driven
+steps) and ``on_tick`` (time-driven steps), its pending work kept in ``ctx.state``.
+
+Behaviour:
+
+1. A request (any routed mail that is not an answer to a known approval) is forwarded to the
+   configured approver, attachments included, with the tag ``[APPROVAL <ID>]`` in the subject.
+   The requester gets an acknowledgement (``acknowledge_requests``). The id is derived from the
+   request's identity key, so a replay repeats the same commands.
+2. The approver answers in the thread (the forward carries the request's Message-ID in its
+   References; the subject tag is the fallback). The first unquoted line that says APPROVE(D) or
+   REJECT(ED) decides; the rest of the unquoted text goes to the requester as a comment. The
+   requester gets the decision as a reply to the original request; the approver gets a
+   confirmation (``confirm_decisions``). An answer that says neither gets a "please answer
+   APPROVE or REJECT" reply; an answer to a decided request is told so.
+3. While a request is pending, a reminder goes to the approver every ``reminder_after_seconds``
+   (at most ``max_reminders``). The reminder number is derived from the elapsed time, so its
+   command id is stable across restarts and a re-sent reminder is absorbed by the sink.
+4. Mail from anyone else in a pending request's thread gets a status answer.
+
+Only mail *from the approver* can decide, and the approver's mail passes the same sender
+authentication guard as every mail: use ``auth_policy`` ``authserv`` or ``dkim`` for this
+workflow in production, or anyone could forge an approval. The routing rule must send the
+approver's answers to this workflow too (route on the mailbox, not on "has an attachment").
+
+Status events (key: the approval id): ``APPROVAL_REQUESTED``, ``APPROVAL_REMINDED``,
+``APPROVED``, ``REJECTED``, ``APPROVAL_UNCLEAR``.
+
+State::
+
+    request/<ID>          {"id", "status", "requester": ThreadRef, "event_key", "subject",
+                           "requested_at": epoch seconds, "reminders": n, "decided_by", ...}
+    thread/<message-id>   "<ID>"   (the request's Message-ID)
+
+Configuration::
+
+    streams:
+      workflows:
+        approval:
+          auth_policy: authserv
+          options: {approver: boss@example.com, reminder_after_seconds: 86400, max_reminders: 3}
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from streams.mail import Address, MailView, ThreadRef
+from streams.workflow import WorkflowContext, one_line, reply_subject, workflow
+
+NAME = "approval"
+TAG = re.compile(r"\[APPROVAL ([A-Z2-7]{8})\]")
+PENDING = "PENDING"
+Decision = Literal["APPROVED", "REJECTED"]
+
+_DECISION = re.compile(r"\b(APPROVED?|REJECT(?:ED)?)\b", re.IGNORECASE)
+#: Where quoted history starts in common clients (Gmail/Thunderbird, Outlook, our forward).
+_QUOTE_START = re.compile(
+    r"^(On .+ wrote:|Am .+ schrieb .+:|-{2,} ?(Original Message|Forwarded message) ?-{2,}"
+    r"|From: .+)\s*$",
+    re.IGNORECASE,
+)
+
+
+class ApprovalOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    approver: str = Field(description="address of the approver")
+    approver_name: str | None = None
+    reminder_after_seconds: float = Field(default=86400.0, gt=0)
+    max_reminders: int = Field(default=3, ge=0)
+    acknowledge_requests: bool = True
+    confirm_decisions: bool = True
+
+
+def approval_id(event_key: str) -> str:
+    return base64.b32encode(hashlib.sha256(event_key.encode()).digest()).decode()[:8]
+
+
+def fresh_text(body: str | None) -> list[str]:
+    """The lines of an answer above the quoted history."""
+    lines: list[str] = []
+    for line in (body or "").splitlines():
+        stripped = line.strip()
+        if stripped.startswith(">") or _QUOTE_START.match(stripped):
+            break
+        lines.append(line.rstrip())
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def parse_decision(mail: MailView) -> tuple[Decision | None, str]:
+    """(decision, comment) from the unquoted text; the subject only when the text says nothing.
+
+    >>> import datetime as dt
+    >>> m = MailView.from_record({"key": "k", "account": "a", "source": {}, "guard_headers": {},
+    ...     "text_body": "Approved, thanks.\\n\\nOn Mon, Ann wrote:\\n> please REJECT or APPROVE",
+    ...     "observed_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
+    >>> parse_decision(m)
+    ('APPROVED', 'Approved, thanks.')
+    """
+    lines = fresh_text(mail.text_body)
+    for text in [*lines, TAG.sub("", mail.subject or "")]:
+        found = _DECISION.search(text)
+        if found:
+            decision: Decision = (
+                "APPROVED" if found.group(1).upper().startswith("APPROVE") else "REJECTED"
+            )
+            return decision, "\n".join(lines).strip()
+    return None, "\n".join(lines).strip()
+
+
+@workflow(NAME, options=ApprovalOptions)
+class Approval:
+    def on_mail(self, mail: MailView, ctx: WorkflowContext) -> None:
+        options: ApprovalOptions = ctx.options
+        request = self._find(mail, ctx)
+        sender = mail.sender.normalized if mail.sender else ""
+        from_approver = sender == options.approver.strip().lower()
+        if request is None or request["event_key"] == mail.key:
+            self._request(mail, ctx)
+        elif from_approver:
+            self._answer(mail, ctx, request)
+        else:
+            self._status(mail, ctx, request)
+
+    def on_tick(self, ctx: WorkflowContext) -> None:
+        options: ApprovalOptions = ctx.options
+        now = ctx.now.timestamp()
+        for key, request in ctx.state.items("request/"):
+            if request["status"] != PENDING:
+                continue
+            due = min(
+                int((now - request["requested_at"]) // options.reminder_after_seconds),
+                options.max_reminders,
+            )
+            if due <= request["reminders"]:
+                continue
+            ref = ThreadRef.from_state(request["requester"])
+            ctx.send(
+                f"reminder-{due}",
+                [_approver(options)],
+                f"Reminder: [APPROVAL {request['id']}] {one_line(request['subject'])}",
+                f"The request [APPROVAL {request['id']}] from {_who(ref)} is still waiting "
+                f"for your decision.\nAnswer this mail with APPROVE or REJECT.\n",
+                event_key=request["event_key"],
+                thread=ref,
+            )
+            ctx.state.set(key, {**request, "reminders": due})
+            ctx.emit(
+                "APPROVAL_REMINDED",
+                {"reminder": due},
+                instance_id=request["id"],
+                event_key=request["event_key"],
+            )
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def _find(self, mail: MailView, ctx: WorkflowContext) -> dict[str, Any] | None:
+        for mid in (mail.message_id, *mail.thread_ids):
+            aid = ctx.state.get(f"thread/{mid}") if mid else None
+            if aid:
+                found: dict[str, Any] | None = ctx.state.get(f"request/{aid}")
+                if found:
+                    return found
+        for aid in TAG.findall(mail.subject or ""):
+            tagged: dict[str, Any] | None = ctx.state.get(f"request/{aid}")
+            if tagged:
+                return tagged
+        return None
+
+    def _request(self, mail: MailView, ctx: WorkflowContext) -> None:
+        options: ApprovalOptions = ctx.options
+        aid = approval_id(mail.key)
+        ref = mail.thread_ref()
+        files = ", ".join(a.filename or a.content_type for a in mail.attachments) or "none"
+        ctx.forward(
+            "request",
+            [_approver(options)],
+            f"{_who(ref)} asks for your approval.\n\n"
+            f"Subject: {one_line(mail.subject)}\nAttachments: {files}\n\n"
+            f"Answer this mail with APPROVE or REJECT on the first line; what you write below\n"
+            f"it is passed on to the requester as your comment.\n",
+            subject=f"[APPROVAL {aid}] {one_line(mail.subject) or '(no subject)'}",
+        )
+        if options.acknowledge_requests:
+            ctx.reply(
+                "received",
+                f"Your request was sent to {options.approver_name or options.approver} for "
+                f"approval (reference [APPROVAL {aid}]).\nYou will get the decision by mail.\n",
+            )
+        ctx.state.set(
+            f"request/{aid}",
+            {
+                "id": aid,
+                "status": PENDING,
+                "event_key": mail.key,
+                "requester": ref.to_state(),
+                "subject": mail.subject,
+                "requested_at": mail.observed_at.timestamp(),
+                "reminders": 0,
+            },
+        )
+        if mail.message_id:
+            ctx.state.set(f"thread/{mail.message_id}", aid)
+        ctx.emit(
+            "APPROVAL_REQUESTED",
+            {"requester": _who(ref), "approver": options.approver, "subject": mail.subject},
+            instance_id=aid,
+        )
+
+    def _answer(self, mail: MailView, ctx: WorkflowContext, request: dict[str, Any]) -> None:
+        options: ApprovalOptions = ctx.options
+        aid = request["id"]
+        # decided_by_key == this mail: a replay after a partial commit; decide again, same ids.
+        if request["status"] != PENDING and request.get("decided_by_key") != mail.key:
+            ctx.reply(
+                "already-decided",
+                f"[APPROVAL {aid}] was already decided: {request['status']}. Nothing changed.\n",
+            )
+            return
+        decision, comment = parse_decision(mail)
+        if decision is None:
+            ctx.reply(
+                "unclear",
+                f"Your answer to [APPROVAL {aid}] did not say APPROVE or REJECT.\n"
+                f"Please answer again with one of these words on the first line.\n",
+            )
+            ctx.emit("APPROVAL_UNCLEAR", {"from": options.approver}, instance_id=aid)
+            return
+        requester = ThreadRef.from_state(request["requester"])
+        verb = "approved" if decision == "APPROVED" else "rejected"
+        note = f"\n\nComment from the approver:\n{comment}\n" if comment else "\n"
+        ctx.reply(
+            "decision",
+            f'Your request [APPROVAL {aid}] "{one_line(request["subject"])}" was {verb} by '
+            f"{options.approver_name or options.approver}.{note}",
+            thread=requester,
+            subject=reply_subject(requester.subject),
+        )
+        if options.confirm_decisions:
+            ctx.reply(
+                "confirmation",
+                f"Recorded: [APPROVAL {aid}] {decision}. {_who(requester)} was informed.\n",
+            )
+        ctx.state.set(
+            f"request/{aid}",
+            {
+                **request,
+                "status": decision,
+                "decided_by": mail.sender.address if mail.sender else None,
+                "decided_at": mail.observed_at.timestamp(),
+                "decided_by_key": mail.key,
+            },
+        )
+        ctx.emit(
+            decision,
+            {"decided_by": options.approver, "requester": _who(requester)},
+            instance_id=aid,
+        )
+
+    def _status(self, mail: MailView, ctx: WorkflowContext, request: dict[str, Any]) -> None:
+        state = (
+            "is waiting for a decision"
+            if request["status"] == PENDING
+            else (f"was {request['status'].lower()}")
+        )
+        ctx.reply("status", f"Your request [APPROVAL {request['id']}] {state}.\n")
+
+
+def _approver(options: ApprovalOptions) -> Address:
+    return Address(options.approver, options.approver_name)
+
+
+def _who(ref: ThreadRef) -> str:
+    return ref.reply_address.address if ref.reply_address else "(unknown sender)"
