@@ -1,0 +1,105 @@
+"""Address lists (From, To, Cc, Reply-To) into ``Address`` records.
+
+Parsing uses :func:`email.utils.getaddresses` in its strict mode (CVE-2023-27043: the lax
+parser turned ``alice@example.org <bob@example.com>`` into bob). Python builds before the
+fix (3.11.7 here) lack ``strict=``; :func:`_strict_getaddresses` then applies the same
+validation as the fixed stdlib: balanced parentheses, no ``[`` in an address, and exactly as
+many addresses as the field has separators — otherwise the whole field yields nothing.
+Display names are RFC 2047-decoded after parsing (decoding first could inject separators).
+
+>>> parse_addresses(["=?utf-8?q?J=C3=BCrgen?= <j@example.com>, bob@example.org"])
+[{'name': 'Jürgen', 'address': 'j@example.com'}, {'name': None, 'address': 'bob@example.org'}]
+>>> parse_addresses(["alice@example.org <bob@example.com>"])
+[]
+"""
+
+from __future__ import annotations
+
+import inspect
+from email.utils import getaddresses
+
+from connectors.core.mail.charsets import clean_text
+from connectors.core.mail.encodedwords import decode_words
+
+__all__ = ["parse_addresses"]
+
+_HAS_STRICT = "strict" in inspect.signature(getaddresses).parameters
+
+
+def parse_addresses(values: list[str]) -> list[dict[str, str | None]]:
+    """Avro ``Address`` dicts for the given (unfolded, decoded-to-text) field values."""
+    pairs = (
+        getaddresses(values, strict=True)  # type: ignore[call-arg,unused-ignore]
+        if _HAS_STRICT
+        else _strict_getaddresses(values)
+    )
+    out: list[dict[str, str | None]] = []
+    for name, address in pairs:
+        address = clean_text(address.strip())
+        if not address:
+            continue
+        decoded = decode_words(name).strip() if "=?" in name else name.strip()
+        out.append({"name": clean_text(decoded) or None, "address": address})
+    return out
+
+
+def _strict_getaddresses(values: list[str]) -> list[tuple[str, str]]:
+    """Port of the validation CPython added to ``getaddresses(strict=True)`` (gh-102988)."""
+    checked = [value if _balanced_parentheses(value) else "('', '')" for value in values]
+    parsed = [
+        ("", "") if "[" in address else (name, address)
+        for name, address in getaddresses([", ".join(checked)])
+    ]
+    expected = sum(1 + _strip_quoted(value).count(",") for value in checked)
+    if len(parsed) != expected:
+        return [("", "")]
+    return parsed
+
+
+def _escaped_chars(text: str) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    escape = False
+    pos = 0
+    for pos, char in enumerate(text):
+        if escape:
+            out.append((pos, "\\" + char))
+            escape = False
+        elif char == "\\":
+            escape = True
+        else:
+            out.append((pos, char))
+    if escape:
+        out.append((pos, "\\"))
+    return out
+
+
+def _strip_quoted(text: str) -> str:
+    if '"' not in text:
+        return text
+    start = 0
+    open_pos: int | None = None
+    kept: list[str] = []
+    for pos, char in _escaped_chars(text):
+        if char == '"':
+            if open_pos is None:
+                open_pos = pos
+            else:
+                if start != open_pos:
+                    kept.append(text[start:open_pos])
+                start = pos + 1
+                open_pos = None
+    if start < len(text):
+        kept.append(text[start:])
+    return "".join(kept)
+
+
+def _balanced_parentheses(text: str) -> bool:
+    opened = 0
+    for _, char in _escaped_chars(_strip_quoted(text)):
+        if char == "(":
+            opened += 1
+        elif char == ")":
+            opened -= 1
+            if opened < 0:
+                return False
+    return opened == 0

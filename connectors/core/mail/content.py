@@ -1,0 +1,204 @@
+"""The MIME body of a mail: text and HTML bodies (capped) and attachments.
+
+Runs on bytes already made safe by :func:`connectors.core.mail.limits.prescan` and uses the
+stdlib parser with ``policy.compat32``: it parses structure only and decodes nothing
+eagerly, so it stays linear on the inputs where ``policy.default`` is slow (measured here:
+20,000 Content-Type parameters 0.2 s vs 9.9 s; 8,000 encoded words 0.001 s vs 1.9 s).
+Header parameters and file names are then read with our own linear parsers.
+
+Parts are classified like this (first match wins):
+
+- ``multipart/*`` with a boundary: its children are visited in order;
+- ``text/plain`` / ``text/html`` without ``Content-Disposition: attachment`` and without a
+  file name: body text (several such parts are joined with a newline, as mail readers show
+  them);
+- anything else, including ``message/rfc822`` (not descended into: a forwarded mail's body
+  is not this mail's body) and parts flattened at the depth cap: an attachment.
+
+Wire sample::
+
+    Content-Type: multipart/mixed; boundary="b"
+
+    --b
+    Content-Type: text/plain; charset=gbk
+
+    <gbk bytes>
+    --b
+    Content-Type: application/pdf; name="=?utf-8?b?5oql5Lu3LnBkZg==?="
+    Content-Transfer-Encoding: base64
+
+    JVBERi0xLjQK
+    --b--
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass, field
+from email import policy
+from email.generator import BytesGenerator
+from email.message import Message
+from email.parser import BytesParser
+from typing import Any
+
+from connectors.core.claimcheck import BlobRef, ClaimCheckStore
+from connectors.core.mail.charsets import clean_text, decode_text
+from connectors.core.mail.limits import ParseLimits
+from connectors.core.mail.params import content_type_of, param_value, parse_params
+
+__all__ = ["MailContent", "extract_content"]
+
+# Defects after which the content is not what the sender meant (others, like a missing
+# final boundary or base64 padding, are repaired transparently).
+_REPORTED_DEFECTS = {
+    "InvalidBase64LengthDefect": "undecodable base64 in a part",
+    "NoBoundaryInMultipartDefect": "multipart without boundary",
+    "StartBoundaryNotFoundDefect": "multipart boundary never found",
+    "MultipartInvariantViolationDefect": "multipart without parts",
+}
+_FOLD = re.compile(r"\r?\n(?=[ \t])")
+
+
+@dataclass(slots=True)
+class MailContent:
+    text_body: str | None = None
+    html_body: str | None = None
+    body_truncated: bool = False
+    attachments: list[dict[str, Any]] = field(default_factory=list)
+    blobs: list[BlobRef] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Body:
+    chunks: list[str] = field(default_factory=list)
+    size: int = 0
+    truncated: bool = False
+
+    def add(self, text: str, limit: int) -> None:
+        if self.size >= limit:
+            self.truncated = True
+            return
+        encoded_size = len(text.encode("utf-8", "replace"))
+        self.chunks.append(text)
+        self.size += encoded_size + 1
+
+    def result(self, limit: int) -> str | None:
+        if not self.chunks:
+            return None
+        text = clean_text("\n".join(self.chunks))
+        encoded = text.encode("utf-8")
+        if len(encoded) > limit:
+            self.truncated = True
+            text = encoded[:limit].decode("utf-8", "ignore")
+        return text
+
+
+def extract_content(
+    raw: bytes, limits: ParseLimits, claim_check: ClaimCheckStore | None
+) -> MailContent:
+    """Bodies and attachments of a (pre-scanned, patched) raw message."""
+    message = BytesParser(policy=policy.compat32).parsebytes(raw)
+    content = MailContent()
+    bodies = {"text/plain": _Body(), "text/html": _Body()}
+    stack: list[Message] = [message]
+    while stack:
+        part = stack.pop()
+        ctype_value = _raw_field(part, "content-type")
+        ctype = content_type_of(ctype_value, part.get_default_type())
+        if ctype.startswith("multipart/") and part.is_multipart():
+            children = part.get_payload()
+            if isinstance(children, list):
+                stack.extend(child for child in reversed(children) if isinstance(child, Message))
+            _note_defects(part, content.problems)
+            continue
+        _, ctype_params = parse_params(ctype_value or "", limits.max_params)
+        disposition_value = _raw_field(part, "content-disposition")
+        disposition, disposition_params = parse_params(disposition_value or "", limits.max_params)
+        filename = param_value(disposition_params, "filename") or param_value(ctype_params, "name")
+        if ctype in bodies and disposition != "attachment" and filename is None:
+            _add_body(part, ctype_params, bodies[ctype], limits)
+        elif len(content.attachments) >= limits.max_attachments:
+            _note(content.problems, f"more than {limits.max_attachments} attachments; rest omitted")
+        else:
+            content.attachments.append(
+                _attachment(part, ctype, filename, claim_check, content.blobs)
+            )
+        _note_defects(part, content.problems)
+    content.text_body = bodies["text/plain"].result(limits.max_body_bytes)
+    content.html_body = bodies["text/html"].result(limits.max_body_bytes)
+    content.body_truncated = any(body.truncated for body in bodies.values())
+    return content
+
+
+def _raw_field(part: Message, name: str) -> str | None:
+    """The first field ``name`` as received (8-bit bytes as surrogates), unfolded."""
+    for field_name, value in part.raw_items():
+        if field_name.lower() == name:
+            return _FOLD.sub("", str(value))
+    return None
+
+
+def _add_body(
+    part: Message, ctype_params: list[tuple[str, str]], body: _Body, limits: ParseLimits
+) -> None:
+    payload = part.get_payload(decode=True)
+    if not isinstance(payload, bytes):
+        return
+    # Decode a bounded prefix: any charset yields >= 1 UTF-8 byte per 4 input bytes.
+    prefix_size = limits.max_body_bytes * 4
+    partial = len(payload) > prefix_size
+    charset = param_value(ctype_params, "charset")
+    body.add(decode_text(payload[:prefix_size], charset, partial=partial), limits.max_body_bytes)
+    body.truncated = body.truncated or partial
+
+
+def _attachment(
+    part: Message,
+    ctype: str,
+    filename: str | None,
+    claim_check: ClaimCheckStore | None,
+    blobs: list[BlobRef],
+) -> dict[str, Any]:
+    if ctype.startswith("message/") and part.is_multipart():
+        data = _serialize_embedded(part)
+    else:
+        payload = part.get_payload(decode=True)
+        data = payload if isinstance(payload, bytes) else b""
+    uri: str | None = None
+    if claim_check is not None:
+        ref = claim_check.put(data, kind="attachment")
+        blobs.append(ref)
+        uri = ref.uri
+    return {
+        "filename": clean_text(filename) if filename else None,
+        "content_type": clean_text(ctype),
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "uri": uri,
+    }
+
+
+def _serialize_embedded(part: Message) -> bytes:
+    """The embedded message as bytes. Regenerated by the stdlib, so not byte-identical to
+    the original; the original is inside the raw MIME (raw_ref)."""
+    buffer = io.BytesIO()
+    embedded = part.get_payload()
+    for inner in embedded if isinstance(embedded, list) else []:
+        if isinstance(inner, Message):
+            BytesGenerator(buffer, mangle_from_=False, policy=policy.compat32).flatten(inner)
+    return buffer.getvalue()
+
+
+def _note_defects(part: Message, problems: list[str]) -> None:
+    for defect in part.defects:
+        text = _REPORTED_DEFECTS.get(type(defect).__name__)
+        if text is not None:
+            _note(problems, text)
+
+
+def _note(problems: list[str], text: str) -> None:
+    if text not in problems:
+        problems.append(text)

@@ -1,0 +1,293 @@
+"""Caps on untrusted MIME, applied by a cheap pre-scan *before* the stdlib parser runs.
+
+The stdlib ``email`` parser recurses once per MIME level (1,000 nested multiparts raise
+RecursionError) and its parameter handling is quadratic. :func:`prescan` walks the raw bytes
+once, without recursion, tracking multipart boundaries the way the stdlib feed parser does,
+and returns byte patches that make the message safe to parse:
+
+- a header block (top level or of a part) longer than ``max_header_bytes`` or
+  ``max_header_lines`` is cut at a line boundary;
+- a ``Content-Type``/``Content-Disposition`` with more than ``max_params`` parameters is
+  rewritten with the first ``max_params`` (plus ``boundary``, which the structure needs);
+- a multipart or ``message/*`` part that would nest deeper than ``max_mime_depth`` is
+  *flattened*: a ``Content-Type: application/octet-stream`` field is put in front of its
+  headers, so the parser keeps the whole subtree as one opaque leaf (the first Content-Type
+  field wins in the stdlib parser). The subtree stays available in the raw MIME.
+
+Header-derived event fields are bounded by the header block cap; the whole event by
+``max_event_bytes`` (enforced in ``parse.py``). A message larger than ``max_message_bytes`` or with more than ``max_parts`` parts is not
+MIME-parsed at all (``Prescan.skip_mime``): its event carries the top-level headers only.
+
+Wire sample of a flattened part at the depth cap::
+
+    --b50\r\n
+    Content-Type: application/octet-stream\r\n          <- inserted
+    X-Mailtap-Flattened: mime-depth\r\n                  <- inserted
+    Content-Type: multipart/mixed; boundary="b51"\r\n
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from connectors.core.mail.params import content_type_of, parse_params, split_params
+
+__all__ = ["FLATTEN_FIELDS", "ParseLimits", "Patch", "Prescan", "apply_patches", "prescan"]
+
+FLATTEN_FIELDS = b"Content-Type: application/octet-stream\r\nX-Mailtap-Flattened: mime-depth\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class ParseLimits:
+    """Caps for one mail. Defaults keep a ``MailEvent`` well under Kafka's 1 MB record limit."""
+
+    #: Larger mails are not MIME-parsed (headers only); the raw MIME still goes to the
+    #: claim-check store. 64 MiB is above what common servers accept (often 25-50 MB).
+    max_message_bytes: int = 64 * 1024 * 1024
+    #: Per header block. 2.5x Postfix's ``header_size_limit`` default (102400), so that a
+    #: subject of thousands of folded encoded words still arrives whole.
+    max_header_bytes: int = 256 * 1024
+    #: Per header block; a real top-level head with a long Received chain has ~100 lines,
+    #: a subject folded into one encoded word per line can have thousands.
+    max_header_lines: int = 10_000
+    #: MIME nesting (multipart and message/* levels). The stdlib parser needs a few stack
+    #: frames per level and fails at ~250 here; Postfix's ``mime_nesting_limit`` is 100.
+    max_mime_depth: int = 50
+    #: Parameters per Content-Type/Content-Disposition (real mail: < 10, RFC 2231
+    #: continuations of a long file name: a few dozen).
+    max_params: int = 100
+    #: MIME parts (boundary lines); beyond this the mail is not MIME-parsed.
+    max_parts: int = 2_000
+    #: UTF-8 bytes kept of ``text_body`` and of ``html_body`` each.
+    max_body_bytes: int = 128 * 1024
+    #: Attachment entries listed in the event.
+    max_attachments: int = 500
+    #: Budget for the whole event (approximate encoded size). Kafka's default record limit is
+    #: 1 MiB; an event over budget loses its bodies first, then long lists are cut.
+    max_event_bytes: int = 768 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Replace ``raw[start:end]`` with ``replacement``."""
+
+    start: int
+    end: int
+    replacement: bytes
+
+
+@dataclass(slots=True)
+class Prescan:
+    patches: list[Patch] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    max_depth: int = 0
+    parts: int = 0
+    skip_mime: bool = False
+
+
+@dataclass(slots=True)
+class _Level:
+    boundary: bytes | None  # None: an embedded message/* level
+    child_default: str
+
+
+@dataclass(slots=True)
+class _Field:
+    name: bytes  # as written
+    start: int
+    end: int  # end of the field's last line, before its line break
+    value: bytearray
+
+
+_DASH_LINE = re.compile(rb"^--", re.MULTILINE)
+
+
+def prescan(raw: bytes, limits: ParseLimits) -> Prescan:
+    """One linear pass over ``raw``: depth, part count, and the patches that enforce the caps."""
+    result = Prescan()
+    if len(raw) > limits.max_message_bytes:
+        _problem(result, f"message over {limits.max_message_bytes} bytes; headers only")
+        result.skip_mime = True
+        _scan_head(raw, 0, limits, result)
+        return result
+    stack: list[_Level] = []
+    default_type = "text/plain"
+    in_head = True
+    pos = 0
+    while pos <= len(raw):
+        if in_head:
+            head_start = pos
+            fields, pos = _scan_head(raw, pos, limits, result)
+            ctype = _cap_params_and_type(fields, default_type, limits, result)
+            level: _Level | None = None
+            if ctype.startswith("multipart/"):
+                boundary = _boundary_of(fields, limits)
+                if boundary:
+                    child = "message/rfc822" if ctype == "multipart/digest" else "text/plain"
+                    level = _Level(boundary, child)
+            elif ctype.startswith("message/") and ctype != "message/delivery-status":
+                level = _Level(None, "text/plain")
+            if level is not None and len(stack) >= limits.max_mime_depth:
+                result.patches.append(Patch(head_start, head_start, FLATTEN_FIELDS))
+                _problem(result, f"MIME nesting deeper than {limits.max_mime_depth}; flattened")
+                level = None
+            if level is not None:
+                stack.append(level)
+                result.max_depth = max(result.max_depth, len(stack))
+            # An embedded message starts with its own head right away.
+            in_head = level is not None and level.boundary is None
+            default_type = "text/plain"
+            continue
+        if not stack:
+            break  # a leaf body, or the epilogue of the outermost multipart
+        match = _DASH_LINE.search(raw, pos)
+        if match is None:
+            break
+        end, pos = _line_at(raw, match.start())
+        hit = _match_boundary(raw[match.start() + 2 : end], stack)
+        if hit is None:
+            continue
+        index, closing = hit
+        if closing:
+            del stack[index:]
+            continue
+        del stack[index + 1 :]
+        result.parts += 1
+        if result.parts > limits.max_parts:
+            _problem(result, f"more than {limits.max_parts} MIME parts; headers only")
+            result.skip_mime = True
+            return result
+        default_type = stack[index].child_default
+        in_head = True
+    return result
+
+
+def apply_patches(raw: bytes, patches: list[Patch]) -> bytes:
+    """``raw`` with the patches applied (they never overlap; order does not matter)."""
+    if not patches:
+        return raw
+    out: list[bytes] = []
+    pos = 0
+    for patch in sorted(patches, key=lambda p: (p.start, p.end)):
+        out.append(raw[pos : patch.start])
+        out.append(patch.replacement)
+        pos = max(pos, patch.end)
+    out.append(raw[pos:])
+    return b"".join(out)
+
+
+def _problem(result: Prescan, text: str) -> None:
+    if text not in result.problems:
+        result.problems.append(text)
+
+
+def _line_at(raw: bytes, pos: int) -> tuple[int, int]:
+    """``(end of the line's content, start of the next line)`` for LF or CRLF line ends."""
+    newline = raw.find(b"\n", pos)
+    if newline == -1:
+        return len(raw), len(raw) + 1
+    end = newline - 1 if newline > pos and raw[newline - 1] == 0x0D else newline
+    return end, newline + 1
+
+
+def _scan_head(
+    raw: bytes, pos: int, limits: ParseLimits, result: Prescan
+) -> tuple[list[_Field], int]:
+    """Read one header block starting at ``pos``; returns its fields and where its body starts.
+
+    Lines beyond the caps are removed by a patch and not looked at.
+    """
+    head_start = pos
+    fields: list[_Field] = []
+    lines = 0
+    cut: int | None = None
+    while pos < len(raw):
+        end, next_pos = _line_at(raw, pos)
+        if end == pos:  # the empty line that ends the head
+            break
+        lines += 1
+        if cut is None and (
+            lines > limits.max_header_lines or end - head_start > limits.max_header_bytes
+        ):
+            cut = pos
+            _problem(
+                result,
+                f"header block over {limits.max_header_lines} lines or "
+                f"{limits.max_header_bytes} bytes; cut",
+            )
+        if cut is None:
+            if raw[pos] in (0x20, 0x09):
+                if fields:
+                    fields[-1].value += raw[pos:end]
+                    fields[-1].end = end
+            else:
+                colon = raw.find(b":", pos, end)
+                if colon > pos:
+                    value = bytearray(raw[colon + 1 : end].lstrip(b" \t"))
+                    fields.append(_Field(raw[pos:colon], pos, end, value))
+        pos = next_pos
+    if cut is not None:
+        result.patches.append(Patch(cut, min(pos, len(raw)), b""))
+    return fields, pos if pos >= len(raw) else _line_at(raw, pos)[1]
+
+
+def _first(fields: list[_Field], name: bytes) -> _Field | None:
+    for candidate in fields:
+        if candidate.name.strip().lower() == name:
+            return candidate
+    return None
+
+
+def _cap_params_and_type(
+    fields: list[_Field], default_type: str, limits: ParseLimits, result: Prescan
+) -> str:
+    """Rewrite over-long parameter lists; return the part's media type."""
+    for name in (b"content-type", b"content-disposition"):
+        found = _first(fields, name)
+        if found is None:
+            continue
+        pieces = split_params(found.value.decode("latin-1"))
+        if len(pieces) - 1 <= limits.max_params:
+            continue
+        kept = [piece.strip() for piece in pieces[1 : limits.max_params + 1]]
+        kept += [
+            piece.strip()
+            for piece in pieces[limits.max_params + 1 :]
+            if piece.strip().lower().startswith("boundary")
+        ]
+        rebuilt = "; ".join([pieces[0].strip(), *kept]).encode("latin-1")
+        result.patches.append(Patch(found.start, found.end, found.name + b": " + rebuilt))
+        found.value = bytearray(rebuilt)
+        _problem(result, f"more than {limits.max_params} header parameters; cut")
+    ctype = _first(fields, b"content-type")
+    if ctype is None:
+        return default_type
+    return content_type_of(ctype.value.decode("latin-1"), default_type)
+
+
+def _boundary_of(fields: list[_Field], limits: ParseLimits) -> bytes | None:
+    ctype = _first(fields, b"content-type")
+    if ctype is None:
+        return None
+    _, params = parse_params(ctype.value.decode("latin-1"), limits.max_params)
+    for name, value in params:
+        if name == "boundary":
+            # As the stdlib does it: unquoted, trailing white space dropped.
+            return value.rstrip().encode("latin-1") or None
+    return None
+
+
+def _match_boundary(line: bytes, stack: list[_Level]) -> tuple[int, bool] | None:
+    """Which open level a ``--...`` line closes or continues, innermost first."""
+    for index in range(len(stack) - 1, -1, -1):
+        boundary = stack[index].boundary
+        if boundary is None or not line.startswith(boundary):
+            continue
+        rest = line[len(boundary) :]
+        closing = rest.startswith(b"--")
+        if closing:
+            rest = rest[2:]
+        if not rest.strip(b" \t"):
+            return index, closing
+    return None

@@ -1,0 +1,321 @@
+"""Raw MIME -> ``MailEvent`` (schemas/MailEvent.avsc), shared by the IMAP and EWS sources.
+
+Pure apart from the optional claim-check store: bytes in, :class:`ParsedMail` out. Bad input
+never raises; what could not be parsed is named in ``parse_error`` and the event carries
+whatever was readable (at least key, size and raw_ref). The steps:
+
+1. the raw MIME goes to the claim-check store (``raw_ref``), untouched;
+2. :func:`~connectors.core.mail.limits.prescan` caps header blocks, parameter lists, MIME
+   depth and part count, producing a patched copy that is safe to parse;
+3. top-level fields are read from that copy by our own byte-level header parser: identity
+   (:mod:`~connectors.core.mail.identity`), addresses, subject (RFC 2047, any charset), date,
+   the headers the stream guards need;
+4. bodies and attachments come from :func:`~connectors.core.mail.content.extract_content`.
+
+Errors of the claim-check store itself (disk full, permissions) are *not* bad input: they
+raise :class:`~connectors.core.claimcheck.ClaimCheckError` so the caller retries instead of
+publishing an event whose content was lost.
+
+>>> from datetime import datetime, timezone
+>>> raw = (b"Message-ID: <1@Example.COM>\\r\\nFrom: Ann <ann@example.com>\\r\\n"
+...        b"Subject: =?gbk?b?u+HS6c2o1qo=?=\\r\\n\\r\\nhello\\r\\n")
+>>> mail = parse_mail(raw, account="ops", source={"kind": "IMAP", "folder": "INBOX", "uid": 7},
+...                   flags=["\\\\Seen"], internal_date=None,
+...                   observed_at=datetime(2025, 1, 1, tzinfo=timezone.utc))
+>>> mail.key, mail.event["subject"], mail.event["text_body"], mail.parse_error
+('ops/mid:1@example.com', '会议通知', 'hello\\r\\n', None)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Literal
+
+from connectors.core.claimcheck import BlobRef, ClaimCheckError, ClaimCheckStore
+from connectors.core.mail.addresses import parse_addresses
+from connectors.core.mail.charsets import clean_text, decode_text
+from connectors.core.mail.content import extract_content
+from connectors.core.mail.encodedwords import decode_words
+from connectors.core.mail.headers import field_values, first_field, parse_fields, split_head
+from connectors.core.mail.identity import (
+    KeyKind,
+    content_fingerprint,
+    message_key,
+    normalize_message_id,
+)
+from connectors.core.mail.limits import ParseLimits, apply_patches, prescan
+
+__all__ = ["SCHEMA_VERSION", "ChangeKind", "ParsedMail", "parse_mail"]
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+ChangeKind = Literal["ADDED", "UPDATED", "RESCANNED"]
+
+_SOURCE_OPTIONAL = ("uidvalidity", "uid", "modseq", "item_id", "change_key")
+_ANGLE_ID = re.compile(rb"<([^<>]*)>")
+_MAX_PARSE_ERROR = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedMail:
+    """One parsed mail: the record key, the ``MailEvent`` value, what went to the store."""
+
+    key: str
+    key_kind: KeyKind
+    #: A dict matching ``io.mailtap.v1.MailEvent`` exactly (timestamps as aware datetimes).
+    event: dict[str, Any]
+    #: Blobs put into the claim-check store: the raw MIME first, then attachments.
+    blobs: tuple[BlobRef, ...]
+    parse_error: str | None
+
+
+def parse_mail(
+    raw: bytes,
+    *,
+    account: str,
+    source: Mapping[str, Any],
+    flags: list[str],
+    internal_date: datetime | None,
+    observed_at: datetime,
+    limits: ParseLimits | None = None,
+    claim_check: ClaimCheckStore | None = None,
+    change: ChangeKind = "ADDED",
+) -> ParsedMail:
+    """Normalize one raw mail. Never raises for bad input (see the module docstring).
+
+    ``source`` holds ``kind`` ("IMAP"/"EWS"), ``folder`` and optionally ``uidvalidity``,
+    ``uid``, ``modseq``, ``item_id``, ``change_key``. Naive datetimes are taken as UTC.
+    """
+    limits = limits or ParseLimits()
+    blobs: list[BlobRef] = []
+    raw_ref: BlobRef | None = None
+    if claim_check is not None:
+        raw_ref = claim_check.put(raw, kind="raw")
+        blobs.append(raw_ref)
+    event = _empty_event(account, source, flags, internal_date, observed_at, change, raw, raw_ref)
+    problems: list[str] = []
+    try:
+        scan = prescan(raw, limits)
+        problems.extend(scan.problems)
+        patched = apply_patches(raw, scan.patches)
+        fields = parse_fields(split_head(patched)[0])
+        _fill_from_headers(event, fields, account, raw)
+    except ClaimCheckError:
+        raise
+    except Exception as exc:  # bad input must never stop a mailbox
+        logger.warning("mail headers unparseable", extra={"account": account, "error": repr(exc)})
+        event["key"] = f"{account}/fp:{content_fingerprint(raw)}"
+        event["parse_error"] = _limit_text(f"headers not parsed: {type(exc).__name__}: {exc}")
+        return _finish(event, blobs)
+    if not scan.skip_mime:
+        try:
+            content = extract_content(patched, limits, claim_check)
+        except ClaimCheckError:
+            raise
+        except Exception as exc:  # RecursionError included, should the pre-scan miss a case
+            logger.warning("mail body unparseable", extra={"account": account, "error": repr(exc)})
+            problems.append(f"MIME body not parsed: {type(exc).__name__}: {exc}")
+        else:
+            problems.extend(content.problems)
+            blobs.extend(content.blobs)
+            event["text_body"] = content.text_body
+            event["html_body"] = content.html_body
+            event["body_truncated"] = content.body_truncated
+            event["attachments"] = content.attachments
+    if _approx_size(event) > limits.max_event_bytes:
+        _shrink(event, limits.max_event_bytes)
+        problems.append(f"event over {limits.max_event_bytes} bytes; bodies and lists cut")
+    event["parse_error"] = _limit_text("; ".join(problems)) if problems else None
+    return _finish(event, blobs)
+
+
+_SHRINKABLE_LISTS = ("to", "cc", "reply_to", "references", "attachments")
+_SHRUNK_LIST_LENGTH = 100
+_SHRUNK_TEXT_CHARS = 4_096
+
+
+def _approx_size(value: object) -> int:
+    """Roughly the Avro-encoded size: UTF-8 bytes of strings, 8 per scalar."""
+    if isinstance(value, str):
+        return len(value) if value.isascii() else len(value.encode("utf-8", "replace"))
+    if isinstance(value, dict):
+        return sum(_approx_size(item) for item in value.values())
+    if isinstance(value, list):
+        return sum(_approx_size(item) for item in value) + 8
+    return 8
+
+
+def _shrink(event: dict[str, Any], budget: int) -> None:
+    """Bring a pathological event under budget; the full mail stays in raw_ref."""
+    for body in ("html_body", "text_body"):
+        if _approx_size(event) <= budget:
+            return
+        if event[body] is not None:
+            event[body] = None
+            event["body_truncated"] = True
+    for name in _SHRINKABLE_LISTS:
+        if _approx_size(event) <= budget:
+            return
+        event[name] = event[name][:_SHRUNK_LIST_LENGTH]
+    guards = event["guard_headers"]
+    guards["authentication_results"] = guards["authentication_results"][:10]
+    for name, value in guards.items():
+        if isinstance(value, str):
+            guards[name] = value[:_SHRUNK_TEXT_CHARS]
+    if event["subject"] is not None:
+        event["subject"] = event["subject"][:_SHRUNK_TEXT_CHARS]
+
+
+def _finish(event: dict[str, Any], blobs: list[BlobRef]) -> ParsedMail:
+    return ParsedMail(
+        key=event["key"],
+        key_kind=KeyKind(event["key_kind"]),
+        event=event,
+        blobs=tuple(blobs),
+        parse_error=event["parse_error"],
+    )
+
+
+def _limit_text(text: str) -> str:
+    return clean_text(text if len(text) <= _MAX_PARSE_ERROR else text[:_MAX_PARSE_ERROR] + "...")
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    if moment is None:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def _empty_event(
+    account: str,
+    source: Mapping[str, Any],
+    flags: list[str],
+    internal_date: datetime | None,
+    observed_at: datetime,
+    change: ChangeKind,
+    raw: bytes,
+    raw_ref: BlobRef | None,
+) -> dict[str, Any]:
+    """The minimal event: what is known without reading the mail. Keyed by fingerprint until
+    the headers say otherwise."""
+    coordinates: dict[str, Any] = {"kind": source["kind"], "folder": source["folder"]}
+    coordinates.update({name: source.get(name) for name in _SOURCE_OPTIONAL})
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "key": "",
+        "key_kind": KeyKind.FINGERPRINT.value,
+        "change": change,
+        "account": account,
+        "source": coordinates,
+        "message_id": None,
+        "in_reply_to": None,
+        "references": [],
+        "from": None,
+        "reply_to": [],
+        "to": [],
+        "cc": [],
+        "subject": None,
+        "date": None,
+        "internal_date": _utc(internal_date),
+        "size": len(raw),
+        "text_body": None,
+        "html_body": None,
+        "body_truncated": False,
+        "attachments": [],
+        "raw_ref": raw_ref.to_avro() if raw_ref is not None else None,
+        "guard_headers": {
+            "auto_submitted": None,
+            "precedence": None,
+            "list_id": None,
+            "list_unsubscribe": None,
+            "return_path": None,
+            "x_auto_response_suppress": None,
+            "content_type": None,
+            "authentication_results": [],
+        },
+        "flags": [clean_text(flag) for flag in flags],
+        "parse_error": None,
+        "observed_at": _utc(observed_at),
+    }
+
+
+def _text(value: bytes | None) -> str | None:
+    """A header value as text, verbatim (no RFC 2047 decoding), 8-bit bytes via fallbacks."""
+    if value is None:
+        return None
+    return clean_text(decode_text(value, None)).strip()
+
+
+_GUARD_FIELDS = {
+    "auto_submitted": "Auto-Submitted",
+    "precedence": "Precedence",
+    "list_id": "List-Id",
+    "list_unsubscribe": "List-Unsubscribe",
+    "return_path": "Return-Path",
+    "x_auto_response_suppress": "X-Auto-Response-Suppress",
+    "content_type": "Content-Type",
+}
+
+
+def _fill_from_headers(
+    event: dict[str, Any], fields: list[tuple[str, bytes]], account: str, raw: bytes
+) -> None:
+    # Duplicate Message-ID fields: the first counts (identity.py explains why).
+    message_id = _text(first_field(fields, "Message-ID"))
+    event["key"], kind = message_key(account, message_id, raw)
+    event["key_kind"] = kind.value
+    event["message_id"] = normalize_message_id(message_id)
+    in_reply_to = _message_ids(first_field(fields, "In-Reply-To"))
+    event["in_reply_to"] = in_reply_to[0] if in_reply_to else None
+    event["references"] = _message_ids(first_field(fields, "References"))
+    sender = parse_addresses(_texts(fields, "From")[:1])
+    event["from"] = sender[0] if sender else None
+    event["reply_to"] = parse_addresses(_texts(fields, "Reply-To"))
+    event["to"] = parse_addresses(_texts(fields, "To"))
+    event["cc"] = parse_addresses(_texts(fields, "Cc"))
+    subject = first_field(fields, "Subject")
+    if subject is not None:
+        event["subject"] = clean_text(decode_words(subject)).strip()
+    event["date"] = _date(_text(first_field(fields, "Date")))
+    guards = event["guard_headers"]
+    for name, field_name in _GUARD_FIELDS.items():
+        guards[name] = _text(first_field(fields, field_name))
+    guards["authentication_results"] = _texts(fields, "Authentication-Results")
+
+
+def _texts(fields: list[tuple[str, bytes]], name: str) -> list[str]:
+    return [clean_text(decode_text(value, None)) for value in field_values(fields, name)]
+
+
+def _message_ids(value: bytes | None) -> list[str]:
+    """Normalized ids of a References/In-Reply-To field; unusable ones are dropped."""
+    if value is None:
+        return []
+    candidates = _ANGLE_ID.findall(value) or [value]
+    ids: list[str] = []
+    for candidate in candidates:
+        normalized = normalize_message_id(decode_text(candidate, None))
+        if normalized is not None:
+            ids.append(clean_text(normalized))
+    return ids
+
+
+def _date(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+    try:
+        parsed.astimezone(UTC)  # out-of-range offsets near year 1/9999
+    except (OverflowError, ValueError):
+        return None
+    return parsed
