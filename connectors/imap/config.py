@@ -1,0 +1,166 @@
+"""Settings of the IMAP source: section ``imap`` of the mailtap YAML file.
+
+Example::
+
+    imap:
+      accounts:
+        - name: support
+          host: imap.example.com
+          security: ssl                # ssl (993) | starttls (143) | plain (loopback tests only)
+          username: support@example.com
+          password: "..."             # or oauth2_access_token: "..." (XOAUTH2)
+          folders: [INBOX]
+          start: latest                # all | latest | since:2026-01-01
+          after_commit: move:Processed # none | seen | move:<folder>
+      batch_size: 200
+
+Every timeout has a reason written next to it; a misconfiguration fails at start with the key path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+SECTION = "imap"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParseLimitSettings(_Strict):
+    """Caps applied before parsing (Python's email package is slow on hostile input).
+
+    Mirrors ``connectors.core.mail.limits.ParseLimits``; unset fields keep the parser's defaults.
+    """
+
+    max_message_bytes: int | None = Field(default=None, gt=0)
+    max_header_bytes: int | None = Field(default=None, gt=0)
+    max_header_lines: int | None = Field(default=None, gt=0)
+    max_mime_depth: int | None = Field(default=None, gt=0)
+    max_params: int | None = Field(default=None, gt=0)
+    max_parts: int | None = Field(default=None, gt=0)
+    max_body_bytes: int | None = Field(default=None, gt=0)
+    max_attachments: int | None = Field(default=None, gt=0)
+
+    def overrides(self) -> dict[str, int]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class ImapAccountSettings(_Strict):
+    """One mailbox account; each folder gets its own worker, connection and cursor."""
+
+    name: str = Field(min_length=1, description="account name in keys, offsets and metrics")
+    host: str = Field(min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535, description="993 for ssl, else 143")
+    security: Literal["plain", "ssl", "starttls"] = "ssl"
+    username: str = Field(min_length=1)
+    password: SecretStr | None = None
+    oauth2_access_token: SecretStr | None = Field(
+        default=None, description="XOAUTH2 bearer token, used instead of a password"
+    )
+    ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
+    folders: tuple[str, ...] = ("INBOX",)
+    start: str = Field(
+        default="latest",
+        description="where a folder without a cursor starts: all | latest | since:YYYY-MM-DD",
+    )
+    mode: Literal["idle", "poll"] = "idle"
+    after_commit: str = Field(
+        default="none", description="side effect after commit: none | seen | move:<folder>"
+    )
+
+    @field_validator("start")
+    @classmethod
+    def _start(cls, value: str) -> str:
+        if value in ("all", "latest"):
+            return value
+        if value.startswith("since:"):
+            try:
+                dt.date.fromisoformat(value.removeprefix("since:").strip())
+            except ValueError:
+                raise ValueError("since: needs an ISO date, e.g. since:2026-01-31") from None
+            return value
+        raise ValueError("expected all, latest or since:YYYY-MM-DD")
+
+    @field_validator("after_commit")
+    @classmethod
+    def _after_commit(cls, value: str) -> str:
+        if value in ("none", "seen") or (value.startswith("move:") and value[5:].strip()):
+            return value
+        raise ValueError("expected none, seen or move:<folder>")
+
+    @field_validator("folders")
+    @classmethod
+    def _folders(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or len(set(value)) != len(value):
+            raise ValueError("list at least one folder, each once")
+        return value
+
+    @model_validator(mode="after")
+    def _credentials(self) -> ImapAccountSettings:
+        if (self.password is None) == (self.oauth2_access_token is None):
+            raise ValueError("set exactly one of password or oauth2_access_token")
+        if self.move_target is not None and self.move_target in self.folders:
+            raise ValueError("after_commit move target must not be a watched folder")
+        return self
+
+    @property
+    def effective_port(self) -> int:
+        if self.port is not None:
+            return self.port
+        return 993 if self.security == "ssl" else 143
+
+    @property
+    def start_since(self) -> dt.date | None:
+        if self.start.startswith("since:"):
+            return dt.date.fromisoformat(self.start.removeprefix("since:").strip())
+        return None
+
+    @property
+    def move_target(self) -> str | None:
+        return self.after_commit[5:].strip() if self.after_commit.startswith("move:") else None
+
+
+class ImapSourceSettings(_Strict):
+    """The whole ``imap`` section."""
+
+    accounts: tuple[ImapAccountSettings, ...] = Field(min_length=1)
+    batch_size: int = Field(
+        default=200, ge=1, le=5000, description="mails per fetch and per Kafka transaction"
+    )
+    connect_timeout_seconds: float = Field(
+        default=15.0, gt=0, description="TCP connect + TLS handshake"
+    )
+    #: A read blocks at most this long. It bounds how long a silent (half-open) connection goes
+    #: unnoticed outside IDLE, and must exceed the slowest legitimate FETCH of one batch.
+    read_timeout_seconds: float = Field(default=60.0, gt=0)
+    #: RFC 2177: servers may drop an IDLE after 30 min of inactivity; imapclient's docs advise
+    #: renewing every ~10 min. A renew (DONE + a new IDLE) also proves the connection is alive.
+    idle_renew_seconds: float = Field(default=540.0, gt=0, le=1500)
+    #: A dropped IDLE notification must not delay mail forever: a full re-sync (new mail, flag
+    #: changes, expunges) at this interval even when IDLE says nothing happened.
+    catchup_poll_seconds: float = Field(default=300.0, gt=0)
+    poll_interval_seconds: float = Field(default=30.0, gt=0, description="mode: poll")
+    backoff_initial_seconds: float = Field(default=1.0, gt=0)
+    backoff_cap_seconds: float = Field(default=300.0, gt=0)
+    dlq_topic: str | None = Field(
+        default=None, description="where unparseable mails are reported; kafka.topics.dlq if unset"
+    )
+    #: Mails fetched per round trip are also capped by size, so memory stays flat with big mails.
+    max_batch_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
+    max_record_bytes: int = Field(default=900_000, gt=1024)
+    limits: ParseLimitSettings = ParseLimitSettings()
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> ImapSourceSettings:
+        names = [a.name for a in self.accounts]
+        if len(set(names)) != len(names):
+            raise ValueError("account names must be unique")
+        if self.backoff_cap_seconds < self.backoff_initial_seconds:
+            raise ValueError("backoff_cap_seconds must be >= backoff_initial_seconds")
+        return self

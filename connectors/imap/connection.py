@@ -1,0 +1,441 @@
+"""The IMAP wire, behind our own small interface. The ONLY module that imports imapclient.
+
+Everything above this module speaks in :class:`FolderStatus`, :class:`FetchedMail` and
+:class:`IdleOutcome`, and sees three kinds of failure: :class:`ConnectionLost` (retry),
+``AuthenticationError`` (permanent, back off to the cap) and :class:`ImapProtocolError`.
+
+Wire sample (what :meth:`ImapConnection.fetch` asks for)::
+
+    C: A7 UID FETCH 41,42 (BODY.PEEK[] FLAGS INTERNALDATE MODSEQ)
+    S: * 3 FETCH (UID 41 MODSEQ (12) FLAGS (\\Seen) INTERNALDATE "29-Nov-2026 16:07:46 +0000"
+       BODY[] {5120} ...)
+
+Pitfalls handled here (PITFALLS.md, imapclient 4.1):
+
+- every read has a timeout (``SocketTimeout``), or a cut network blocks ``idle_done()`` forever
+  (imapclient #449);
+- ``idle_check()`` swallows EOF and returns ``[]`` at once (#565): an early empty answer is checked
+  with a NOOP after ``idle_done()``, and errors of ``idle_done()`` (``IMAPClientAbortError`` or a
+  plain ``OSError``) mean a dead connection;
+- ``fetch()``/``search()`` reject range strings: we search for UIDs and fetch lists of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import logging
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from imapclient import IMAPClient, SocketTimeout
+from imapclient import exceptions as imap_exc
+
+from connectors.imap.config import ImapAccountSettings
+from connectors.imap.errors import (
+    AuthenticationError,
+    ConfigError,
+    ConnectionLost,
+    ImapProtocolError,
+)
+
+log = logging.getLogger(__name__)
+
+SEEN = "\\Seen"
+
+#: An idle_check() that returns nothing before this fraction of its timeout did not time out:
+#: imapclient swallowed an EOF or socket error (#565).
+_EARLY_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class FolderStatus:
+    """What SELECT (or STATUS) says about a folder."""
+
+    uidvalidity: int
+    uidnext: int
+    highestmodseq: int | None
+    exists: int
+
+
+@dataclass(frozen=True)
+class FetchedMail:
+    uid: int
+    raw: bytes
+    flags: tuple[str, ...]
+    internal_date: dt.datetime | None
+    modseq: int | None
+
+
+@dataclass(frozen=True)
+class FlagState:
+    uid: int
+    flags: tuple[str, ...]
+    modseq: int | None
+
+
+@dataclass(frozen=True)
+class IdleOutcome:
+    """What the server pushed during one IDLE period. ``activity`` is False on a quiet timeout."""
+
+    new_mail: bool = False
+    expunged: bool = False
+    flags_changed: bool = False
+    other: bool = False
+
+    @property
+    def activity(self) -> bool:
+        return self.new_mail or self.expunged or self.flags_changed or self.other
+
+
+@contextlib.contextmanager
+def _wire(operation: str) -> Iterator[None]:
+    """Translate imapclient/imaplib/socket errors into ours, keeping the cause chain."""
+    try:
+        yield
+    except imap_exc.LoginError as exc:
+        raise AuthenticationError(f"{operation}: login refused: {exc}") from exc
+    except imap_exc.IMAPClientAbortError as exc:
+        raise ConnectionLost(f"{operation}: connection aborted: {exc}") from exc
+    except (OSError, EOFError) as exc:  # socket.timeout, ssl.SSLError, resets, broken pipes
+        raise ConnectionLost(f"{operation}: {type(exc).__name__}: {exc}") from exc
+    except imap_exc.IMAPClientError as exc:
+        raise ImapProtocolError(f"{operation}: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _modseq(item: dict[bytes, Any]) -> int | None:
+    value = item.get(b"MODSEQ")
+    if isinstance(value, tuple) and value:
+        return int(value[0])
+    return int(value) if isinstance(value, int) else None
+
+
+class ImapConnection:
+    """One connection to one account. Not thread-safe (neither is imapclient): one per worker."""
+
+    def __init__(
+        self,
+        account: ImapAccountSettings,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.account = account
+        self._connect_timeout = connect_timeout
+        self._read_timeout = read_timeout
+        self._ssl_context = ssl_context
+        self._client: IMAPClient | None = None
+        self._capabilities: frozenset[bytes] = frozenset()
+        self.condstore = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._ssl_context is not None:
+            return self._ssl_context
+        # Verification on, hostname checked: create_default_context() does both.
+        return ssl.create_default_context(cafile=self.account.ca_file)
+
+    @property
+    def client(self) -> IMAPClient:
+        if self._client is None:
+            raise ConnectionLost("not connected")
+        return self._client
+
+    def connect(self) -> None:
+        a = self.account
+        timeout = SocketTimeout(connect=self._connect_timeout, read=self._read_timeout)
+        with _wire("connect"):
+            client = IMAPClient(
+                a.host,
+                port=a.effective_port,
+                ssl=a.security == "ssl",
+                ssl_context=self._tls_context() if a.security == "ssl" else None,
+                timeout=timeout,
+            )
+        # tz-aware INTERNALDATE instead of naive local time.
+        client.normalise_times = False
+        self._client = client
+        if a.security == "starttls":
+            with _wire("capability"):
+                caps = client.capabilities()
+            if b"STARTTLS" not in caps:
+                self.close()
+                # Never fall back to plaintext (DESIGN.md, security rules).
+                raise ConfigError(
+                    f"imap account {a.name}: {a.host} does not offer STARTTLS; "
+                    f"use security: ssl or fix the server"
+                )
+            with _wire("starttls"):
+                client.starttls(self._tls_context())
+
+    def login(self) -> None:
+        a = self.account
+        with _wire("login"):
+            try:
+                if a.oauth2_access_token is not None:
+                    self.client.oauth2_login(a.username, a.oauth2_access_token.get_secret_value())
+                elif a.password is not None:
+                    self.client.login(a.username, a.password.get_secret_value())
+            except imap_exc.IMAPClientAbortError:
+                raise
+            except imap_exc.IMAPClientError as exc:
+                # A NO to LOGIN/AUTHENTICATE: the credentials are wrong or the account locked.
+                raise AuthenticationError(f"login as {a.username} refused: {exc}") from exc
+            self._capabilities = frozenset(self.client.capabilities())
+
+    def enable_condstore(self) -> bool:
+        """ENABLE CONDSTORE when offered (RFC 7162). Returns whether MODSEQs are available.
+
+        QRESYNC is deliberately not enabled: it turns EXPUNGE into VANISHED responses, which
+        imapclient 4.1 does not parse; expunges are found by UID SEARCH instead (source.py).
+        """
+        self.condstore = False
+        if b"CONDSTORE" in self._capabilities:
+            with _wire("enable"):
+                self.client.enable("CONDSTORE")
+            self.condstore = True
+        return self.condstore
+
+    @property
+    def supports_idle(self) -> bool:
+        return b"IDLE" in self._capabilities
+
+    def close(self) -> None:
+        """Drop the connection without a round trip (it may be dead)."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        with contextlib.suppress(Exception):
+            client.shutdown()
+
+    def logout(self) -> None:
+        client = self._client
+        if client is None:
+            return
+        with contextlib.suppress(Exception):
+            client.logout()
+        self.close()
+
+    # --- folder ------------------------------------------------------------------------------
+
+    def select(self, folder: str, readonly: bool = False) -> FolderStatus:
+        with _wire(f"select {folder}"):
+            info = self.client.select_folder(folder, readonly=readonly)
+        hms = info.get(b"HIGHESTMODSEQ")
+        return FolderStatus(
+            uidvalidity=int(info[b"UIDVALIDITY"]),
+            uidnext=int(info.get(b"UIDNEXT", 0)),
+            highestmodseq=int(hms) if hms is not None and self.condstore else None,
+            exists=int(info.get(b"EXISTS", 0)),
+        )
+
+    def status(self, folder: str) -> FolderStatus:
+        """STATUS of a folder (also the selected one: Dovecot answers with current values)."""
+        what = [b"UIDVALIDITY", b"UIDNEXT", b"MESSAGES"]
+        if self.condstore:
+            what.append(b"HIGHESTMODSEQ")
+        with _wire(f"status {folder}"):
+            info = self.client.folder_status(folder, what)
+        hms = info.get(b"HIGHESTMODSEQ")
+        return FolderStatus(
+            uidvalidity=int(info[b"UIDVALIDITY"]),
+            uidnext=int(info[b"UIDNEXT"]),
+            highestmodseq=int(hms) if hms is not None else None,
+            exists=int(info[b"MESSAGES"]),
+        )
+
+    def create_folder(self, folder: str) -> None:
+        with _wire(f"create {folder}"):
+            if not self.client.folder_exists(folder):
+                self.client.create_folder(folder)
+
+    # --- search ------------------------------------------------------------------------------
+
+    def uids_from(self, first_uid: int) -> list[int]:
+        """UIDs >= first_uid, ascending. ("N:*" always matches the highest UID, so filter.)"""
+        with _wire("search uid"):
+            found = self.client.search(["UID", f"{max(first_uid, 1)}:*"])
+        return sorted(u for u in found if u >= first_uid)
+
+    def all_uids(self) -> list[int]:
+        with _wire("search all"):
+            return sorted(self.client.search(["ALL"]))
+
+    def uids_since(self, day: dt.date) -> list[int]:
+        with _wire("search since"):
+            return sorted(self.client.search(["SINCE", day]))
+
+    def uids_changed_since(self, modseq: int) -> list[int]:
+        """UIDs whose MODSEQ is greater than ``modseq`` (RFC 7162 SEARCH MODSEQ)."""
+        with _wire("search modseq"):
+            return sorted(self.client.search(["MODSEQ", str(modseq + 1)]))
+
+    def uids_with_message_id(self, folder: str, message_id: str) -> list[int]:
+        """Look for a Message-ID in another folder (read-only), for the expunge-vs-move decision.
+
+        Leaves ``folder`` selected read-only: the caller re-selects its own folder.
+        """
+        with _wire(f"examine {folder}"):
+            if not self.client.folder_exists(folder):
+                return []
+            self.client.select_folder(folder, readonly=True)
+            return sorted(self.client.search(["HEADER", "Message-ID", message_id]))
+
+    # --- fetch -------------------------------------------------------------------------------
+
+    def sizes(self, uids: Sequence[int]) -> dict[int, int]:
+        if not uids:
+            return {}
+        with _wire("fetch size"):
+            found = self.client.fetch(list(uids), [b"RFC822.SIZE"])
+        return {uid: int(item.get(b"RFC822.SIZE", 0)) for uid, item in found.items()}
+
+    def fetch(self, uids: Sequence[int]) -> list[FetchedMail]:
+        """Full mails (BODY.PEEK[] leaves \\Seen alone), ascending by UID. Expunged UIDs are absent."""
+        if not uids:
+            return []
+        items = [b"BODY.PEEK[]", b"FLAGS", b"INTERNALDATE"]
+        if self.condstore:
+            items.append(b"MODSEQ")
+        with _wire("fetch"):
+            found = self.client.fetch(list(uids), items)
+        mails = []
+        for uid in sorted(found):
+            item = found[uid]
+            raw = item.get(b"BODY[]")
+            if raw is None:
+                continue
+            internal = item.get(b"INTERNALDATE")
+            mails.append(
+                FetchedMail(
+                    uid=uid,
+                    raw=bytes(raw),
+                    flags=tuple(_text(f) for f in item.get(b"FLAGS", ())),
+                    internal_date=internal if isinstance(internal, dt.datetime) else None,
+                    modseq=_modseq(item),
+                )
+            )
+        return mails
+
+    def flags(self, uids: Sequence[int]) -> list[FlagState]:
+        if not uids:
+            return []
+        items = [b"FLAGS", b"MODSEQ"] if self.condstore else [b"FLAGS"]
+        with _wire("fetch flags"):
+            found = self.client.fetch(list(uids), items)
+        return [
+            FlagState(
+                uid, tuple(_text(f) for f in found[uid].get(b"FLAGS", ())), _modseq(found[uid])
+            )
+            for uid in sorted(found)
+        ]
+
+    # --- waiting -----------------------------------------------------------------------------
+
+    def idle_until(
+        self, deadline: float, should_stop: Callable[[], bool], slice_seconds: float
+    ) -> IdleOutcome:
+        """IDLE (RFC 2177) until the server announces a change, ``deadline`` (monotonic time)
+        passes, or ``should_stop()``; then DONE. Returns what the server announced.
+
+        Raises ConnectionLost when the connection turns out dead: EOF, BYE, or a DONE that gets
+        no answer within the read timeout (a silent connection).
+        """
+        client = self.client
+        with _wire("idle"):
+            client.idle()
+        responses: list[tuple[Any, ...]] = []
+        suspicious = False
+        try:
+            while not should_stop():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                wait = min(slice_seconds, remaining)
+                started = time.monotonic()
+                with _wire("idle_check"):
+                    got = client.idle_check(timeout=wait)
+                if got:
+                    responses += got
+                    if self._classify(got).activity:
+                        break
+                    continue  # "* OK Still here" keep-alives
+                if time.monotonic() - started < wait * _EARLY_FRACTION:
+                    suspicious = True  # imapclient #565: an EOF or socket error was swallowed
+                    break
+        finally:
+            # DONE must always be sent; on a dead or silent connection this raises.
+            with _wire("idle_done"):
+                _, tail = client.idle_done()
+        responses += tail
+        outcome = self._classify(responses)
+        if suspicious and not outcome.activity:
+            self.noop()  # prove the connection alive, or raise ConnectionLost
+        return outcome
+
+    @staticmethod
+    def _classify(responses: Sequence[tuple[Any, ...]]) -> IdleOutcome:
+        new_mail = expunged = flags_changed = other = False
+        for response in responses:
+            kind = response[1] if len(response) > 1 and isinstance(response[0], int) else None
+            head = response[0] if response else None
+            if head == b"BYE":
+                raise ConnectionLost(f"server said BYE: {response[1:]!r}")
+            if kind == b"EXISTS":
+                new_mail = True
+            elif kind == b"EXPUNGE":
+                expunged = True
+            elif kind == b"FETCH":
+                flags_changed = True
+            elif kind == b"RECENT" or head == b"OK":
+                continue  # "* OK Still here" keep-alives and RECENT counters
+            else:
+                other = True  # e.g. VANISHED: a full re-sync is the safe answer
+        return IdleOutcome(new_mail, expunged, flags_changed, other)
+
+    def noop(self) -> IdleOutcome:
+        with _wire("noop"):
+            _, responses = self.client.noop()
+        return self._classify(responses)
+
+    # --- side effects ------------------------------------------------------------------------
+
+    def add_flags(self, uids: Sequence[int], flags: Sequence[str]) -> None:
+        if uids:
+            with _wire("store"):
+                self.client.add_flags(list(uids), list(flags), silent=True)
+
+    def move(self, uids: Sequence[int], folder: str) -> None:
+        """UID MOVE (RFC 6851), or COPY + \\Deleted + UID EXPUNGE where MOVE is missing.
+
+        Moving UIDs that are already gone is a no-op on the server, so a repair may repeat it.
+        """
+        if not uids:
+            return
+        with _wire(f"move {folder}"):
+            if b"MOVE" in self._capabilities:
+                self.client.move(list(uids), folder)
+            else:
+                self.client.copy(list(uids), folder)
+                self.client.add_flags(list(uids), [b"\\Deleted"], silent=True)
+                self.client.uid_expunge(list(uids))
+
+
+def socket_is_timeout(exc: BaseException) -> bool:
+    """True when a ConnectionLost came from a read timeout (a silent connection)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, socket.timeout | TimeoutError):
+            return True
+        cause = cause.__cause__
+    return False

@@ -1,0 +1,175 @@
+"""The resume position of one (account, folder): pure data and pure decisions, no I/O.
+
+Stored in the offsets topic under the source partition ``{"source":"imap","account":..,"folder":..}``
+and written in the same Kafka transaction as the events it covers. Wire sample (the value)::
+
+    {"epoch":2,"fresh":[[43,19]],"highestmodseq":17,"last_uid":42,"pending":null,
+     "rescan_until":0,"uidvalidity":1700000000}
+
+Meaning (the invariant every write keeps):
+
+- every mail with ``uid <= last_uid`` has been published, and its published state reflects every
+  change with ``modseq <= highestmodseq``;
+- ``fresh`` lists mails published at a MODSEQ above ``highestmodseq`` (they arrived or changed
+  while the sync ran); the next CHANGEDSINCE pass skips them unless their MODSEQ moved again, so a
+  restart never re-publishes an unchanged mail;
+- ``epoch`` counts UIDVALIDITY changes seen (a new epoch = a full rescan);
+- ``pending`` is an after-commit side effect not yet confirmed done: ``{"action": "seen" |
+  "move:<folder>", "uids": [...]}`` (state MOVING); ``null`` once it is done (MOVED).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, replace
+from typing import Any
+
+SOURCE = "imap"
+
+
+def source_partition(account: str, folder: str) -> dict[str, str]:
+    """The offsets-topic key of a mailbox (canonical JSON of this dict)."""
+    return {"source": SOURCE, "account": account, "folder": folder}
+
+
+@dataclass(frozen=True)
+class PendingSideEffect:
+    action: str
+    uids: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "uids": list(self.uids)}
+
+
+@dataclass(frozen=True)
+class Cursor:
+    uidvalidity: int
+    last_uid: int
+    highestmodseq: int = 0
+    epoch: int = 0
+    fresh: tuple[tuple[int, int], ...] = ()
+    pending: PendingSideEffect | None = None
+    #: After a UIDVALIDITY change, mails below this UID are re-publications (RESCANNED).
+    rescan_until: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "uidvalidity": self.uidvalidity,
+            "last_uid": self.last_uid,
+            "highestmodseq": self.highestmodseq,
+            "epoch": self.epoch,
+            "fresh": [list(pair) for pair in self.fresh],
+            "pending": self.pending.to_json() if self.pending else None,
+            "rescan_until": self.rescan_until,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Cursor:
+        pending = data.get("pending")
+        return cls(
+            uidvalidity=int(data["uidvalidity"]),
+            last_uid=int(data["last_uid"]),
+            highestmodseq=int(data.get("highestmodseq") or 0),
+            epoch=int(data.get("epoch") or 0),
+            fresh=tuple((int(u), int(m)) for u, m in data.get("fresh") or ()),
+            pending=(
+                PendingSideEffect(str(pending["action"]), tuple(int(u) for u in pending["uids"]))
+                if pending
+                else None
+            ),
+            rescan_until=int(data.get("rescan_until") or 0),
+        )
+
+    def advanced(self, last_uid: int, fresh: tuple[tuple[int, int], ...] = ()) -> Cursor:
+        return replace(self, last_uid=max(self.last_uid, last_uid), fresh=self.fresh + fresh)
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    """What a SELECT means for the stored cursor."""
+
+    cursor: Cursor
+    rescan: bool = False
+    """True when UIDVALIDITY changed: every mail is re-published (ChangeKind RESCANNED)."""
+    new: bool = False
+    """True when the folder had no cursor yet."""
+
+
+def on_select(
+    stored: Cursor | None,
+    uidvalidity: int,
+    uidnext: int,
+    highestmodseq: int | None,
+    start: str,
+    first_uid_since: int | None = None,
+) -> StartDecision:
+    """Decide the cursor to continue from after SELECT.
+
+    >>> on_select(None, 7, 11, 30, "latest").cursor.last_uid
+    10
+    >>> on_select(None, 7, 11, 30, "all").cursor.last_uid
+    0
+    >>> d = on_select(Cursor(6, 99, 5, epoch=1), 7, 11, 30, "latest")
+    >>> d.rescan, d.cursor.last_uid, d.cursor.epoch
+    (True, 0, 2)
+
+    ``first_uid_since`` is the lowest UID matching ``since:DATE`` (None when nothing matches).
+    """
+    hms = highestmodseq or 0
+    if stored is not None and stored.uidvalidity == uidvalidity:
+        return StartDecision(stored)
+    if stored is not None:
+        # RFC 3501 2.3.1.1: a new UIDVALIDITY invalidates every UID we know. Re-read everything;
+        # the identity keys make the re-published events collapse onto the same keys.
+        return StartDecision(
+            Cursor(uidvalidity, 0, hms, epoch=stored.epoch + 1, rescan_until=uidnext),
+            rescan=True,
+        )
+    if start == "all":
+        last = 0
+    elif start == "latest":
+        last = max(uidnext - 1, 0)
+    else:
+        last = (first_uid_since - 1) if first_uid_since is not None else max(uidnext - 1, 0)
+    return StartDecision(Cursor(uidvalidity, last, hms), new=True)
+
+
+def since_date(start: str) -> dt.date | None:
+    return dt.date.fromisoformat(start[6:].strip()) if start.startswith("since:") else None
+
+
+def skip_unchanged(fresh: tuple[tuple[int, int], ...], uid: int, modseq: int | None) -> bool:
+    """True when ``uid`` was published at exactly this MODSEQ already (see ``fresh`` above).
+
+    >>> skip_unchanged(((5, 40),), 5, 40), skip_unchanged(((5, 40),), 5, 41)
+    (True, False)
+    """
+    return modseq is not None and (uid, modseq) in fresh
+
+
+def chunks(uids: list[int], size: int) -> list[list[int]]:
+    """>>> chunks([1, 2, 3, 4, 5], 2)
+    [[1, 2], [3, 4], [5]]
+    """
+    return [uids[i : i + size] for i in range(0, len(uids), size)]
+
+
+def split_by_bytes(uids: list[int], sizes: dict[int, int], budget: int) -> list[list[int]]:
+    """Group UIDs so each fetch holds at most ``budget`` bytes (one oversize mail goes alone).
+
+    >>> split_by_bytes([1, 2, 3], {1: 5, 2: 5, 3: 20}, 10)
+    [[1, 2], [3]]
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for uid in uids:
+        size = sizes.get(uid, 0)
+        if current and total + size > budget:
+            groups.append(current)
+            current, total = [], 0
+        current.append(uid)
+        total += size
+    if current:
+        groups.append(current)
+    return groups

@@ -1,0 +1,510 @@
+"""One mailbox (account, folder): connect, sync exactly once into Kafka, wait, repeat.
+
+Lifecycle (one thread per worker; imapclient is not thread-safe, so the connection never leaves
+this thread)::
+
+    run()
+      writer = TransactionalSourceWriter(txn id of (account, folder))   # fences a zombie
+      cursor = offsets topic, read_committed, AFTER init_transactions   # zombie's txn aborted
+      loop: session() until stopped; any error -> BACKOFF -> reconnect
+
+    session()
+      CONNECTING -> AUTHENTICATING -> SELECTING (UIDVALIDITY check, start position, repair of
+      an unfinished side effect) -> SYNCING <-> IDLE | POLLING
+
+    sync()
+      1. flag changes of published mails (CONDSTORE: UID SEARCH MODSEQ) -> UPDATED events
+      2. new mails (UID SEARCH last_uid+1:*), in batches -> ADDED (RESCANNED after an epoch change)
+      3. expunges (on start, on catch-up polls, after an EXPUNGE) -> tombstones when gone everywhere
+      every batch = one Kafka transaction: its events + DLQ records + the new cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Protocol
+
+from connectors.core.backoff import Backoff
+from connectors.core.contract import FencedError, SourceRecord, TransactionAborted
+from connectors.core.errors import AuthenticationError, Disposition, classify
+from connectors.core.metrics import SourceMetrics
+from connectors.core.offsets import canonical_json
+from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
+from connectors.imap.connection import SEEN, FetchedMail, ImapConnection
+from connectors.imap.cursor import (
+    Cursor,
+    PendingSideEffect,
+    chunks,
+    on_select,
+    skip_unchanged,
+    source_partition,
+    split_by_bytes,
+)
+from connectors.imap.errors import ConnectionLost
+from connectors.imap.faults import CrashPoints
+from connectors.imap.index import AccountIndex
+from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
+from connectors.imap.state import StateMachine, WorkerState
+
+log = logging.getLogger(__name__)
+
+S = WorkerState
+SOURCE_KIND = "imap"
+#: Length of one idle_check() slice: bounds how long a stop request waits, and how fast an
+#: imapclient #565 early return (EOF swallowed) is noticed.
+IDLE_SLICE_S = 1.0
+#: A backfill logs its progress every this many mails (the console of a long first start).
+PROGRESS_EVERY = 2000
+
+
+class Writer(Protocol):
+    def write(
+        self,
+        records: Sequence[SourceRecord],
+        offsets: Mapping[bytes, Mapping[str, Any]]
+        | Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class UidValidityChanged(ConnectionLost):
+    """UIDVALIDITY changed under a selected folder: reconnect, the SELECT starts a new epoch."""
+
+
+class MailboxWorker:
+    """Publishes one folder of one account. ``run()`` is the thread body; ``stop`` ends it."""
+
+    def __init__(
+        self,
+        *,
+        account: ImapAccountSettings,
+        folder: str,
+        settings: ImapSourceSettings,
+        builder: RecordBuilder,
+        index: AccountIndex,
+        metrics: SourceMetrics,
+        stop: threading.Event,
+        writer_factory: Callable[[str], Writer],
+        read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]],
+        connection_factory: Callable[[], ImapConnection],
+        transactional_id: str,
+        watched_folders: Sequence[str],
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self.account = account
+        self.folder = folder
+        self.settings = settings
+        self.builder = builder
+        self.index = index
+        self.metrics = metrics
+        self.stop = stop
+        self._writer_factory = writer_factory
+        self._read_offsets = read_offsets
+        self._connection_factory = connection_factory
+        self.transactional_id = transactional_id
+        self._other_folders = [f for f in watched_folders if f != folder]
+        if account.move_target:
+            self._other_folders.append(account.move_target)
+        self._crash = crash or CrashPoints(None)
+        self.partition = source_partition(account.name, folder)
+        self._partition_key = canonical_json(self.partition)
+        self.machine = StateMachine(account.name, folder)
+        self.backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds)
+        self.cursor: Cursor | None = None
+        self.fenced = False
+        self._writer: Writer | None = None
+        self._conn: ImapConnection | None = None
+        self._reload_cursor = True
+        self._last_catchup = 0.0
+        self._labels = (SOURCE_KIND, account.name, folder)
+
+    # --- thread body ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.metrics.watch(*self._labels)
+        try:
+            while not self.stop.is_set():
+                try:
+                    if self._writer is None:
+                        # init_transactions fences an older instance and aborts its open
+                        # transaction, so the cursor read below sees only committed batches.
+                        self._writer = self._writer_factory(self.transactional_id)
+                        self._reload_cursor = True
+                    self._session()
+                except FencedError as exc:
+                    self.fenced = True
+                    log.error(
+                        "imap %s/%s: fenced by another instance with the same transactional id "
+                        "(%s); stopping this mailbox: %s",
+                        self.account.name,
+                        self.folder,
+                        self.transactional_id,
+                        exc,
+                    )
+                    return
+                except Exception as exc:
+                    self._back_off(exc)
+        finally:
+            self._close()
+            self.machine.to(S.STOPPED)
+
+    def _back_off(self, exc: Exception) -> None:
+        self._drop_connection()
+        disposition = classify(exc)
+        if isinstance(exc, TransactionAborted):
+            self.metrics.transaction_aborts.labels(*self._labels).inc()
+        if not isinstance(exc, ConnectionLost):
+            # Kafka or unknown trouble: re-read the committed cursor before going on.
+            self._reload_cursor = True
+        if self.machine.state in (S.CONNECTING, S.AUTHENTICATING):
+            self.metrics.connect_failures.labels(*self._labels).inc()
+        if disposition is Disposition.PERMANENT:
+            delay = self.backoff.at_cap()
+            if isinstance(exc, AuthenticationError):
+                self.metrics.auth_failures.labels(*self._labels).inc()
+            log.error(
+                "imap %s/%s: %s; will retry in %.0fs (fix the configuration or the account)",
+                self.account.name,
+                self.folder,
+                exc,
+                delay,
+            )
+        else:
+            delay = self.backoff.next_delay()
+            if not isinstance(exc, ConnectionLost):
+                log.warning(
+                    "imap %s/%s: unexpected error", self.account.name, self.folder, exc_info=exc
+                )
+        self.machine.to(S.BACKOFF, f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s")
+        self.stop.wait(delay)
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.logout()
+            self._conn = None
+        if self._writer is not None and not self.fenced:
+            try:
+                self._writer.close()
+            except Exception:  # pragma: no cover - best effort at shutdown
+                log.debug("writer close failed", exc_info=True)
+
+    # --- one connection -------------------------------------------------------------------------
+
+    def _session(self) -> None:
+        self.machine.to(S.CONNECTING)
+        conn = self._connection_factory()
+        self._conn = conn
+        conn.connect()
+        self.metrics.connects.labels(*self._labels).inc()
+        self.machine.to(S.AUTHENTICATING)
+        conn.login()
+        conn.enable_condstore()
+        self.machine.to(S.SELECTING)
+        self._select(conn)
+        full = True
+        self._last_catchup = time.monotonic()
+        while not self.stop.is_set():
+            self.machine.to(S.SYNCING)
+            mails = self._sync(conn, reconcile=full)
+            self.metrics.synced(*self._labels, mails=mails)
+            self.backoff.reset()
+            full = self._wait(conn)
+
+    def _select(self, conn: ImapConnection) -> None:
+        readonly = self.account.after_commit == "none"
+        status = conn.select(self.folder, readonly=readonly)
+        if self._reload_cursor or self.cursor is None:
+            stored = self._read_offsets().get(self._partition_key)
+            self.cursor = Cursor.from_json(dict(stored)) if stored else None
+            self._reload_cursor = False
+        first_since = None
+        if self.cursor is None and self.account.start_since is not None:
+            found = conn.uids_since(self.account.start_since)
+            first_since = found[0] if found else None
+        decision = on_select(
+            self.cursor,
+            status.uidvalidity,
+            status.uidnext,
+            status.highestmodseq,
+            self.account.start,
+            first_since,
+        )
+        if decision.rescan:
+            self.metrics.uidvalidity_changes.labels(*self._labels).inc()
+            self.index.forget_folder(self.folder)
+            log.warning(
+                "imap %s/%s: UIDVALIDITY changed %s -> %s: new epoch %d, full rescan",
+                self.account.name,
+                self.folder,
+                self.cursor.uidvalidity if self.cursor else None,
+                status.uidvalidity,
+                decision.cursor.epoch,
+            )
+        if decision.new or decision.rescan:
+            # Pin the start position (and the new epoch) so a restart continues from here.
+            self._commit([], decision.cursor)
+        self.cursor = decision.cursor
+        if self.cursor.pending is not None:
+            log.info(
+                "imap %s/%s: repairing an unfinished %s of %d mails",
+                self.account.name,
+                self.folder,
+                self.cursor.pending.action,
+                len(self.cursor.pending.uids),
+            )
+            self._finish_side_effect(conn, self.cursor.pending, {})
+
+    def _wait(self, conn: ImapConnection) -> bool:
+        """Wait for a change; returns True when the next sync must also look for expunges."""
+        now = time.monotonic()
+        catchup_due = self._last_catchup + self.settings.catchup_poll_seconds
+        if self.account.mode == "idle" and conn.supports_idle:
+            self.machine.to(S.IDLE)
+            deadline = min(now + self.settings.idle_renew_seconds, catchup_due)
+            outcome = conn.idle_until(deadline, self.stop.is_set, IDLE_SLICE_S)
+            expunged = outcome.expunged or outcome.other
+        else:
+            self.machine.to(S.POLLING)
+            self.stop.wait(max(0.0, min(self.settings.poll_interval_seconds, catchup_due - now)))
+            expunged = False
+        if time.monotonic() >= catchup_due:
+            self._last_catchup = time.monotonic()
+            return True
+        return expunged
+
+    # --- sync -----------------------------------------------------------------------------------
+
+    def _sync(self, conn: ImapConnection, reconcile: bool) -> int:
+        assert self.cursor is not None
+        # Dovecot shows other sessions' changes to the selected folder only after a command
+        # completes: NOOP first, or SEARCH may miss a mail appended a moment ago.
+        conn.noop()
+        status = conn.status(self.folder)
+        if status.uidvalidity != self.cursor.uidvalidity:
+            raise UidValidityChanged(
+                f"UIDVALIDITY of {self.folder} changed to {status.uidvalidity} while selected"
+            )
+        mails = 0
+        hms = status.highestmodseq
+        if hms is not None and conn.condstore:
+            mails += self._sync_changes(conn, hms)
+        if status.uidnext - 1 > self.cursor.last_uid:
+            mails += self._sync_new(conn, hms)
+        if reconcile:
+            self._reconcile(conn)
+        return mails
+
+    def _sync_changes(self, conn: ImapConnection, hms: int) -> int:
+        """Flag changes of published mails (RFC 7162): UPDATED events with the whole mail."""
+        cursor = self.cursor
+        assert cursor is not None
+        if hms <= cursor.highestmodseq:
+            return 0
+        if cursor.last_uid == 0:
+            # Nothing published yet, so no change to publish; the next batch commits this.
+            self.cursor = replace(cursor, highestmodseq=hms, fresh=())
+            return 0
+        candidates = [
+            u for u in conn.uids_changed_since(cursor.highestmodseq) if u <= cursor.last_uid
+        ]
+        states = [
+            s for s in conn.flags(candidates) if not skip_unchanged(cursor.fresh, s.uid, s.modseq)
+        ]
+        states.sort(key=lambda s: s.modseq or 0)
+        emitted: list[tuple[int, int]] = []
+        count = 0
+        for group in chunks([s.uid for s in states], self.settings.batch_size):
+            fetched = conn.fetch(group)
+            built = [self._build(m, "UPDATED") for m in fetched]
+            emitted += [(m.uid, m.modseq) for m in fetched if m.modseq is not None]
+            progress = replace(cursor, fresh=cursor.fresh + tuple(emitted))
+            self._commit_batch(built, progress)
+            count += len(fetched)
+        # Every change up to ``hms`` is published now; keep only what went out above it.
+        self.cursor = replace(
+            cursor, highestmodseq=hms, fresh=tuple((u, m) for u, m in emitted if m > hms)
+        )
+        if count or cursor.fresh:
+            self._commit([], self.cursor)
+        return count
+
+    def _sync_new(self, conn: ImapConnection, hms: int | None) -> int:
+        assert self.cursor is not None
+        uids = conn.uids_from(self.cursor.last_uid + 1)
+        if not uids:
+            return 0
+        total = len(uids)
+        if total > self.settings.batch_size:
+            log.info(
+                "imap %s/%s: %d mails to read (uid %d..%d)",
+                self.account.name,
+                self.folder,
+                total,
+                uids[0],
+                uids[-1],
+            )
+        done = 0
+        next_progress = PROGRESS_EVERY
+        for chunk in chunks(uids, self.settings.batch_size):
+            sizes = conn.sizes(chunk)
+            for group in split_by_bytes(chunk, sizes, self.settings.max_batch_bytes):
+                fetched = conn.fetch(group)
+                self._publish_new(conn, group, fetched, hms)
+                done += len(group)
+            if done >= next_progress:
+                next_progress += PROGRESS_EVERY
+                log.info(
+                    "imap %s/%s: %d/%d mails published",
+                    self.account.name,
+                    self.folder,
+                    done,
+                    total,
+                )
+        return total
+
+    def _publish_new(
+        self,
+        conn: ImapConnection,
+        group: list[int],
+        fetched: list[FetchedMail],
+        hms: int | None,
+    ) -> None:
+        cursor = self.cursor
+        assert cursor is not None
+        built = []
+        for mail in fetched:
+            change: ChangeKind = "RESCANNED" if mail.uid < cursor.rescan_until else "ADDED"
+            built.append(self._build(mail, change))
+        fresh = tuple(
+            (m.uid, m.modseq)
+            for m in fetched
+            if hms is not None and m.modseq is not None and m.modseq > hms
+        )
+        progress = cursor.advanced(max(group), fresh)
+        if hms is not None:
+            progress = replace(progress, highestmodseq=max(cursor.highestmodseq, hms))
+        pending = None
+        action = self.account.after_commit
+        if action != "none" and fetched:
+            pending = PendingSideEffect(action, tuple(m.uid for m in fetched))
+            progress = replace(progress, pending=pending)
+        self._commit_batch(built, progress)
+        if pending is not None:
+            self._crash.reached("after_commit")
+            self._finish_side_effect(conn, pending, {m.uid: m for m in fetched})
+
+    def _build(self, mail: FetchedMail, change: ChangeKind) -> BuiltMail:
+        assert self.cursor is not None
+        uidvalidity = self.cursor.uidvalidity
+
+        def change_for(key: str) -> ChangeKind:
+            if change == "ADDED" and self.index.register(
+                key, self.folder, uidvalidity, mail.uid, None
+            ):
+                return "UPDATED"  # known in another folder: this is a move or a copy
+            return change
+
+        built = self.builder.build(mail, uidvalidity, change_for)
+        if built.key is not None:
+            self.index.register(built.key, self.folder, uidvalidity, mail.uid, built.message_id)
+        return built
+
+    def _commit_batch(self, built: list[BuiltMail], cursor: Cursor) -> None:
+        records = [r for b in built for r in b.records]
+        self._crash.reached("before_write")
+        self._commit(records, cursor)
+        events = sum(1 for b in built if b.key is not None)
+        dlq = sum(1 for b in built if b.dlq or b.key is None)
+        if events:
+            self.metrics.events_produced.labels(*self._labels).inc(events)
+        if dlq:
+            self.metrics.dlq_records.labels(*self._labels).inc(dlq)
+
+    def _commit(self, records: Sequence[SourceRecord], cursor: Cursor) -> None:
+        assert self._writer is not None
+        self._writer.write(records, [(self.partition, cursor.to_json())])
+        self.cursor = cursor
+
+    # --- after-commit side effects (MOVING -> MOVED) -------------------------------------------
+
+    def _finish_side_effect(
+        self, conn: ImapConnection, pending: PendingSideEffect, fetched: Mapping[int, FetchedMail]
+    ) -> None:
+        """Apply ``pending`` (idempotent on the server), then commit the cursor without it.
+
+        A move also publishes UPDATED events with the new folder, so the compacted topic says
+        where the mail went (DESIGN.md: a move is an update, not a delete).
+        """
+        assert self.cursor is not None
+        uids = list(pending.uids)
+        records: list[SourceRecord] = []
+        if pending.action == "seen":
+            conn.add_flags(uids, [SEEN])
+        elif pending.action.startswith("move:"):
+            target = pending.action[5:].strip()
+            missing = [u for u in uids if u not in fetched]
+            mails = [*fetched.values(), *conn.fetch(missing)] if missing else list(fetched.values())
+            for mail in mails:
+                built = self.builder.build(
+                    mail, self.cursor.uidvalidity, lambda _key: "UPDATED", folder=target
+                )
+                records += [r for r in built.records if r.topic != self.builder.dlq_topic]
+                if built.key is not None:
+                    self.index.register(built.key, target, None, None, built.message_id)
+                    self.index.remove(self.folder, mail.uid)
+            conn.create_folder(target)
+            conn.move(uids, target)
+        self._crash.reached("after_side_effect")
+        self._commit(records, replace(self.cursor, pending=None))
+
+    # --- expunges --------------------------------------------------------------------------------
+
+    def _reconcile(self, conn: ImapConnection) -> None:
+        """Tombstone mails that left this folder and are in no other watched folder."""
+        assert self.cursor is not None
+        known = self.index.uids_in(self.folder, self.cursor.uidvalidity)
+        if not known:
+            return
+        present = set(conn.all_uids())
+        gone = sorted(u for u in known if u not in present and u <= self.cursor.last_uid)
+        if not gone:
+            return
+        tombstones = []
+        searched_elsewhere = False
+        for uid in gone:
+            removed = self.index.remove(self.folder, uid)
+            if removed is None:
+                continue
+            key, elsewhere = removed
+            if elsewhere:
+                continue
+            message_id = self.index.message_id(key)
+            if message_id and self._other_folders:
+                searched_elsewhere = True
+                if any(conn.uids_with_message_id(f, message_id) for f in self._other_folders):
+                    continue  # moved: the other folder's worker publishes the UPDATED event
+            self.index.forget(key)
+            tombstones.append(self.builder.tombstone(key))
+        if searched_elsewhere:
+            readonly = self.account.after_commit == "none"
+            status = conn.select(self.folder, readonly=readonly)
+            if status.uidvalidity != self.cursor.uidvalidity:
+                raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
+        if tombstones:
+            log.info(
+                "imap %s/%s: %d mails expunged from every watched folder: tombstones",
+                self.account.name,
+                self.folder,
+                len(tombstones),
+            )
+            self._commit(tombstones, self.cursor)
