@@ -118,7 +118,9 @@ def dns_for(record: str) -> Any:
 def test_valid_aligned_dkim_signature_passes(dkim_key: tuple[bytes, str]) -> None:
     private, txt = dkim_key
     raw = signed(private)
-    verdict = check_dkim(mail(raw_uri="file:///raw"), {"file:///raw": raw}.__getitem__, dns_for(txt))
+    verdict = check_dkim(
+        mail(raw_uri="file:///raw"), {"file:///raw": raw}.__getitem__, dns_for(txt)
+    )
     assert verdict == PASS
 
 

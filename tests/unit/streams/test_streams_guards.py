@@ -99,7 +99,13 @@ def test_auto_response_suppress_other_tokens_pass() -> None:
 
 
 @pytest.mark.parametrize(
-    "sender", ["MAILER-DAEMON@example.com", "postmaster@example.com", "owner-dev@lists.x", "dev-request@lists.x"]
+    "sender",
+    [
+        "MAILER-DAEMON@example.com",
+        "postmaster@example.com",
+        "owner-dev@lists.x",
+        "dev-request@lists.x",
+    ],
 )
 def test_system_senders_are_skipped(sender: str) -> None:
     assert isinstance(system_sender(mail(sender=sender)), Skip)

@@ -1,0 +1,154 @@
+"""The faust app in-process with ``agent.test_context()`` and the memory store.
+
+No broker: the topics' ``send`` is replaced by a recorder and the producer's partitioner by a
+constant (faust needs a started producer to place changelog records of ``use_partitioner``
+tables). Everything else — decoding, the agent, the tables, the timer body — is the real code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faust.types import TP
+
+from connectors.core.config import KafkaSettings
+from connectors.core.serde import AvroSerde
+from streams.app import StreamsWorker
+from streams.config import StreamsSettings
+from streams.testing import EPOCH, mail_record
+from streams.workflows.approval import approval_id
+
+KAFKA = KafkaSettings(bootstrap_servers="127.0.0.1:1")  # never contacted
+MAIL = AvroSerde.for_schema("MailEvent")
+COMMAND = AvroSerde.for_schema("ReplyCommand")
+EVENT = AvroSerde.for_schema("WorkflowEvent")
+
+
+class Recorder:
+    """Stands in for Kafka: what was sent where, in order, including changelog writes."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, bytes | None, Any]] = []
+
+    def sender(self, topic: str) -> Any:
+        async def send(*, key: bytes, value: bytes) -> asyncio.Future[None]:
+            self.log.append((topic, key, value))
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+        return send
+
+    def topics(self) -> list[str]:
+        return [t for t, _, _ in self.log]
+
+    def commands(self) -> list[dict[str, Any]]:
+        return [COMMAND.decode(v) for t, _, v in self.log if t == "commands"]
+
+    def events(self) -> list[dict[str, Any]]:
+        return [EVENT.decode(v) for t, _, v in self.log if t == "workflow"]
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[tuple[StreamsWorker, Recorder]]:
+    settings = StreamsSettings.model_validate(
+        {
+            "from_address": {"address": "help@example.com"},
+            "auth_policy": "none",
+            "data_dir": str(tmp_path),
+            "rules": [
+                {"match": {"recipient": "approvals@example.com"}, "workflow": "approval"},
+                {"match": {"recipient": "support@example.com"}, "workflow": "ticket_intake"},
+            ],
+            "workflows": {
+                "approval": {
+                    "options": {"approver": "boss@example.com", "reminder_after_seconds": 60}
+                }
+            },
+        }
+    )
+    w = StreamsWorker(settings, KAFKA, partitions=3)
+    recorder = Recorder()
+    w.commands_topic.send = recorder.sender("commands")
+    w.workflow_topic.send = recorder.sender("workflow")
+    w.app.producer.key_partition = lambda topic, key: TP(topic, 0)
+    w.app.producer.send_soon = lambda fut: recorder.log.append(
+        (fut.message.channel.get_topic_name(), fut.message.key, fut.message.value)
+    )
+    yield w, recorder
+
+
+def encoded(record: dict[str, Any]) -> tuple[bytes, bytes]:
+    return record["key"].encode(), MAIL.encode(record, "mail.events")
+
+
+async def test_agent_turns_a_mail_event_into_a_reply_command(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    key, value = encoded(mail_record(message_id="req@example.com"))
+    async with w.agent.test_context() as agent:
+        await agent.put(value, key=key)
+    (command,) = sent.commands()
+    assert command["workflow"] == "ticket_intake" and command["in_reply_to"] == "req@example.com"
+    assert [e["status"] for e in sent.events()] == ["TICKET_OPENED"]
+    # Outputs first, table writes after, the dedupe mark last.
+    assert sent.topics() == [
+        "commands",
+        "workflow",
+        "mailtap-streams-state-changelog",
+        "mailtap-streams-state-changelog",
+        "mailtap-streams-rates-changelog",
+        "mailtap-streams-runs-changelog",
+    ]
+    assert list(w.tables.runs.values()) == [[command["command_id"]]]
+
+
+async def test_redelivery_is_absorbed_and_tombstones_are_ignored(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    key, value = encoded(mail_record())
+    async with w.agent.test_context() as agent:
+        await agent.put(value, key=key)
+        await agent.put(value, key=key)
+        await agent.put(None, key=key)
+    assert len(sent.commands()) == 1
+    assert [e["status"] for e in sent.events()] == ["TICKET_OPENED", "SKIPPED"]
+    assert sent.events()[1]["attributes"]["guard"] == "dedupe"
+
+
+async def test_undecodable_record_is_reported_not_fatal(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    key, value = encoded(mail_record())
+    async with w.agent.test_context() as agent:
+        await agent.put(b"not avro", key=b"bad-key")
+        await agent.put(value, key=key)
+    bad, opened = sent.events()
+    assert bad["status"] == "SKIPPED" and bad["instance_id"] == "bad-key"
+    assert bad["attributes"]["guard"] == "decode"
+    assert opened["status"] == "TICKET_OPENED"
+
+
+async def test_timer_body_sends_the_approval_reminder_from_table_state(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    request = mail_record(to=["approvals@example.com"], message_id="req@example.com")
+    key, value = encoded(request)
+    async with w.agent.test_context() as agent:
+        await agent.put(value, key=key)
+    assert [c["step"] for c in sent.commands()] == ["request", "received"]
+    outcome = await w.on_tick(EPOCH + dt.timedelta(seconds=61))
+    (reminder,) = outcome.commands
+    assert reminder["step"] == "reminder-1" and sent.commands()[-1] == reminder
+    pending = w.tables.state[f"approval/request/{approval_id(request['key'])}"]
+    assert pending["reminders"] == 1
+    assert (await w.on_tick(EPOCH + dt.timedelta(seconds=62))).commands == []
