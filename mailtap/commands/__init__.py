@@ -1,0 +1,1 @@
+"""Sub-commands of the `mailtap` CLI, loaded lazily by mailtap.cli."""

@@ -1,0 +1,90 @@
+"""`mailtap dev up|status|down`: the local Kafka, Dovecot and SMTP services."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from mailtap.dev import DevServices, ServiceStartError, down, status, up
+from mailtap.dev.layout import DEFAULT_STATE_DIR
+
+_state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_STATE_DIR,
+    show_default=True,
+    help="Where the services keep their configuration, data, logs and pids.",
+)
+
+
+def _describe(info: DevServices) -> str:
+    accounts = ", ".join(f"{a.username} / {a.password}" for a in info.imap.accounts)
+    kafka_origin = "external" if info.kafka.external else f"pid {info.kafka.pid}"
+    return "\n".join(
+        [
+            f"kafka   {info.kafka.bootstrap_servers}  ({kafka_origin}; log {info.kafka.log_path})",
+            f"imap    {info.imap.host}:{info.imap.port}  (pid {info.imap.pid}; "
+            f"log {info.imap.log_path})",
+            f"        accounts: {accounts}",
+            f"smtp    {info.smtp.host}:{info.smtp.port}  (pid {info.smtp.pid}; "
+            f"log {info.smtp.log_path})",
+            f"        received mail: {info.smtp.received_dir}",
+            f"config  {info.config_path}",
+            f"state   {info.state_dir}",
+        ]
+    )
+
+
+def _emit(info: DevServices, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(info.to_json(), indent=2))
+    else:
+        click.echo(_describe(info))
+
+
+@click.group("dev")
+def dev() -> None:
+    """Local real services (Kafka KRaft, Dovecot IMAP, a recording SMTP server)."""
+
+
+@dev.command("up")
+@click.option("--json", "as_json", is_flag=True, help="Print the connection details as JSON.")
+@_state_dir_option
+def up_command(as_json: bool, state_dir: Path) -> None:
+    """Start the services (a no-op when they already run) and write a mailtap config."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
+    try:
+        info = up(state_dir)
+    except ServiceStartError as exc:
+        raise click.ClickException(str(exc)) from exc
+    _emit(info, as_json)
+
+
+@dev.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print the connection details as JSON.")
+@_state_dir_option
+def status_command(as_json: bool, state_dir: Path) -> None:
+    """Show the running services; exit 1 when they are not (all) up."""
+    info = status(state_dir)
+    if info is None:
+        if as_json:
+            click.echo(json.dumps({"up": False, "state_dir": str(state_dir)}))
+        else:
+            click.echo(f"not running (state dir {state_dir})", err=True)
+        sys.exit(1)
+    _emit(info, as_json)
+
+
+@dev.command("down")
+@_state_dir_option
+def down_command(state_dir: Path) -> None:
+    """Stop exactly the processes `mailtap dev up` started."""
+    stopped = down(state_dir)
+    if stopped:
+        click.echo(f"stopped {len(stopped)} service process group(s): {stopped}")
+    else:
+        click.echo("nothing was running")

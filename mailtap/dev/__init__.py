@@ -1,0 +1,36 @@
+"""Local real services for development, tests and the demo: Kafka (KRaft), Dovecot, SMTP.
+
+from mailtap.dev import up, down, status
+info = up(".state/dev")           # DevServices: connection details + test helpers
+info.kafka.bootstrap_servers, info.imap.port, info.smtp.received_dir, info.config_path
+down(".state/dev")                # stops exactly the processes `up` started
+"""
+
+from mailtap.dev.process import ServiceStartError
+from mailtap.dev.received import ReceivedMessage, received_messages
+from mailtap.dev.services import (
+    Account,
+    DevServices,
+    ImapInfo,
+    KafkaInfo,
+    SmtpInfo,
+    down,
+    healthy,
+    status,
+    up,
+)
+
+__all__ = [
+    "Account",
+    "DevServices",
+    "ImapInfo",
+    "KafkaInfo",
+    "ReceivedMessage",
+    "ServiceStartError",
+    "SmtpInfo",
+    "down",
+    "healthy",
+    "received_messages",
+    "status",
+    "up",
+]

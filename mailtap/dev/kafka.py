@@ -1,0 +1,163 @@
+"""A single-node Apache Kafka (KRaft, combined broker + controller) from the Maven-resolved jars."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import subprocess
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from mailtap.dev import process
+from mailtap.dev.layout import kafka_libs, render_template
+
+#: A cold JVM plus storage recovery takes 2-5 s here; a loaded shared 2-core CI box, much more.
+START_TIMEOUT_S = 120.0
+JVM_OPTS = ("-Xmx512m", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
+
+
+@dataclass(frozen=True)
+class KafkaLayout:
+    """Files of one broker inside the state directory."""
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def log4j_config(self) -> Path:
+        return self.root / "log4j2.properties"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def server_log(self) -> Path:
+        return self.root / "server.log"
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.root / "stdout.log"
+
+    @property
+    def ports_file(self) -> Path:
+        return self.root / "ports"
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise process.ServiceStartError("kafka: no `java` on PATH (install a JRE >= 17)")
+    return found
+
+
+def _classpath() -> str:
+    libs = kafka_libs()
+    if not any(libs.glob("kafka_2.13-*.jar")):
+        raise process.ServiceStartError(
+            f"kafka: no Kafka jars in {libs}; run `make venv` (deploy/bootstrap.sh) to fetch them"
+        )
+    return f"{libs}/*"
+
+
+def cluster_id() -> str:
+    """A random cluster id in Kafka's Uuid text form (URL-safe base64 of 16 bytes, unpadded)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def render(layout: KafkaLayout, host: str, broker_port: int, controller_port: int) -> None:
+    layout.root.mkdir(parents=True, exist_ok=True)
+    values = {
+        "host": host,
+        "broker_port": str(broker_port),
+        "controller_port": str(controller_port),
+        "data_dir": str(layout.data_dir),
+    }
+    layout.config.write_text(render_template("kafka/server.properties.tmpl", values))
+    layout.log4j_config.write_text(
+        render_template("kafka/log4j2.properties.tmpl", {"log_path": str(layout.server_log)})
+    )
+
+
+def _log4j_opt(layout: KafkaLayout) -> str:
+    return f"-Dlog4j2.configurationFile={layout.log4j_config}"
+
+
+def prepare_storage(layout: KafkaLayout, broker_port: int, controller_port: int) -> None:
+    """Format the log directory unless it holds data written with these same ports.
+
+    The KRaft voter set recorded at format time names the controller endpoint, so data formatted
+    for other ports is wiped and formatted again rather than reused.
+    """
+    ports = f"{broker_port} {controller_port}"
+    formatted = (layout.data_dir / "meta.properties").exists()
+    if formatted and layout.ports_file.exists() and layout.ports_file.read_text() == ports:
+        return
+    shutil.rmtree(layout.data_dir, ignore_errors=True)
+    argv = [
+        _java(),
+        "-Xmx256m",
+        _log4j_opt(layout),
+        "-cp",
+        _classpath(),
+        "kafka.tools.StorageTool",
+        "format",
+        "--cluster-id",
+        cluster_id(),
+        "--config",
+        str(layout.config),
+        "--standalone",
+    ]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    if result.returncode != 0:
+        raise process.ServiceStartError(
+            f"kafka: formatting {layout.data_dir} failed (exit {result.returncode}):\n"
+            f"{result.stdout}\n{result.stderr}"
+        )
+    layout.ports_file.write_text(ports)
+
+
+def start(layout: KafkaLayout) -> int:
+    argv = [
+        _java(),
+        *JVM_OPTS,
+        _log4j_opt(layout),
+        "-cp",
+        _classpath(),
+        "kafka.Kafka",
+        str(layout.config),
+    ]
+    return process.spawn(argv, layout.stdout_log, cwd=layout.root)
+
+
+def probe(bootstrap_servers: str, timeout: float = 2.0) -> None:
+    """Raise unless a broker answers a metadata request at ``bootstrap_servers``."""
+    host, _, port = bootstrap_servers.split(",")[0].rpartition(":")
+    # A plain connect first: librdkafka would log a connection-refused line every 50 ms.
+    socket.create_connection((host, int(port)), timeout=timeout).close()
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0})
+    metadata = admin.list_topics(timeout=timeout)
+    if not metadata.brokers:
+        raise RuntimeError(f"no broker in the metadata of {bootstrap_servers}")
+
+
+def wait_ready(layout: KafkaLayout, pid: int, bootstrap_servers: str) -> None:
+    process.wait_until_ready(
+        "kafka",
+        pid,
+        lambda: probe(bootstrap_servers),
+        [layout.server_log, layout.stdout_log],
+        START_TIMEOUT_S,
+        interval=0.2,
+    )

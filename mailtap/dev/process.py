@@ -1,0 +1,193 @@
+"""Start, watch and stop the local service processes.
+
+Every service is started in its own session (``start_new_session=True``), so its process id is
+also its process-group id: stopping the group reaches the children a service forks (Dovecot's
+``imap-login``, ``auth``, ``imap`` …) without ever touching a process we did not start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+#: How many log lines a start-up failure quotes.
+LOG_TAIL_LINES = 20
+
+#: SIGTERM grace period before SIGKILL. Dovecot needs ~1 s to stop, the Kafka broker a few
+#: seconds (controlled shutdown of the log manager); on a loaded 2-core machine, more.
+STOP_TIMEOUT_S = 20.0
+
+
+class ServiceStartError(RuntimeError):
+    """A local service did not come up; the message quotes the tail of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a TCP port that is free on ``host`` right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a server could listen on ``port`` now.
+
+    SO_REUSEADDR as the servers set it: connections of an earlier run that linger in TIME_WAIT
+    do not stop a server from binding, so they must not make the port look taken either.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Start ``argv`` detached in a new session, stdout and stderr appended to ``log_path``.
+
+    Returns the process id, which is also the process-group id. The process outlives the caller
+    (``mailtap dev up`` returns while the services keep running).
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid`` if it is our own exited child, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def is_alive(pid: int) -> bool:
+    """True when ``pid`` runs and is not a zombie."""
+    _reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust kill(0)
+    # The state letter follows the parenthesised command name, which may itself contain spaces.
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Process ids of every live (non-zombie) process in process group ``pgid`` (from /proc)."""
+    members: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        # fields[0] = state, fields[1] = ppid, fields[2] = pgrp (proc(5))
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def stop_group(pgid: int, timeout: float = STOP_TIMEOUT_S) -> bool:
+    """SIGTERM the process group ``pgid``; SIGKILL what is left after ``timeout`` seconds.
+
+    Returns True when the group was running. Only the group's own members are signalled, so a
+    stale pid that the kernel reused for another session's process is never hit.
+    """
+    if not group_members(pgid) and not is_alive(pgid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pgid)
+        if not group_members(pgid):
+            return True
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    deadline = time.monotonic() + 5.0
+    while group_members(pgid) and time.monotonic() < deadline:
+        _reap(pgid)
+        time.sleep(0.05)
+    return True
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file, or a note that there is none yet."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return f"(no log at {path})"
+    text = data.decode("utf-8", errors="replace").splitlines()
+    return "\n".join(text[-lines:]) if text else f"(log {path} is empty)"
+
+
+def wait_until_ready(
+    name: str,
+    pid: int | None,
+    probe: Callable[[], None],
+    logs: Sequence[Path],
+    timeout: float,
+    interval: float = 0.1,
+) -> None:
+    """Call ``probe`` until it returns without raising, while ``pid`` stays alive.
+
+    ``pid`` None means there is no process of ours to watch (a service someone else runs).
+
+    The process must still be alive *after* a successful probe: another instance left over on
+    the same port or base directory may answer while ours has already died.
+    Raises `ServiceStartError` with the last lines of ``logs`` on death or timeout.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        if pid is not None and not is_alive(pid):
+            raise ServiceStartError(_failure(name, f"process {pid} exited during start-up", logs))
+        try:
+            probe()
+        except Exception as exc:  # any failure to answer means "not ready yet"
+            last_error = exc
+        else:
+            if pid is None or is_alive(pid):
+                return
+            raise ServiceStartError(_failure(name, f"process {pid} exited during start-up", logs))
+        if time.monotonic() > deadline:
+            reason = f"no answer within {timeout:.0f} s (last error: {last_error!r})"
+            raise ServiceStartError(_failure(name, reason, logs))
+        time.sleep(interval)
+
+
+def _failure(name: str, reason: str, logs: Sequence[Path]) -> str:
+    parts = [f"{name} did not start: {reason}"]
+    for log in logs:
+        parts.append(f"--- last {LOG_TAIL_LINES} lines of {log} ---\n{log_tail(log)}")
+    return "\n".join(parts)

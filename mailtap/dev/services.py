@@ -1,0 +1,406 @@
+"""Bring the local services up and down together, and describe them.
+
+``up(state_dir)`` starts Kafka (unless ``MAILTAP_KAFKA_BOOTSTRAP`` names a cluster), Dovecot and
+the recording SMTP server, waits until each answers, writes ``<state>/state.json`` (pids, ports)
+and a ready-to-use ``<state>/mailtap.yaml``, and returns a `DevServices`. ``down(state_dir)``
+stops exactly the process groups recorded in the state file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mailtap.dev import dovecot, kafka, process, received, smtp_server
+from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_KAFKA_BOOTSTRAP
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+STATE_FILE = "state.json"
+CONFIG_FILE = "mailtap.yaml"
+#: The account the written mailtap config reads from.
+CONFIG_ACCOUNT = "demo@example.com"
+SMTP_FROM_ADDRESS = "mailtap@example.com"
+SMTP_START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Account:
+    username: str
+    password: str
+
+
+@dataclass(frozen=True)
+class KafkaInfo:
+    bootstrap_servers: str
+    #: True when ``MAILTAP_KAFKA_BOOTSTRAP`` named the cluster: we neither started nor stop it.
+    external: bool
+    pid: int | None
+    log_path: Path | None
+
+
+@dataclass(frozen=True)
+class ImapInfo:
+    host: str
+    port: int
+    accounts: tuple[Account, ...]
+    pid: int
+    log_path: Path
+    config_path: Path
+    passwd_file: Path
+    mail_dir: Path
+
+
+@dataclass(frozen=True)
+class SmtpInfo:
+    host: str
+    port: int
+    received_dir: Path
+    pid: int
+    log_path: Path
+
+
+@dataclass(frozen=True)
+class DevServices:
+    """Connection details of running local services, plus helpers to drive them in tests."""
+
+    state_dir: Path
+    config_path: Path
+    claims_dir: Path
+    kafka: KafkaInfo
+    imap: ImapInfo
+    smtp: SmtpInfo
+    started_at: float = field(default=0.0, compare=False)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self.kafka.bootstrap_servers
+
+    @property
+    def pids(self) -> list[int]:
+        """Process (group) ids this set started; `down` stops exactly these."""
+        own = [self.imap.pid, self.smtp.pid]
+        return [self.kafka.pid, *own] if self.kafka.pid is not None else own
+
+    def add_user(self, username: str, password: str = dovecot.DEFAULT_PASSWORD) -> Account:
+        """Create an IMAP account at runtime (usable at once)."""
+        dovecot.add_user(self.imap.passwd_file, username, password)
+        return Account(username, password)
+
+    def doveadm(self, *args: str, check: bool = True) -> dovecot.DoveadmResult:
+        """Run doveadm against this Dovecot, e.g. ``doveadm("expunge", "-u", u, "mailbox",
+        "INBOX", "all")`` or ``doveadm("mailbox", "update", "-u", u, "--uid-validity", "9",
+        "INBOX")``."""
+        return dovecot.doveadm(self.imap.config_path, *args, check=check)
+
+    def received_messages(self) -> list[received.ReceivedMessage]:
+        """Messages the SMTP server accepted so far, oldest first."""
+        return received.received_messages(self.smtp.received_dir)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("started_at")
+        data["imap"]["accounts"] = [asdict(a) for a in self.imap.accounts]
+        return json.loads(json.dumps(data, default=str))  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> DevServices:
+        k, i, s = data["kafka"], data["imap"], data["smtp"]
+        return cls(
+            state_dir=Path(data["state_dir"]),
+            config_path=Path(data["config_path"]),
+            claims_dir=Path(data["claims_dir"]),
+            kafka=KafkaInfo(
+                bootstrap_servers=k["bootstrap_servers"],
+                external=k["external"],
+                pid=k["pid"],
+                log_path=Path(k["log_path"]) if k["log_path"] else None,
+            ),
+            imap=ImapInfo(
+                host=i["host"],
+                port=i["port"],
+                accounts=tuple(Account(**a) for a in i["accounts"]),
+                pid=i["pid"],
+                log_path=Path(i["log_path"]),
+                config_path=Path(i["config_path"]),
+                passwd_file=Path(i["passwd_file"]),
+                mail_dir=Path(i["mail_dir"]),
+            ),
+            smtp=SmtpInfo(
+                host=s["host"],
+                port=s["port"],
+                received_dir=Path(s["received_dir"]),
+                pid=s["pid"],
+                log_path=Path(s["log_path"]),
+            ),
+            started_at=data.get("started_at", 0.0),
+        )
+
+
+# --- state file -------------------------------------------------------------------------------
+
+
+def _state_path(state_dir: Path) -> Path:
+    return state_dir / STATE_FILE
+
+
+def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
+    tmp = state_dir / f".{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2, default=str))
+    tmp.replace(_state_path(state_dir))
+
+
+def _read_state(state_dir: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(_state_path(state_dir).read_text())
+    except FileNotFoundError:
+        return None
+    return data
+
+
+def _remembered_ports(state_dir: Path) -> dict[str, int]:
+    """Ports of the previous run, reused when still free so configs and Kafka data stay valid."""
+    try:
+        ports: dict[str, int] = json.loads((state_dir / "ports.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return ports
+
+
+def _pick_ports(state_dir: Path, names: list[str]) -> dict[str, int]:
+    previous = _remembered_ports(state_dir)
+    if previous and all(n in previous and process.port_is_free(previous[n]) for n in names):
+        return {n: previous[n] for n in names}
+    ports: dict[str, int] = {}
+    while len(ports) < len(names):
+        port = process.free_port(HOST)
+        if port not in ports.values():
+            ports[names[len(ports)]] = port
+    (state_dir / "ports.json").write_text(json.dumps(ports))
+    return ports
+
+
+# --- up / down / status -----------------------------------------------------------------------
+
+
+def resolve_state_dir(state_dir: Path | str | None) -> Path:
+    return Path(state_dir).resolve() if state_dir else DEFAULT_STATE_DIR
+
+
+def status(state_dir: Path | str | None = None) -> DevServices | None:
+    """The running services of ``state_dir`` when every one of them answers, else None."""
+    state = _read_state(resolve_state_dir(state_dir))
+    if state is None or "services" not in state:
+        return None
+    info = DevServices.from_json(state["services"])
+    return info if healthy(info) else None
+
+
+def healthy(info: DevServices) -> bool:
+    """Every process of ``info`` is alive and every service answers."""
+    if not all(process.is_alive(pid) for pid in info.pids):
+        return False
+    try:
+        kafka.probe(info.kafka.bootstrap_servers)
+        account = info.imap.accounts[0]
+        dovecot.probe(info.imap.host, info.imap.port, account.username, account.password)
+        smtp_probe(info.smtp.host, info.smtp.port)
+    except Exception:
+        return False
+    return True
+
+
+def up(state_dir: Path | str | None = None) -> DevServices:
+    """Start the services (or return the running ones when ``state_dir``'s set is healthy)."""
+    root = resolve_state_dir(state_dir)
+    running = status(root)
+    if running is not None:
+        log.info("services in %s already up", root)
+        return running
+    down(root)  # a partial or dead earlier set: clear it before starting afresh
+    root.mkdir(parents=True, exist_ok=True)
+    started: dict[str, Any] = {"pids": []}
+    _write_state(root, started)
+    try:
+        info = _start_all(root, started)
+    except BaseException:
+        down(root)
+        raise
+    _write_state(
+        root, {"pids": info.pids, "services": {**info.to_json(), "started_at": time.time()}}
+    )
+    write_config(info)
+    return info
+
+
+def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
+    external = os.environ.get(ENV_KAFKA_BOOTSTRAP)
+    names = ["imap", "smtp"] if external else ["kafka", "kafka_controller", "imap", "smtp"]
+    ports = _pick_ports(root, names)
+
+    def record(pid: int) -> None:
+        started["pids"].append(pid)
+        _write_state(root, started)
+
+    # Kafka's JVM takes seconds; start it first and wait for it last.
+    kafka_layout = kafka.KafkaLayout(root / "kafka")
+    kafka_pid: int | None = None
+    if external:
+        bootstrap = external
+    else:
+        bootstrap = f"{HOST}:{ports['kafka']}"
+        kafka.render(kafka_layout, HOST, ports["kafka"], ports["kafka_controller"])
+        kafka.prepare_storage(kafka_layout, ports["kafka"], ports["kafka_controller"])
+        kafka_pid = kafka.start(kafka_layout)
+        record(kafka_pid)
+
+    dc = dovecot.layout_for(root)
+    dovecot.render(dc, HOST, ports["imap"])
+    dovecot_pid = dovecot.start(dc)
+    record(dovecot_pid)
+
+    smtp_root = root / "smtp"
+    received_dir = smtp_root / "received"
+    smtp_log = smtp_root / "smtp.log"
+    smtp_pid = process.spawn(
+        [
+            sys.executable,
+            "-m",
+            smtp_server.__name__,
+            "--host",
+            HOST,
+            "--port",
+            str(ports["smtp"]),
+            "--folder",
+            str(received_dir),
+        ],
+        smtp_log,
+    )
+    record(smtp_pid)
+
+    t0 = time.monotonic()
+    dovecot.wait_ready(dc, dovecot_pid, HOST, ports["imap"])
+    log.info("dovecot ready on %s:%d after %.2f s", HOST, ports["imap"], time.monotonic() - t0)
+    process.wait_until_ready(
+        "smtp",
+        smtp_pid,
+        lambda: smtp_probe(HOST, ports["smtp"]),
+        [smtp_log],
+        SMTP_START_TIMEOUT_S,
+    )
+    log.info("smtp ready on %s:%d after %.2f s", HOST, ports["smtp"], time.monotonic() - t0)
+    if kafka_pid is None:
+        process.wait_until_ready(
+            f"kafka ({ENV_KAFKA_BOOTSTRAP})",
+            None,
+            lambda: kafka.probe(bootstrap),
+            [],
+            kafka.START_TIMEOUT_S,
+            interval=0.5,
+        )
+    else:
+        kafka.wait_ready(kafka_layout, kafka_pid, bootstrap)
+    log.info("kafka ready at %s after %.2f s", bootstrap, time.monotonic() - t0)
+
+    return DevServices(
+        state_dir=root,
+        config_path=root / CONFIG_FILE,
+        claims_dir=root / "claims",
+        kafka=KafkaInfo(
+            bootstrap_servers=bootstrap,
+            external=kafka_pid is None,
+            pid=kafka_pid,
+            log_path=None if kafka_pid is None else kafka_layout.server_log,
+        ),
+        imap=ImapInfo(
+            host=HOST,
+            port=ports["imap"],
+            accounts=tuple(Account(u, p) for u, p in dovecot.users(dc.passwd_file)),
+            pid=dovecot_pid,
+            log_path=dc.log,
+            config_path=dc.config,
+            passwd_file=dc.passwd_file,
+            mail_dir=dc.mail_dir,
+        ),
+        smtp=SmtpInfo(
+            host=HOST,
+            port=ports["smtp"],
+            received_dir=received_dir,
+            pid=smtp_pid,
+            log_path=smtp_log,
+        ),
+    )
+
+
+def down(state_dir: Path | str | None = None) -> list[int]:
+    """Stop every process group recorded for ``state_dir``; returns the ids that were running."""
+    root = resolve_state_dir(state_dir)
+    state = _read_state(root)
+    if state is None:
+        return []
+    stopped = [pid for pid in state.get("pids", []) if process.stop_group(pid)]
+    _state_path(root).unlink(missing_ok=True)
+    return stopped
+
+
+def smtp_probe(host: str, port: int, timeout: float = 2.0) -> None:
+    """Raise unless an SMTP server greets and answers EHLO at ``host:port``."""
+    import smtplib
+
+    with smtplib.SMTP(host, port, timeout=timeout) as client:
+        code, _ = client.ehlo("mailtap-dev-probe")
+        if code != 250:
+            raise RuntimeError(f"EHLO answered {code}")
+
+
+# --- mailtap config ---------------------------------------------------------------------------
+
+
+def config_document(info: DevServices) -> dict[str, Any]:
+    """The mailtap configuration for these services (loaded by connectors.core.config)."""
+    account = next(
+        (a for a in info.imap.accounts if a.username == CONFIG_ACCOUNT), info.imap.accounts[0]
+    )
+    return {
+        "kafka": {"bootstrap_servers": info.kafka.bootstrap_servers},
+        "claim_check": {"url": info.claims_dir.as_uri()},
+        "imap": {
+            "accounts": [
+                {
+                    "name": account.username.split("@")[0],
+                    "host": info.imap.host,
+                    "port": info.imap.port,
+                    "security": "plain",
+                    "username": account.username,
+                    "password": account.password,
+                    "folders": ["INBOX"],
+                    "start": "all",
+                }
+            ]
+        },
+        "smtp": {
+            "host": info.smtp.host,
+            "port": info.smtp.port,
+            "security": "plain",
+            "from_address": SMTP_FROM_ADDRESS,
+        },
+        "health": {"port": 0},
+    }
+
+
+def write_config(info: DevServices) -> Path:
+    info.claims_dir.mkdir(parents=True, exist_ok=True)
+    header = "# Written by `mailtap dev up` for the local development services.\n"
+    info.config_path.write_text(
+        header + yaml.safe_dump(config_document(info), sort_keys=False, default_flow_style=False)
+    )
+    return info.config_path

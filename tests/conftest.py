@@ -1,0 +1,75 @@
+"""Shared fixtures: the real local services, started once per test session.
+
+- ``services``: Kafka (KRaft), Dovecot and the recording SMTP server via `mailtap.dev.up` in a
+  temporary state dir, torn down (and checked to leave no process) at the end. The value is a
+  `mailtap.dev.DevServices`: ``.kafka.bootstrap_servers``, ``.imap.host/.port/.accounts``,
+  ``.smtp.host/.port/.received_dir``, ``.config_path``, and the helpers ``.add_user()``,
+  ``.doveadm()``, ``.received_messages()``.
+- ``unique``: a short random suffix for topic names, group ids and mailbox users.
+- ``imap_account``: a fresh Dovecot account of the session's services, used by no other test.
+
+``MAILTAP_KAFKA_BOOTSTRAP=host:port`` uses that Kafka instead of starting one.
+``MAILTAP_TEST_STATE_DIR=DIR`` keeps the services in DIR running after the session and reuses
+them next time (fast local iterations; ``mailtap dev down --state-dir DIR`` stops them).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mailtap.dev import Account, DevServices, down, up
+from mailtap.dev.process import group_members
+
+TESTS_ROOT = Path(__file__).parent
+ENV_TEST_STATE_DIR = "MAILTAP_TEST_STATE_DIR"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark tests by folder: tests/integration/** → integration, tests/unit/** → unit."""
+    for item in items:
+        parts = (
+            item.path.relative_to(TESTS_ROOT).parts if item.path.is_relative_to(TESTS_ROOT) else ()
+        )
+        if parts and parts[0] == "integration":
+            item.add_marker(pytest.mark.integration)
+        elif parts and parts[0] == "unit":
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[DevServices]:
+    kept = os.environ.get(ENV_TEST_STATE_DIR)
+    if kept:
+        yield up(Path(kept))
+        return
+    # World-traversable so Dovecot's unprivileged mail processes can reach the maildirs.
+    state_dir = Path(tempfile.mkdtemp(prefix="mailtap-test-"))
+    state_dir.chmod(0o755)
+    info = up(state_dir)
+    try:
+        yield info
+    finally:
+        down(state_dir)
+        leftovers = {pid: group_members(pid) for pid in info.pids if group_members(pid)}
+        if leftovers:
+            raise RuntimeError(f"mailtap dev down left processes running: {leftovers}")
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short random suffix: ``f"mail.events.{unique}"``, ``f"user-{unique}@example.com"``."""
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def imap_account(services: DevServices, unique: str) -> Account:
+    """A new, empty IMAP account on the session's Dovecot."""
+    return services.add_user(f"user-{unique}@example.com", f"pw-{unique}")

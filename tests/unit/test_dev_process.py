@@ -1,0 +1,84 @@
+"""mailtap.dev.process: start-up failures quote the log; stopping reaches the whole group."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from mailtap.dev import process
+
+
+def test_free_port_is_bindable() -> None:
+    port = process.free_port()
+    assert 1024 < port < 65536
+    assert process.port_is_free(port)
+
+
+def test_log_tail_keeps_the_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "service.log"
+    log.write_text("".join(f"line {i}\n" for i in range(50)))
+    assert process.log_tail(log, 3) == "line 47\nline 48\nline 49"
+    assert "no log" in process.log_tail(tmp_path / "missing.log")
+
+
+def test_a_process_that_dies_fails_start_up_with_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "crash.log"
+    pid = process.spawn(["sh", "-c", "echo 'fatal: port in use' >&2; exit 3"], log)
+
+    def never_ready() -> None:
+        raise ConnectionRefusedError
+
+    with pytest.raises(process.ServiceStartError) as failure:
+        process.wait_until_ready("crashy", pid, never_ready, [log], timeout=30)
+    message = str(failure.value)
+    assert "crashy did not start" in message
+    assert f"process {pid} exited" in message
+    assert "fatal: port in use" in message
+
+
+def _refuse() -> None:
+    raise OSError("refused")
+
+
+def test_a_silent_process_times_out_naming_the_last_error(tmp_path: Path) -> None:
+    log = tmp_path / "silent.log"
+    pid = process.spawn(["sleep", "30"], log)
+    try:
+        with pytest.raises(process.ServiceStartError, match=r"no answer within 0 s.*refused"):
+            process.wait_until_ready("silent", pid, _refuse, [log], 0.2)
+    finally:
+        process.stop_group(pid)
+
+
+def test_ready_when_the_probe_answers_and_the_process_lives(tmp_path: Path) -> None:
+    pid = process.spawn(["sleep", "30"], tmp_path / "ok.log")
+    try:
+        process.wait_until_ready("ok", pid, lambda: None, [], timeout=5)
+    finally:
+        process.stop_group(pid)
+
+
+def test_stop_group_stops_children_and_escalates_to_sigkill(tmp_path: Path) -> None:
+    # The parent ignores SIGTERM, and so does its child (ignored signals survive exec):
+    # only SIGKILL of the whole group ends both.
+    script = (
+        "import signal, subprocess, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "subprocess.Popen(['sleep', '60'])\n"
+        "print('started', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "stubborn.log"
+    pid = process.spawn([sys.executable, "-c", script], log)
+
+    def child_started() -> None:
+        if len(process.group_members(pid)) != 2:
+            raise RuntimeError("child not yet started")
+
+    process.wait_until_ready("stubborn", pid, child_started, [log], timeout=30)
+    assert process.stop_group(pid, timeout=0.5) is True
+    assert process.group_members(pid) == []
+    assert not process.is_alive(pid)
+    assert process.stop_group(pid) is False
