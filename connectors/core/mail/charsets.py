@@ -106,7 +106,7 @@ def _lookup(cleaned: str) -> str | None:
         info = codecs.lookup(cleaned)
     except (LookupError, ValueError):
         return None
-    if not getattr(info, "_is_text_encoding", True) or info.name in _FORBIDDEN:
+    if not getattr(info, "_is_text_encoding", True) or info.name.replace("-", "_") in _FORBIDDEN:
         return None
     return info.name
 

@@ -270,7 +270,8 @@ def _boundary_of(fields: list[_Field], limits: ParseLimits) -> bytes | None:
     ctype = _first(fields, b"content-type")
     if ctype is None:
         return None
-    _, params = parse_params(ctype.value.decode("latin-1"), limits.max_params)
+    # + 1: a capped list keeps ``boundary`` after its first max_params parameters.
+    _, params = parse_params(ctype.value.decode("latin-1"), limits.max_params + 1)
     for name, value in params:
         if name == "boundary":
             # As the stdlib does it: unquoted, trailing white space dropped.

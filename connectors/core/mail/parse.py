@@ -141,13 +141,14 @@ _SHRUNK_TEXT_CHARS = 4_096
 
 
 def _approx_size(value: object) -> int:
-    """Roughly the Avro-encoded size: UTF-8 bytes of strings, 8 per scalar."""
+    """An upper bound of the Avro-encoded size: UTF-8 bytes of strings plus room for their
+    length prefixes and union indexes, 8 bytes per other scalar."""
     if isinstance(value, str):
-        return len(value) if value.isascii() else len(value.encode("utf-8", "replace"))
+        return 4 + (len(value) if value.isascii() else len(value.encode("utf-8", "replace")))
     if isinstance(value, dict):
         return sum(_approx_size(item) for item in value.values())
     if isinstance(value, list):
-        return sum(_approx_size(item) for item in value) + 8
+        return 8 + sum(_approx_size(item) for item in value)
     return 8
 
 

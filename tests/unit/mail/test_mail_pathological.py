@@ -1,0 +1,191 @@
+"""Hostile and huge inputs, generated here (nothing multi-MB is committed). Each must end in
+an event, quickly; the timeouts are generous ceilings for a shared 2-core machine, not
+performance assertions."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+
+from connectors.core.claimcheck import LocalClaimCheckStore
+from connectors.core.mail import ParsedMail, ParseLimits
+from connectors.core.mail import limits as limits_module
+from connectors.core.mail.limits import Prescan
+
+pytestmark = pytest.mark.unit
+
+Parse = Callable[..., ParsedMail]
+
+
+def nested_multipart(depth: int) -> bytes:
+    out = [b"Message-ID: <deep@example.org>", b"Subject: deep", b"MIME-Version: 1.0"]
+    for level in range(depth):
+        out += [b'Content-Type: multipart/mixed; boundary="b%d"' % level, b"", b"--b%d" % level]
+    out += [b"Content-Type: text/plain", b"", b"innermost"]
+    out += [b"--b%d--" % level for level in reversed(range(depth))]
+    return b"\r\n".join(out) + b"\r\n"
+
+
+@pytest.mark.timeout(20)
+def test_mime_nested_1000_deep_is_flattened(parse: Parse) -> None:
+    mail = parse(nested_multipart(1000))
+    assert mail.event["subject"] == "deep"
+    assert mail.key == "ops/mid:deep@example.org"
+    assert mail.parse_error == "MIME nesting deeper than 50; flattened"
+    [opaque] = mail.event["attachments"]
+    assert opaque["content_type"] == "application/octet-stream"
+    assert opaque["size"] > 1000 * 40  # the whole subtree below the cap, kept as one blob
+
+
+@pytest.mark.timeout(20)
+def test_a_prescan_miss_is_still_caught(parse: Parse, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Defence in depth: should the pre-scan ever misjudge the structure, the stdlib's
+    # RecursionError becomes a parse_error, not a crash.
+    monkeypatch.setattr("connectors.core.mail.parse.prescan", lambda raw, limits: Prescan())
+    mail = parse(nested_multipart(1000))
+    assert mail.event["subject"] == "deep"
+    assert mail.parse_error is not None and "RecursionError" in mail.parse_error
+    assert limits_module.prescan is not None
+
+
+@pytest.mark.timeout(20)
+def test_huge_header_block_is_cut(parse: Parse) -> None:
+    filler = b"".join(b"X-Filler-%06d: %s\r\n" % (i, b"v" * 40) for i in range(60_000))
+    raw = b"Subject: =?utf-8?q?gro=C3=9F?=\r\nMessage-ID: <h@x>\r\n" + filler + b"\r\nbody\r\n"
+    mail = parse(raw)
+    assert len(raw) > 3_000_000
+    assert mail.event["subject"] == "groß"
+    assert mail.event["text_body"] == "body\r\n"
+    assert mail.parse_error is not None and "header block over" in mail.parse_error
+
+
+@pytest.mark.timeout(20)
+def test_single_giant_header_line(parse: Parse) -> None:
+    raw = b"Subject: x\r\nX-Giant: " + b"a" * 5_000_000 + b"\r\nFrom: a@example.org\r\n\r\nbody"
+    mail = parse(raw)
+    assert mail.event["subject"] == "x"
+    assert mail.event["text_body"] == "body"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("max_header_bytes", [None, 10_000_000])
+def test_content_type_with_20000_parameters(parse: Parse, max_header_bytes: int | None) -> None:
+    params = "".join(f'; p{i}="v{i}"' for i in range(20_000))
+    raw = (
+        "Subject: params\r\n"
+        f'Content-Type: multipart/mixed{params}; boundary="keep"\r\n\r\n'
+        "--keep\r\nContent-Type: text/plain; charset=utf-8\r\n\r\nkept body\r\n--keep--\r\n"
+    ).encode()
+    limits = (
+        ParseLimits()
+        if max_header_bytes is None
+        else ParseLimits(max_header_bytes=max_header_bytes)
+    )
+    mail = parse(raw, limits=limits)
+    assert mail.event["subject"] == "params"
+    assert mail.parse_error is not None
+    if max_header_bytes is None:
+        # The 300 KB header is over the block cap: cut, so the body is read as plain text.
+        assert "header block over" in mail.parse_error
+    else:
+        assert mail.parse_error == "more than 100 header parameters; cut"
+        assert mail.event["text_body"] == "kept body"
+
+
+@pytest.mark.timeout(20)
+def test_8000_encoded_words(parse: Parse) -> None:
+    words = ["报价", "会议", "通知", "订单"]
+    expected = "".join(words[i % 4] for i in range(8_000))
+    encoded = "\r\n ".join(
+        "=?gbk?B?" + base64.b64encode(words[i % 4].encode("gbk")).decode() + "?="
+        for i in range(8_000)
+    )
+    raw = f"Subject: {encoded}\r\nFrom: =?utf-8?q?A?= <a@example.org>\r\n\r\nbody\r\n".encode()
+    mail = parse(raw)
+    assert mail.event["subject"] == expected
+    assert mail.parse_error is None
+
+
+@pytest.mark.timeout(60)
+def test_20_mb_attachment(parse: Parse, tmp_path: Path, mail_schema: Any) -> None:
+    content = os.urandom(20 * 1024 * 1024)
+    encoded = base64.encodebytes(content).replace(b"\n", b"\r\n")
+    raw = (
+        b"Message-ID: <big@example.org>\r\nSubject: big\r\n"
+        b'Content-Type: multipart/mixed; boundary="X"\r\n\r\n'
+        b"--X\r\nContent-Type: text/plain\r\n\r\nsee attached\r\n"
+        b"--X\r\nContent-Type: application/octet-stream\r\n"
+        b'Content-Disposition: attachment; filename="data.bin"\r\n'
+        b"Content-Transfer-Encoding: base64\r\n\r\n" + encoded + b"--X--\r\n"
+    )
+    store = LocalClaimCheckStore(tmp_path)
+    mail = parse(raw, claim_check=store)
+    [attachment] = mail.event["attachments"]
+    assert attachment["filename"] == "data.bin"
+    assert attachment["size"] == len(content)
+    assert attachment["sha256"] == hashlib.sha256(content).hexdigest()
+    assert store.get(attachment["uri"]) == content
+    assert store.get(mail.event["raw_ref"]["uri"]) == raw
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, mail_schema, mail.event)
+    assert buffer.tell() < 10_000  # the content is in the store, not in the record
+
+
+@pytest.mark.timeout(20)
+def test_huge_bodies_are_capped(parse: Parse) -> None:
+    text = ("价格表 line\n" * 1_000_000).encode("gbk")
+    raw = b"Subject: long\r\nContent-Type: text/plain; charset=gbk\r\n\r\n" + text
+    mail = parse(raw, limits=ParseLimits(max_body_bytes=64 * 1024))
+    body = mail.event["text_body"]
+    assert mail.event["body_truncated"] is True
+    assert len(body.encode("utf-8")) <= 64 * 1024
+    assert body.startswith("价格表 line\n价格表 line\n")
+
+
+@pytest.mark.timeout(20)
+def test_too_many_parts_gives_a_headers_only_event(parse: Parse) -> None:
+    parts = b"".join(b"--s\r\nContent-Type: text/plain\r\n\r\n%d\r\n" % i for i in range(30_000))
+    raw = b'Subject: parts\r\nContent-Type: multipart/mixed; boundary="s"\r\n\r\n' + parts
+    mail = parse(raw)
+    assert mail.event["subject"] == "parts"
+    assert mail.event["attachments"] == [] and mail.event["text_body"] is None
+    assert mail.parse_error == "more than 2000 MIME parts; headers only"
+
+
+@pytest.mark.timeout(20)
+def test_oversized_message_gives_a_headers_only_event(parse: Parse) -> None:
+    raw = b"Subject: huge\r\n\r\n" + b"x" * 2_000_000
+    mail = parse(raw, limits=ParseLimits(max_message_bytes=1_000_000))
+    assert (mail.event["subject"], mail.event["size"], mail.event["text_body"]) == (
+        "huge",
+        len(raw),
+        None,
+    )
+
+
+@pytest.mark.timeout(20)
+def test_event_stays_under_the_budget(parse: Parse, mail_schema: Any) -> None:
+    recipients = ", ".join(f"User {i} <user{i}@example.org>" for i in range(3_000))
+    body = "x" * 200_000
+    limits = ParseLimits(max_event_bytes=300_000)
+    raw = (
+        f"Subject: budget\r\nTo: {recipients}\r\nCc: {recipients}\r\n"
+        'Content-Type: multipart/alternative; boundary="a"\r\n\r\n'
+        f"--a\r\nContent-Type: text/plain\r\n\r\n{body}\r\n"
+        f"--a\r\nContent-Type: text/html\r\n\r\n{body}\r\n--a--\r\n"
+    ).encode()
+    mail = parse(raw, limits=limits)
+    buffer = io.BytesIO()
+    fastavro.schemaless_writer(buffer, mail_schema, mail.event)
+    assert buffer.tell() <= limits.max_event_bytes
+    assert len(mail.event["to"]) == 3_000  # bodies went first, and that was enough
+    assert mail.parse_error is not None and "event over" in mail.parse_error
+    assert mail.event["body_truncated"] is True
