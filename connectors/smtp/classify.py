@@ -78,7 +78,8 @@ class TransactionReport:
 
 @dataclass(frozen=True)
 class RecipientOutcome:
-    recipient: str
+    recipient: str | None
+    """None when the outcome concerns the whole command (e.g. it could not be rendered)."""
     status: DeliveryStatus
     smtp_code: int | None = None
     enhanced_status: str | None = None

@@ -177,10 +177,13 @@ def render(
     *,
     fetch_blob: BlobFetcher | None = None,
     verp_domain: str | None = None,
+    return_path: str | None = None,
     recipients: Sequence[str] | None = None,
 ) -> RenderedMessage:
     """Build the message for a ReplyCommand dict (as decoded by the Avro serde).
 
+    The envelope sender is the VERP address when ``verp_domain`` is set, else ``return_path``
+    (the relay account's address), else the From address.
     ``recipients`` restricts the envelope (a retry goes only to the recipients still pending);
     each must be one of the command's own recipients.
     Raises :class:`RenderError` for anything unsafe or invalid.
@@ -242,7 +245,12 @@ def render(
     _attach(msg, command.get("attachments") or [], fetch_blob)
     _fix_boundaries(msg, command_id)
 
-    envelope_from = verp_address(command_id, verp_domain) if verp_domain else sender.addr_spec
+    if verp_domain:
+        envelope_from = verp_address(command_id, verp_domain)
+    elif return_path:
+        envelope_from = normalize_address(return_path, "return_path")
+    else:
+        envelope_from = sender.addr_spec
     return RenderedMessage(
         command_id=command_id,
         message_id=message_id,

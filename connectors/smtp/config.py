@@ -1,0 +1,141 @@
+"""Settings of the SMTP sink: the ``smtp`` section of the YAML file.
+
+Example::
+
+    smtp:
+      host: smtp.example.com
+      port: 465
+      security: tls            # plain | starttls | tls
+      username: mailtap@example.com
+      password: ${from env MAILTAP__SMTP__PASSWORD}
+      from_address: support@example.com
+      verp_domain: bounces.example.com
+      retry_tiers: [5m, 15m, 1h, 4h]
+      max_lifetime: 2d
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(value: str) -> float:
+    """Seconds in a duration such as ``500ms``, ``5m``, ``4h``, ``2d``.
+
+    >>> parse_duration("15m"), parse_duration("1.5s")
+    (900.0, 1.5)
+    """
+    match = _DURATION.match(value.strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a duration like 30s, 5m, 4h or 2d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+class RateLimit(BaseModel):
+    """A token bucket: ``per_minute`` messages, bursts up to ``burst`` (default: per_minute/6)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    per_minute: float = Field(gt=0, description="sustained messages per minute")
+    burst: int | None = Field(default=None, ge=1, description="how many may go at once")
+
+
+class SmtpSinkSettings(BaseModel):
+    """Everything the sink needs besides Kafka (which comes from the ``kafka`` section)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = Field(description="relay host name; also the name checked in its certificate")
+    port: int = Field(default=587, ge=1, le=65535)
+    security: Literal["plain", "starttls", "tls"] = Field(
+        default="starttls",
+        description="tls = implicit TLS (465); starttls must succeed (no fallback); plain only "
+        "for a relay on the loopback or in a trusted network",
+    )
+    ca_file: str | None = Field(default=None, description="CA bundle; the system store when unset")
+    username: str | None = None
+    password: SecretStr | None = None
+    oauth2_token: SecretStr | None = Field(
+        default=None, description="XOAUTH2 bearer token (with username); replaces the password"
+    )
+    auth_mechanism: Literal["auto", "PLAIN", "LOGIN", "XOAUTH2"] = "auto"
+    local_hostname: str | None = Field(default=None, description="EHLO name; the FQDN when unset")
+    from_address: str = Field(
+        description="envelope sender (MAIL FROM, where bounces go) when verp_domain is unset; "
+        "the From header comes from each command"
+    )
+    instance_id: str | None = Field(
+        default=None,
+        description="stable name of this sink instance (default: host name); its transactional "
+        "id, so a restarted instance fences and aborts what its predecessor left open",
+    )
+    verp_domain: str | None = Field(
+        default=None,
+        description="when set, the envelope sender is bounce+<command token>@verp_domain",
+    )
+    group_id: str = Field(default="mailtap-smtp-sink", description="Kafka consumer group")
+    state_topic: str = Field(
+        default="mailtap.sink.state",
+        description="compacted topic of per-command intent/outcome, read whole at start",
+    )
+    retry_tiers: list[str] = Field(default_factory=lambda: ["5m", "15m", "1h", "4h"], min_length=1)
+    max_lifetime: str = Field(
+        default="2d", description="after this age (since created_at) a deferred command is FAILED"
+    )
+    max_attempts: int = Field(default=10, ge=1, description="attempts before FAILED + DLQ")
+    pool_size: int = Field(default=4, ge=1, le=100, description="connections (= concurrency)")
+    rate: RateLimit | None = Field(default=None, description="relay-wide message rate")
+    domain_rates: dict[str, RateLimit] = Field(
+        default_factory=dict, description="per recipient domain; key '*' applies to every domain"
+    )
+    connect_timeout: float = Field(
+        default=30.0, gt=0, description="TCP + TLS + greeting; RFC 5321 4.5.3.2 allows 5 min"
+    )
+    command_timeout: float = Field(
+        default=60.0, gt=0, description="per SMTP command (RFC 5321 suggests 5 min for MAIL/RCPT)"
+    )
+    data_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="waiting for the reply to the final '.'; RFC 5321 4.5.3.2.6 suggests 10 min. "
+        "Past it the outcome is UNKNOWN and the mail is resent with the same Message-ID",
+    )
+    batch_size: int = Field(default=200, ge=1, description="commands per intent/outcome round")
+    max_message_bytes: int = Field(default=25_000_000, ge=1000)
+
+    @field_validator("retry_tiers")
+    @classmethod
+    def _tiers_are_durations(cls, value: list[str]) -> list[str]:
+        delays = [parse_duration(v) for v in value]
+        if delays != sorted(delays):
+            raise ValueError("retry tiers must be in increasing order")
+        return value
+
+    @field_validator("max_lifetime")
+    @classmethod
+    def _lifetime_is_duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @model_validator(mode="after")
+    def _auth_is_complete(self) -> SmtpSinkSettings:
+        if (self.password or self.oauth2_token) and not self.username:
+            raise ValueError("username is required with password or oauth2_token")
+        if self.auth_mechanism == "XOAUTH2" and not self.oauth2_token:
+            raise ValueError("auth_mechanism XOAUTH2 needs oauth2_token")
+        return self
+
+    @property
+    def tier_delays(self) -> list[tuple[str, float]]:
+        """``[(tier name, delay seconds)]`` in order."""
+        return [(t, parse_duration(t)) for t in self.retry_tiers]
+
+    @property
+    def max_lifetime_seconds(self) -> float:
+        return parse_duration(self.max_lifetime)

@@ -1,0 +1,265 @@
+"""Talking to the relay: the only module that imports aiosmtplib.
+
+A bounded pool of reusable sessions. Each send runs one SMTP transaction and reports what the
+relay said in our own types (:class:`~connectors.smtp.classify.TransactionReport`); every
+aiosmtplib exception leaves as a :class:`~connectors.smtp.errors.SmtpTransportError` tagged with
+the stage it happened in.
+
+DATA is driven in two steps (the DATA command, then the content and the final ".") instead of
+``SMTP.data()``, because only then do we know whether a timeout or a drop happened before the
+relay could have accepted the message (DEFERRED) or after the final "." (UNKNOWN, resend later
+with the same Message-ID).
+
+Security: ``tls`` is implicit TLS, ``starttls`` must succeed (a relay that does not offer it is an
+error, never a silent fallback), certificates are always verified (system store or ``ca_file``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiosmtplib
+from aiosmtplib import (
+    SMTPAuthenticationError,
+    SMTPConnectResponseError,
+    SMTPException,
+    SMTPRecipientRefused,
+    SMTPResponseException,
+    SMTPSenderRefused,
+    SMTPServerDisconnected,
+    SMTPTimeoutError,
+)
+
+from connectors.smtp.classify import SmtpReply, TransactionReport
+from connectors.smtp.config import SmtpSinkSettings
+from connectors.smtp.errors import (
+    SmtpAuthError,
+    SmtpDisconnectedError,
+    SmtpReplyError,
+    SmtpStage,
+    SmtpTimeoutError,
+    SmtpTlsError,
+    SmtpTransportError,
+)
+from connectors.smtp.render import RenderedMessage
+
+log = logging.getLogger(__name__)
+
+_LEADING_DOT = re.compile(rb"(?m)^\.")
+#: Replies after which the relay closes the session (RFC 5321 3.8: 421 "service not available").
+_CLOSING_CODES = {421}
+
+
+def tls_context(settings: SmtpSinkSettings) -> ssl.SSLContext:
+    """Verifying context: hostname checked against ``settings.host``; never optional."""
+    context = ssl.create_default_context(cafile=settings.ca_file)
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def dot_stuff(data: bytes) -> bytes:
+    """RFC 5321 4.5.2 transparency, plus the terminating "."; ``data`` already ends in CRLF."""
+    if not data.endswith(b"\r\n"):
+        data += b"\r\n"
+    return _LEADING_DOT.sub(b"..", data) + b".\r\n"
+
+
+def _translate(exc: BaseException, stage: SmtpStage) -> SmtpTransportError:
+    """aiosmtplib/OS exception -> ours, keeping the cause chain."""
+    result: SmtpTransportError
+    if isinstance(exc, SmtpTransportError):
+        return exc
+    if isinstance(exc, SMTPAuthenticationError):
+        result = SmtpAuthError(exc.code, exc.message)
+    elif isinstance(exc, SMTPTimeoutError | asyncio.TimeoutError):
+        result = SmtpTimeoutError(str(exc) or "timed out", stage=stage)
+    elif isinstance(exc, ssl.SSLError):
+        result = SmtpTlsError(f"TLS failed: {exc}", stage=stage)
+    elif isinstance(exc, SMTPConnectResponseError | SMTPResponseException):
+        result = SmtpReplyError(exc.code, exc.message, stage=stage)
+    elif isinstance(exc, SMTPServerDisconnected | ConnectionError | OSError):
+        result = SmtpDisconnectedError(str(exc) or type(exc).__name__, stage=stage)
+    elif isinstance(exc, SMTPException):
+        message = str(exc)
+        if "STARTTLS" in message.upper():
+            result = SmtpTlsError(f"STARTTLS required but failed: {message}", stage=stage)
+        else:
+            result = SmtpDisconnectedError(message, stage=stage)
+    else:
+        raise exc
+    result.__cause__ = exc
+    return result
+
+
+class SmtpSession:
+    """One connected, authenticated SMTP session, used by one sender at a time."""
+
+    def __init__(self, client: aiosmtplib.SMTP, settings: SmtpSinkSettings) -> None:
+        self._client = client
+        self._settings = settings
+        self.sent = 0
+
+    @classmethod
+    async def open(cls, settings: SmtpSinkSettings, context: ssl.SSLContext | None) -> SmtpSession:
+        client = aiosmtplib.SMTP(
+            hostname=settings.host,
+            port=settings.port,
+            use_tls=settings.security == "tls",
+            start_tls=False,
+            tls_context=context if settings.security != "plain" else None,
+            local_hostname=settings.local_hostname,
+            timeout=settings.command_timeout,
+        )
+        try:
+            await client.connect(timeout=settings.connect_timeout)
+            if settings.security == "starttls":
+                await client.starttls(tls_context=context, timeout=settings.connect_timeout)
+            await cls._authenticate(client, settings)
+        except BaseException as exc:
+            client.close()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise _translate(exc, SmtpStage.CONNECT) from exc
+        return cls(client, settings)
+
+    @staticmethod
+    async def _authenticate(client: aiosmtplib.SMTP, settings: SmtpSinkSettings) -> None:
+        if not settings.username:
+            return
+        mechanism = settings.auth_mechanism
+        if mechanism == "XOAUTH2" or (mechanism == "auto" and settings.oauth2_token):
+            assert settings.oauth2_token is not None
+            await client.auth_xoauth2(settings.username, settings.oauth2_token.get_secret_value())
+            return
+        password = settings.password.get_secret_value() if settings.password else ""
+        if mechanism == "PLAIN":
+            await client.auth_plain(settings.username, password)
+        elif mechanism == "LOGIN":
+            await client.auth_login(settings.username, password)
+        else:
+            await client.login(settings.username, password)
+
+    @property
+    def usable(self) -> bool:
+        return self._client.is_connected
+
+    def close(self) -> None:
+        self._client.close()
+
+    async def quit(self) -> None:
+        try:
+            await self._client.quit(timeout=5)
+        except (TimeoutError, SMTPException, OSError):
+            self._client.close()
+
+    async def transact(self, message: RenderedMessage) -> TransactionReport:
+        """MAIL, RCPT per recipient, DATA; raises SmtpTransportError (session then closed)."""
+        stage = SmtpStage.ENVELOPE
+        settings = self._settings
+        try:
+            try:
+                await self._client.mail(message.envelope_from, timeout=settings.command_timeout)
+            except SMTPSenderRefused as exc:
+                await self._reset_after(exc.code)
+                raise SmtpReplyError(exc.code, exc.message, stage=stage) from exc
+            refused: dict[str, SmtpReply] = {}
+            for rcpt in message.recipients:
+                try:
+                    await self._client.rcpt(rcpt, timeout=settings.command_timeout)
+                except SMTPRecipientRefused as exc:
+                    refused[rcpt] = SmtpReply(exc.code, exc.message)
+                    if exc.code in _CLOSING_CODES:
+                        self.close()
+                        raise SmtpReplyError(exc.code, exc.message, stage=stage) from exc
+            if len(refused) == len(message.recipients):
+                await self._reset_after(0)
+                return TransactionReport(refused, None)
+            stage = SmtpStage.DATA
+            start = await self._client.execute_command(b"DATA", timeout=settings.command_timeout)
+            if start.code != 354:
+                await self._reset_after(start.code)
+                raise SmtpReplyError(start.code, start.message, stage=stage)
+            # From here on the relay may take responsibility for the message at any moment.
+            stage = SmtpStage.AFTER_DATA
+            protocol = self._client.protocol
+            if protocol is None:
+                raise SMTPServerDisconnected("connection lost before the content was sent")
+            protocol.write(dot_stuff(message.data))
+            reply = await protocol.read_response(timeout=settings.data_timeout)
+        except SmtpReplyError:
+            raise
+        except Exception as exc:
+            self.close()
+            raise _translate(exc, stage) from exc
+        if reply.code in _CLOSING_CODES:
+            self.close()
+        self.sent += 1
+        return TransactionReport(refused, SmtpReply(reply.code, reply.message))
+
+    async def _reset_after(self, code: int) -> None:
+        """RSET so the session can carry the next message; a 421 (or a failed RSET) closes it."""
+        if code in _CLOSING_CODES:
+            self.close()
+            return
+        try:
+            await self._client.rset(timeout=self._settings.command_timeout)
+        except (TimeoutError, SMTPException, OSError):
+            self.close()
+
+
+class SmtpConnectionPool:
+    """At most ``pool_size`` sessions; idle ones are reused, broken ones replaced.
+
+    A session the relay closed while idle shows up as a disconnect at MAIL FROM; that is retried
+    once on a fresh session, because nothing of the message has been sent yet.
+    """
+
+    def __init__(self, settings: SmtpSinkSettings) -> None:
+        self._settings = settings
+        self._context = tls_context(settings) if settings.security != "plain" else None
+        self._slots = asyncio.Semaphore(settings.pool_size)
+        self._idle: list[SmtpSession] = []
+        self.opened = 0
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[tuple[SmtpSession, bool]]:
+        """A session and whether it was reused; returned to the pool if still usable."""
+        async with self._slots:
+            reused = False
+            session: SmtpSession | None = None
+            while self._idle:
+                candidate = self._idle.pop()
+                if candidate.usable:
+                    session, reused = candidate, True
+                    break
+            if session is None:
+                session = await SmtpSession.open(self._settings, self._context)
+                self.opened += 1
+                log.info("smtp session opened host=%s open=%d", self._settings.host, self.opened)
+            try:
+                yield session, reused
+            finally:
+                if session.usable:
+                    self._idle.append(session)
+
+    async def send(self, message: RenderedMessage) -> TransactionReport:
+        for try_fresh in (False, True):
+            async with self.session() as (session, reused):
+                try:
+                    return await session.transact(message)
+                except SmtpDisconnectedError as exc:
+                    stale = reused and not try_fresh and exc.stage is SmtpStage.ENVELOPE
+                    if not stale:
+                        raise
+                    log.info("reused smtp session was closed by the relay; reconnecting")
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        await asyncio.gather(*(s.quit() for s in idle), return_exceptions=True)
