@@ -11,9 +11,10 @@ Mail in the wild declares charsets wrongly (GBK text labelled ``gb2312``, UTF-8 
    sequences practically never occur in real Latin-1 text).
 2. Strict UTF-8.
 3. A small heuristic: strict decoding with gb18030, cp950, cp932, cp949 and cp1252, each
-   result scored by how plausible its characters are (very common Chinese characters,
+   result (of the first 8 KiB) scored by how plausible its characters are (very common Chinese characters,
    kana, hangul and accented Latin letters score, rare symbols and controls cost); the
-   best score wins, ties go to the earlier candidate.
+   best score wins, ties go to the earlier candidate. No dependency (charset-normalizer or
+   chardet) is needed for the cases mail actually has: mostly CJK without a label.
 4. cp1252 with replacement characters, which cannot fail.
 
 Codecs that are not plain charsets (``punycode``, ``idna``, ``unicode_escape`` ...) are
@@ -66,6 +67,7 @@ _STATEFUL_7BIT = frozenset(
     | {"iso2022_jp_2004", "iso2022_kr", "utf-7", "hz"}
 )
 
+_SAMPLE_BYTES = 8192
 _HEURISTIC_CANDIDATES = ("gb18030", "cp950", "cp932", "cp949", "cp1252")
 
 # The most frequent Chinese characters (simplified and traditional forms). Decoding Big5
@@ -148,16 +150,17 @@ def decode_text(data: bytes, declared: str | None, *, partial: bool = False) -> 
     utf8 = _try_decode(data, "utf-8", partial)
     if utf8 is not None:
         return utf8
-    best: tuple[float, str] | None = None
-    for candidate in _HEURISTIC_CANDIDATES:
+    # Rank the candidates on a sample (scoring is a Python loop), then decode in full.
+    sample = data[:_SAMPLE_BYTES]
+    ranked: list[tuple[float, int, str]] = []
+    for order, candidate in enumerate(_HEURISTIC_CANDIDATES):
+        text = _try_decode(sample, candidate, partial or len(data) > _SAMPLE_BYTES)
+        if text is not None:
+            ranked.append((-_plausibility(text), order, candidate))
+    for _, _, candidate in sorted(ranked):
         text = _try_decode(data, candidate, partial)
-        if text is None:
-            continue
-        score = _plausibility(text)
-        if best is None or score > best[0]:
-            best = (score, text)
-    if best is not None:
-        return best[1]
+        if text is not None:
+            return text
     return data.decode("cp1252", errors="replace")
 
 
