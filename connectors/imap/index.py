@@ -47,6 +47,8 @@ class AccountIndex:
         self._where: dict[str, dict[str, Location]] = {}
         self._by_uid: dict[tuple[str, int], str] = {}
         self._message_ids: dict[str, str] = {}
+        #: Keys published and not tombstoned: seeing one again (in any folder) is an UPDATE.
+        self._known: set[str] = set()
         self._lock = threading.Lock()
 
     def register(
@@ -57,10 +59,12 @@ class AccountIndex:
         uid: int | None,
         message_id: str | None,
     ) -> bool:
-        """Record that ``key`` is in ``folder``; returns True when it was known elsewhere before."""
+        """Record that ``key`` is in ``folder``; returns True when the account knew the key before
+        (published and not tombstoned): a move or copy, not a new mail."""
         with self._lock:
             places = self._where.setdefault(key, {})
-            elsewhere = any(f != folder for f in places)
+            known = key in self._known
+            self._known.add(key)
             old = places.get(folder)
             if old is not None and old.uid is not None:
                 self._by_uid.pop((folder, old.uid), None)
@@ -69,7 +73,7 @@ class AccountIndex:
                 self._by_uid[(folder, uid)] = key
             if message_id:
                 self._message_ids[key] = message_id
-            return elsewhere
+            return known
 
     def uids_in(self, folder: str, uidvalidity: int) -> dict[int, str]:
         """``{uid: key}`` known in ``folder`` under this UIDVALIDITY."""
@@ -100,6 +104,7 @@ class AccountIndex:
                 if loc.uid is not None:
                     self._by_uid.pop((loc.folder, loc.uid), None)
             self._message_ids.pop(key, None)
+            self._known.discard(key)
 
     def forget_folder(self, folder: str) -> None:
         """UIDVALIDITY changed: every UID we knew for ``folder`` is meaningless now."""

@@ -1,0 +1,274 @@
+"""Helpers of the IMAP source tests: per-test topics and account, APPEND, reading Kafka back.
+
+Every assertion reads what is in Kafka with a read_committed consumer, the way a downstream
+consumer would see it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from imapclient import IMAPClient
+
+from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
+from connectors.core.kafka import consumer_config, ensure_topics
+from connectors.core.offsets import OffsetStore, canonical_json
+from connectors.core.serde import AvroSerde
+from connectors.imap.cursor import source_partition
+from connectors.imap.source import ImapSource
+from mailtap.dev import Account, DevServices
+
+REPO = Path(__file__).resolve().parents[3]
+ACCOUNT = "acct"
+#: Generous: these machines are shared and slow; a wait ends as soon as its condition holds.
+WAIT_S = 180.0
+
+T = TypeVar("T")
+
+
+@dataclass
+class Record:
+    topic: str
+    key: str | None
+    value: dict[str, Any] | None
+    headers: dict[str, bytes]
+    raw_value: bytes | None
+
+
+def wait_for(condition: Callable[[], T], what: str, timeout: float = WAIT_S) -> T:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last: T = condition()
+    while not last:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+        last = condition()
+    return last
+
+
+def make_mail(message_id: str | None, subject: str, body: str = "hello") -> bytes:
+    head = f"Message-ID: <{message_id}>\r\n" if message_id else ""
+    return (
+        f"{head}From: Sender <sender@example.com>\r\nTo: rcpt@example.com\r\n"
+        f"Subject: {subject}\r\nDate: Sun, 29 Nov 2026 12:00:00 +0000\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\n\r\n{body}\r\n"
+    ).encode()
+
+
+@dataclass
+class ImapHarness:
+    services: DevServices
+    account: Account
+    unique: str
+    tmp: Path
+    host: str = ""
+    port: int = 0
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.host = self.host or self.services.imap.host
+        self.port = self.port or self.services.imap.port
+        names = {f: f"{getattr(TopicNames(), f)}.{self.unique}" for f in TopicNames.model_fields}
+        self.kafka = KafkaSettings(
+            bootstrap_servers=self.services.kafka.bootstrap_servers,
+            topics=TopicNames(**names),
+        )
+        ensure_topics(self.kafka, retry_tiers=["1m"])
+        self.serde = AvroSerde.for_schema("MailEvent", self.kafka)
+
+    # --- configuration -------------------------------------------------------------------------
+
+    def config_dict(self, *, port: int | None = None, **overrides: Any) -> dict[str, Any]:
+        account = {
+            "name": ACCOUNT,
+            "host": self.host,
+            "port": port or self.port,
+            "security": "plain",
+            "username": self.account.username,
+            "password": self.account.password,
+            "folders": ["INBOX"],
+            "start": "all",
+        }
+        account.update(overrides.pop("account", {}))
+        imap = {
+            "accounts": [account],
+            "batch_size": 10,
+            "connect_timeout_seconds": 5,
+            "read_timeout_seconds": 10,
+            "idle_renew_seconds": 30,
+            "catchup_poll_seconds": 30,
+            "backoff_initial_seconds": 0.2,
+            "backoff_cap_seconds": 2,
+        }
+        imap.update(overrides)
+        return {
+            "kafka": self.kafka.model_dump(mode="json", exclude_none=True),
+            "claim_check": {"url": (self.tmp / "claims").as_uri()},
+            "health": {"port": 0, "max_sync_age_seconds": 600},
+            "imap": imap,
+        }
+
+    def config(self, **overrides: Any) -> MailtapConfig:
+        return config_from_dict(self.config_dict(**overrides), env={})
+
+    def write_config(self, name: str = "mailtap.yaml", **overrides: Any) -> Path:
+        path = self.tmp / name
+        path.write_text(yaml.safe_dump(self.config_dict(**overrides)))
+        return path
+
+    # --- the mailbox ---------------------------------------------------------------------------
+
+    def client(self, folder: str = "INBOX") -> IMAPClient:
+        client = IMAPClient(self.services.imap.host, port=self.services.imap.port, ssl=False)
+        client.login(self.account.username, self.account.password)
+        if folder:
+            client.select_folder(folder)
+        return client
+
+    def append(self, mails: Iterable[bytes], folder: str = "INBOX") -> int:
+        client = self.client(folder="")
+        count = 0
+        batch: list[bytes] = []
+        for mail in mails:
+            batch.append(mail)
+            if len(batch) == 100:
+                client.multiappend(folder, batch)
+                count += len(batch)
+                batch = []
+        if batch:
+            client.multiappend(folder, batch)
+            count += len(batch)
+        client.logout()
+        return count
+
+    def append_numbered(self, n: int, start: int = 0, tag: str = "m") -> list[str]:
+        ids = [f"{tag}{i}-{self.unique}@example.com" for i in range(start, start + n)]
+        self.append(
+            make_mail(mid, f"{tag} {i}")
+            for i, mid in zip(range(start, start + n), ids, strict=True)
+        )
+        return ids
+
+    def doveadm(self, *args: str) -> str:
+        return self.services.doveadm(*args).stdout
+
+    # --- Kafka ---------------------------------------------------------------------------------
+
+    def read(self, topic: str) -> list[Record]:
+        consumer = Consumer(
+            consumer_config(self.kafka, f"t-{uuid.uuid4().hex[:8]}", enable_partition_eof=True)
+        )
+        try:
+            meta = consumer.list_topics(topic, timeout=10).topics[topic]
+            parts = set(meta.partitions)
+            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+            out: list[Record] = []
+            done: set[int] = set()
+            deadline = time.monotonic() + 60
+            while done != parts:
+                assert time.monotonic() < deadline, f"no end of {topic} within 60s"
+                msg = consumer.poll(1.0)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    assert err.code() == KafkaError._PARTITION_EOF, err
+                    done.add(msg.partition())
+                    continue
+                raw = msg.value()
+                key = msg.key()
+                value = None
+                if raw is not None and topic == self.kafka.topics.events:
+                    value = self.serde.decode(raw)
+                out.append(
+                    Record(
+                        topic,
+                        key.decode() if key is not None else None,
+                        value,
+                        {k: v for k, v in (msg.headers() or [])},
+                        raw,
+                    )
+                )
+            return out
+        finally:
+            consumer.close()
+
+    def events(self) -> list[Record]:
+        return self.read(self.kafka.topics.events)
+
+    def dlq(self) -> list[Record]:
+        return self.read(self.kafka.topics.dlq)
+
+    def cursor(self, folder: str = "INBOX") -> dict[str, Any] | None:
+        offsets = OffsetStore(self.kafka).read_all()
+        return offsets.get(canonical_json(source_partition(ACCOUNT, folder)))
+
+    def cursor_at(self, last_uid: int, folder: str = "INBOX") -> bool:
+        cursor = self.cursor(folder)
+        return cursor is not None and cursor["last_uid"] >= last_uid
+
+    # --- the connector as a process ------------------------------------------------------------
+
+    def spawn(
+        self, config: Path, env: dict[str, str] | None = None, log_name: str = "source"
+    ) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{log_name}.log", "ab")  # noqa: SIM115 - lives as long as the child
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), "MAILTAP_LOG_LEVEL": "INFO"}
+        full_env.pop("MAILTAP_TEST_CRASH_AT", None)
+        full_env.update(env or {})
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mailtap.cli", "run", "imap-source", "-c", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def log(self, log_name: str = "source") -> str:
+        path = self.tmp / f"{log_name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+def keys_of(records: Iterable[Record]) -> set[str]:
+    return {r.key for r in records if r.key is not None}
+
+
+def changes(records: Iterable[Record]) -> list[str]:
+    return [r.value["change"] for r in records if r.value is not None]
+
+
+@contextmanager
+def running(harness: ImapHarness, **overrides: Any) -> Iterator[ImapSource]:
+    """The source in this process (for tests that look at its metrics and workers)."""
+    source = ImapSource.from_config(harness.config(**overrides))
+    source.start()
+    try:
+        yield source
+    finally:
+        source.close()

@@ -1,0 +1,175 @@
+"""The IMAP source on real Dovecot and real Kafka: what ends up in Kafka (read_committed)."""
+
+from __future__ import annotations
+
+import time
+
+from tests.integration.imap.imap_harness import (
+    ImapHarness,
+    changes,
+    keys_of,
+    make_mail,
+    running,
+    wait_for,
+)
+
+
+def test_n_appended_mails_give_n_events_n_keys_and_the_cursor_at_the_last_uid(
+    imap: ImapHarness,
+) -> None:
+    ids = imap.append_numbered(35)
+    with running(imap, batch_size=10) as source:
+        wait_for(lambda: imap.cursor_at(35), "cursor at uid 35")
+        # New mail while the source idles: published too.
+        ids += imap.append_numbered(3, start=35)
+        wait_for(lambda: imap.cursor_at(38), "cursor at uid 38")
+        metrics = source.metrics
+    events = imap.events()
+    assert len(events) == 38
+    assert keys_of(events) == {f"acct/mid:{mid}" for mid in ids}
+    assert set(changes(events)) == {"ADDED"}
+    by_uid = {e.value["source"]["uid"]: e.value for e in events if e.value}
+    assert sorted(by_uid) == list(range(1, 39))
+    assert by_uid[1]["subject"] == "m 0" and by_uid[1]["source"]["folder"] == "INBOX"
+    cursor = imap.cursor()
+    assert cursor is not None and cursor["last_uid"] == 38 and cursor["pending"] is None
+    assert metrics.events_produced.labels("imap", "acct", "INBOX")._value.get() == 38
+
+
+def test_start_latest_skips_existing_mail_and_since_starts_at_the_date(imap: ImapHarness) -> None:
+    imap.append_numbered(5)
+    with running(imap, account={"start": "latest"}):
+        wait_for(lambda: imap.cursor_at(5), "cursor pinned at the latest uid")
+        new = imap.append_numbered(2, start=5)
+        wait_for(lambda: imap.cursor_at(7), "cursor at uid 7")
+    assert keys_of(imap.events()) == {f"acct/mid:{mid}" for mid in new}
+
+
+def test_flag_change_is_a_complete_updated_event(imap: ImapHarness) -> None:
+    (mid,) = imap.append_numbered(1)
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(1), "first event")
+        client = imap.client()
+        client.add_flags([1], [b"\\Flagged"])
+        client.logout()
+        wait_for(lambda: len(imap.events()) == 2, "the UPDATED event")
+    first, update = imap.events()
+    assert first.key == update.key == f"acct/mid:{mid}"
+    assert update.value is not None and update.value["change"] == "UPDATED"
+    assert "\\Flagged" in update.value["flags"]
+    # Complete: the newest record of the key (what compaction keeps) still has the mail's content.
+    assert update.value["subject"] == "m 0" and update.value["text_body"]
+
+
+def test_uidvalidity_change_rescans_without_new_keys(imap: ImapHarness) -> None:
+    imap.append_numbered(12)
+    with running(imap, catchup_poll_seconds=2) as source:
+        wait_for(lambda: imap.cursor_at(12), "first pass")
+        before = imap.cursor()
+        assert before is not None
+        imap.doveadm(
+            "mailbox", "update", "-u", imap.account.username,
+            "--uid-validity", str(before["uidvalidity"] + 1000), "INBOX",
+        )  # fmt: skip
+        wait_for(
+            lambda: (c := imap.cursor()) is not None and c["epoch"] == 1 and c["last_uid"] >= 12,
+            "rescan in the new epoch",
+        )
+        rescans = source.metrics.uidvalidity_changes.labels("imap", "acct", "INBOX")._value.get()
+    events = imap.events()
+    assert len(keys_of(events)) == 12
+    assert changes(events).count("ADDED") == 12
+    assert changes(events).count("RESCANNED") == 12
+    assert rescans == 1
+
+
+def test_expunge_is_a_tombstone_but_a_move_between_watched_folders_is_an_update(
+    imap: ImapHarness,
+) -> None:
+    client = imap.client(folder="")
+    client.create_folder("Archive")
+    client.logout()
+    ids = imap.append_numbered(3)
+    with running(imap, account={"folders": ["INBOX", "Archive"]}, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(3), "first pass")
+        client = imap.client()
+        client.move([1], "Archive")
+        client.delete_messages([2])
+        client.expunge()
+        client.logout()
+        wait_for(
+            lambda: (
+                any(r.value is None for r in imap.events()) and imap.cursor_at(1, folder="Archive")
+            ),
+            "tombstone and the moved mail",
+        )
+        time.sleep(3)  # a further catch-up poll must not add a tombstone for the moved mail
+    latest = {}
+    for record in imap.events():
+        latest[record.key] = record.value
+    moved, deleted, kept = (f"acct/mid:{m}" for m in ids)
+    assert latest[deleted] is None
+    assert latest[moved] is not None and latest[moved]["source"]["folder"] == "Archive"
+    assert latest[moved]["change"] == "UPDATED"
+    assert latest[kept] is not None and latest[kept]["source"]["folder"] == "INBOX"
+
+
+def test_after_commit_move_moves_only_published_mail_and_says_where_it_went(
+    imap: ImapHarness,
+) -> None:
+    ids = imap.append_numbered(4)
+    with running(imap, account={"after_commit": "move:Processed"}, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(4), "published")
+        client = imap.client()
+        wait_for(lambda: not client.search(["ALL"]), "INBOX emptied by the move")
+        client.select_folder("Processed")
+        assert len(client.search(["ALL"])) == 4
+        client.logout()
+        time.sleep(3)  # a catch-up poll must not tombstone mails we moved ourselves
+    events = imap.events()
+    latest = {r.key: r.value for r in events}
+    assert set(latest) == {f"acct/mid:{m}" for m in ids}
+    assert all(v is not None and v["source"]["folder"] == "Processed" for v in latest.values())
+    assert changes(events).count("ADDED") == 4
+    cursor = imap.cursor()
+    assert cursor is not None and cursor["pending"] is None
+
+
+def test_after_commit_seen_marks_published_mail_seen(imap: ImapHarness) -> None:
+    imap.append_numbered(3)
+    with running(imap, account={"after_commit": "seen"}):
+        wait_for(lambda: imap.cursor_at(3), "published")
+        client = imap.client()
+        wait_for(lambda: len(client.search(["SEEN"])) == 3, "three mails \\Seen")
+        client.logout()
+        # The flag change is published too: the newest record per key says \Seen.
+        wait_for(
+            lambda: all(
+                "\\Seen" in v["flags"]
+                for v in {r.key: r.value for r in imap.events()}.values()
+                if v
+            ),
+            "UPDATED events with \\Seen",
+        )
+    assert changes(imap.events()).count("ADDED") == 3
+
+
+def test_bad_password_backs_off_to_the_cap_and_counts_auth_failures(imap: ImapHarness) -> None:
+    with running(
+        imap, account={"password": "wrong"}, backoff_initial_seconds=0.1, backoff_cap_seconds=1
+    ) as source:
+        counter = source.metrics.auth_failures.labels("imap", "acct", "INBOX")
+        wait_for(lambda: counter._value.get() >= 2, "two auth failures")
+        worker = source.workers[0]
+        # Permanent errors wait the cap each time: no spinning on a wrong password.
+        assert worker.backoff.attempt >= 2
+    assert imap.events() == []
+
+
+def test_mail_appended_during_idle_arrives_without_waiting_for_a_poll(imap: ImapHarness) -> None:
+    with running(imap, catchup_poll_seconds=600, idle_renew_seconds=600) as source:
+        wait_for(lambda: imap.cursor() is not None, "start")
+        wait_for(lambda: source.workers[0].machine.state.value == "IDLE", "IDLE")
+        imap.append([make_mail(f"idle-{imap.unique}@example.com", "idle")])
+        wait_for(lambda: imap.cursor_at(1), "the mail, via IDLE")
+    assert keys_of(imap.events()) == {f"acct/mid:idle-{imap.unique}@example.com"}

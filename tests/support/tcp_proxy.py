@@ -1,0 +1,153 @@
+"""A loopback TCP proxy with fault controls, for tests (no tc netem or toxiproxy on these machines).
+
+    with TcpProxy("127.0.0.1", dovecot_port) as proxy:
+        connect to proxy.port ...
+        proxy.stall()    # stop forwarding both ways; connections stay open (a silent peer)
+        proxy.resume()
+        proxy.cut()      # reset every open connection (new ones are still accepted)
+        proxy.delay = 0.2  # seconds added before forwarding each chunk
+        proxy.refuse = True  # close new connections at once
+
+Threaded: one accept thread, two pump threads per connection. A stalled pump does not read, so
+the bytes wait in the kernel's buffers exactly as they would behind a dead middlebox.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import threading
+import time
+from types import TracebackType
+
+_POLL_S = 0.05
+_CHUNK = 65536
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind((listen_host, 0))
+        self._server.listen(64)
+        self.host = listen_host
+        self.port: int = self._server.getsockname()[1]
+        self.delay = 0.0
+        self.refuse = False
+        self.accepted = 0
+        self._stalled = threading.Event()
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._threads: list[threading.Thread] = []
+        self._acceptor = threading.Thread(target=self._accept_loop, daemon=True, name="tcp-proxy")
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def start(self) -> TcpProxy:
+        self._acceptor.start()
+        return self
+
+    # --- controls ------------------------------------------------------------------------------
+
+    def stall(self) -> None:
+        self._stalled.set()
+
+    def resume(self) -> None:
+        self._stalled.clear()
+
+    @property
+    def stalled(self) -> bool:
+        return self._stalled.is_set()
+
+    def cut(self) -> int:
+        """Reset every open connection (RST, not FIN). Returns how many were cut."""
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for client, upstream in pairs:
+            for sock in (client, upstream):
+                _reset(sock)
+        return len(pairs)
+
+    @property
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._server.close()
+        self.cut()
+        for thread in self._threads:
+            thread.join(2)
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                readable, _, _ = select.select([self._server], [], [], _POLL_S)
+                if not readable:
+                    continue
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if self.refuse:
+                _reset(client)
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _reset(client)
+                continue
+            self.accepted += 1
+            with self._lock:
+                self._pairs.append((client, upstream))
+            for src, dst in ((client, upstream), (upstream, client)):
+                thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self._closed.is_set():
+                if self._stalled.is_set():
+                    time.sleep(_POLL_S)
+                    continue
+                readable, _, _ = select.select([src], [], [], _POLL_S)
+                if not readable:
+                    continue
+                data = src.recv(_CHUNK)
+                if not data:
+                    break
+                if self.delay:
+                    time.sleep(self.delay)
+                while self._stalled.is_set() and not self._closed.is_set():
+                    time.sleep(_POLL_S)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+
+def _reset(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        # SO_LINGER 0: close() sends RST, like a middlebox dropping the connection state.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        sock.close()
