@@ -327,6 +327,19 @@ def unsubscribe(store: ExchangeStore, address: str, request: ET.Element) -> ET.E
     return operation_response("Unsubscribe", [message])
 
 
+def convert_id(store: ExchangeStore, address: str, request: ET.Element) -> ET.Element:
+    """Only what exchangelib's version guessing needs: its ``DUMMY`` id is malformed.
+
+    exchangelib (``Version.guess``) sends ``<t:AlternateId Format="EwsId" Id="DUMMY"
+    Mailbox="DUMMY"/>`` and reads the build from the ``ServerVersionInfo`` header of the answer.
+    """
+    messages = [
+        error_message("ConvertId", "ErrorInvalidIdMalformed", "Id is malformed.")
+        for _ in _required(request, m("SourceIds"))
+    ]
+    return operation_response("ConvertId", messages)
+
+
 def _required(parent: ET.Element, tag: str) -> ET.Element:
     elem = parent.find(tag)
     if elem is None or len(elem) == 0:
@@ -340,5 +353,6 @@ OPERATIONS: dict[str, Operation] = {
     "GetItem": get_item,
     "FindItem": find_item,
     "Subscribe": subscribe,
+    "ConvertId": convert_id,
     "Unsubscribe": unsubscribe,
 }

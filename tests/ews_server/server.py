@@ -36,6 +36,7 @@ import itertools
 import logging
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -106,6 +107,7 @@ class EwsTestServer:
         subscription_idle_seconds: float = 30 * 60,
         host: str = "127.0.0.1",
         port: int = 0,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.store = ExchangeStore(subscription_idle_seconds=subscription_idle_seconds)
         self.seconds_per_minute = seconds_per_minute
@@ -121,6 +123,12 @@ class EwsTestServer:
         self._host = host
         self._httpd = ThreadingHTTPServer((host, port), _Handler)
         self._httpd.daemon_threads = True
+        self._scheme = "http"
+        if tls is not None:
+            # Handshakes happen on accept; a client that rejects the certificate only costs
+            # that accept (socketserver swallows the OSError).
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
+            self._scheme = "https"
         self._httpd.ews = self  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
 
@@ -128,7 +136,7 @@ class EwsTestServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self._host}:{self._httpd.server_port}{ENDPOINT_PATH}"
+        return f"{self._scheme}://{self._host}:{self._httpd.server_port}{ENDPOINT_PATH}"
 
     def start(self) -> EwsTestServer:
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="ews-server")

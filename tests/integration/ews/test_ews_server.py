@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -21,11 +20,9 @@ from exchangelib.ewsdatetime import EWSDateTime
 from exchangelib.services import GetStreamingEvents, SyncFolderItems
 
 from tests.ews_server import EwsTestServer
+from tests.integration.ews.ews_kafka import PASSWORD, USER
 
 pytestmark = pytest.mark.integration
-
-USER = "user@example.com"
-PASSWORD = "s3cret"
 
 
 def mime(n: int, subject: str = "hello") -> bytes:
@@ -34,14 +31,6 @@ def mime(n: int, subject: str = "hello") -> bytes:
         f"Message-ID: <msg-{n}@example.org>\r\nDate: Sun, 29 Nov 2026 16:00:00 +0000\r\n"
         f"\r\nbody {n}\r\n"
     ).encode()
-
-
-@pytest.fixture
-def ews() -> Iterator[EwsTestServer]:
-    # One "minute" of ConnectionTimeout lasts one second here; keep-alives every 0.2 s.
-    with EwsTestServer(seconds_per_minute=1.0, keepalive_seconds=0.2) as server:
-        server.add_mailbox(USER, PASSWORD)
-        yield server
 
 
 def make_account(ews: EwsTestServer, password: str = PASSWORD) -> Account:
@@ -71,6 +60,16 @@ def test_inbox_is_resolved_with_get_folder(ews: EwsTestServer) -> None:
     assert inbox.id == ews.store.mailbox(USER).distinguished_folder("inbox").folder_id
     # exchangelib resolves root first, then the distinguished inbox; no version guessing.
     assert ews.operations() == ["GetFolder", "GetFolder"]
+
+
+def test_version_is_guessed_with_convert_id(ews: EwsTestServer) -> None:
+    config = Configuration(
+        service_endpoint=ews.url, credentials=Credentials(USER, PASSWORD), auth_type=BASIC
+    )
+    account = Account(USER, config=config, autodiscover=False, access_type=DELEGATE)
+    assert account.version.build == Build(15, 1, 2507, 6)
+    assert account.version.api_version == "Exchange2016"
+    assert ews.operations() == ["ConvertId"]
 
 
 def test_streaming_sees_new_mail_and_get_returns_mime(ews: EwsTestServer) -> None:
