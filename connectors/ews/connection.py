@@ -1,0 +1,405 @@
+"""The EWS wire, behind our own small interface. The ONLY module that imports exchangelib.
+
+Everything above this module speaks in :class:`ItemRef`, :class:`FetchedItem` and
+:class:`StreamEnd`, and sees four kinds of failure: :class:`ConnectionLost` (retry),
+:class:`SubscriptionGone` (subscribe again, catch up), ``AuthenticationError`` and ``ConfigError``
+(permanent: bad credentials, untrusted certificate).
+
+Requests this module makes (exchangelib 5.6, Exchange2016 dialect)::
+
+    ConvertId (version guess) -> GetFolder root -> GetFolder <folder>        open()
+    Subscribe <m:StreamingSubscriptionRequest>                               subscribe()
+    GetStreamingEvents <m:ConnectionTimeout>N</m:ConnectionTimeout>          stream()
+    GetItem item:MimeContent item:DateTimeReceived message:IsRead           fetch()
+    FindItem item:DateTimeReceived >= since, ascending, paged                find_since()
+
+Pitfalls handled here (PITFALLS.md, exchangelib 5.6):
+
+- the stream holds one HTTP connection for its whole duration: ``max_connections`` >= 2, or a
+  GetItem inside the stream loop waits forever for a session (#906, #1088);
+- the ``get_streaming_events`` generator is always consumed or closed, and the streaming
+  session released (``stop_streaming``), or the session leaks;
+- exchangelib reads the stream with a timeout of ConnectionTimeout + 1 minute; we set our own read
+  timeout so that a stalled stream is noticed (``stream_read_timeout_seconds``);
+- errors mid-stream come from ``requests``, not from exchangelib: they are connection losses;
+- the default retry policy is fail-fast, which we keep: backoff is the source's job.
+
+``SyncFolderItems`` is never used: streaming and sync states must not be mixed (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import ssl
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from exchangelib import (
+    BASIC,
+    DELEGATE,
+    IMPERSONATION,
+    NTLM,
+    OAUTH2,
+    Account,
+    Configuration,
+    Credentials,
+    EWSDateTime,
+    EWSTimeZone,
+    Identity,
+    OAuth2AuthorizationCodeCredentials,
+    OAuth2Credentials,
+)
+from exchangelib import errors as ews_errors
+from exchangelib.folders import BaseFolder
+from exchangelib.protocol import BaseProtocol
+from exchangelib.services import GetStreamingEvents
+
+from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
+from connectors.ews.errors import (
+    AuthenticationError,
+    ConfigError,
+    ConnectionLost,
+    EwsProtocolError,
+    SubscriptionGone,
+)
+
+log = logging.getLogger(__name__)
+
+#: Events that put an item into the watched folder. Moved/Copied count only when their
+#: ParentFolderId is the watched folder (a move *out* of it is reported to its subscription too).
+EVENT_TYPES = ("NewMailEvent", "CreatedEvent", "MovedEvent", "CopiedEvent")
+_ARRIVALS = ("NewMailEvent", "CreatedEvent")
+#: GetItem properties: the MIME for the shared parser, the receive time for the watermark, and the
+#: read state (published as the \\Seen flag, like the IMAP source does).
+_FETCH_FIELDS = ["mime_content", "datetime_received", "is_read"]
+
+#: The Account attribute of each distinguished folder name we accept in the config.
+_FOLDER_ATTRIBUTES = {
+    "inbox": "inbox",
+    "junkemail": "junk",
+    "sentitems": "sent",
+    "deleteditems": "trash",
+    "drafts": "drafts",
+}
+
+_SUBSCRIPTION_GONE = (
+    ews_errors.ErrorSubscriptionNotFound,
+    ews_errors.ErrorExpiredSubscription,
+    ews_errors.ErrorInvalidSubscription,
+    ews_errors.ErrorSubscriptionUnsubsribed,  # sic, exchangelib's spelling
+)
+_AUTH_FAILURES = (
+    ews_errors.UnauthorizedError,
+    ews_errors.ErrorAccessDenied,
+    ews_errors.ErrorNonExistentMailbox,
+    ews_errors.ErrorImpersonateUserDenied,
+)
+_TRANSIENT = (
+    requests.exceptions.RequestException,
+    OSError,
+    ews_errors.ErrorServerBusy,
+    ews_errors.ErrorInternalServerTransientError,
+    ews_errors.ErrorInternalServerError,
+    ews_errors.ErrorTimeoutExpired,
+    ews_errors.ErrorNewEventStreamConnectionOpened,
+    ews_errors.ErrorMailboxStoreUnavailable,
+    ews_errors.ErrorMailboxMoveInProgress,
+    ews_errors.RateLimitError,
+    ews_errors.MalformedResponseError,
+    ews_errors.SOAPError,
+    ews_errors.CASError,
+)
+
+
+@dataclass(frozen=True)
+class ItemRef:
+    """An item of the watched folder; ``received`` is known when it came from FindItem."""
+
+    item_id: str
+    change_key: str
+    received: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class FetchedItem:
+    item_id: str
+    change_key: str
+    mime: bytes
+    received: dt.datetime
+    is_read: bool = False
+
+
+@dataclass
+class StreamEnd:
+    """How the last :meth:`EwsConnection.stream` ended: ``closed`` is ConnectionStatus=Closed."""
+
+    closed: bool = False
+
+
+class EwsConnection:
+    """One mailbox folder over EWS. Not thread-safe: one worker thread owns it."""
+
+    def __init__(
+        self, account: EwsAccountSettings, settings: EwsSourceSettings, folder: str
+    ) -> None:
+        self._settings = settings
+        self._account_settings = account
+        self._folder_name = folder
+        self._account: Account | None = None
+        self._folder: BaseFolder | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Resolve the folder (GetFolder); proves the endpoint, TLS and credentials work."""
+        with _translated(self._account_settings.service_endpoint):
+            _trust_ca_file(self._account_settings)
+            account = Account(
+                primary_smtp_address=self._account_settings.email,
+                config=self._configuration(),
+                autodiscover=False,
+                access_type=self._access_type(),
+            )
+            # Every request but the stream uses this timeout (exchangelib's default is 120 s).
+            account.protocol.TIMEOUT = self._settings.request_timeout_seconds
+            folder = getattr(account, _FOLDER_ATTRIBUTES[self._folder_name])
+        self._account, self._folder = account, folder
+        log.info(
+            "ews connected",
+            extra={"account": self._account_settings.name, "folder": self._folder_name},
+        )
+
+    def close(self) -> None:
+        if self._account is not None:
+            try:
+                self._account.protocol.close()
+            except Exception as exc:  # closing a broken pool must not mask the original error
+                log.debug("closing EWS sessions failed: %s", exc)
+        self._account = self._folder = None
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def subscribe(self) -> str:
+        folder = self._require_folder()
+        with _translated(self._account_settings.service_endpoint):
+            subscription_id: str = folder.subscribe_to_streaming(event_types=EVENT_TYPES)
+        return subscription_id
+
+    def unsubscribe(self, subscription_id: str) -> None:
+        folder = self._require_folder()
+        with _translated(self._account_settings.service_endpoint):
+            folder.unsubscribe(subscription_id)
+
+    def stream(self, subscription_id: str, end: StreamEnd) -> Generator[list[ItemRef], None, None]:
+        """Yield the new items of each notification until the server closes the stream.
+
+        Yields possibly empty lists (a notification about the folder itself). On return,
+        ``end.closed`` says whether the server ended with ConnectionStatus=Closed; a stream that
+        ends otherwise raises :class:`ConnectionLost`.
+        """
+        folder = self._require_folder()
+        svc = GetStreamingEvents(account=self._require_account())
+        notifications = svc.call(
+            subscription_ids=[subscription_id],
+            connection_timeout=self._settings.connection_timeout_minutes,
+        )
+        # call() set svc.timeout to ConnectionTimeout + 1 min; the request is sent lazily on the
+        # first next(), so this is the read timeout requests applies to the stream.
+        svc.timeout = self._settings.stream_read_timeout_seconds
+        end.closed = False
+        try:
+            while True:
+                with _translated(self._account_settings.service_endpoint):
+                    notification = next(notifications, None)
+                if notification is None:
+                    break
+                yield _arrivals(notification, folder.id)
+        finally:
+            notifications.close()
+            if svc.streaming:
+                svc.stop_streaming()
+        if svc.connection_status != GetStreamingEvents.CLOSED:
+            raise ConnectionLost("the event stream ended without ConnectionStatus=Closed")
+        end.closed = True
+
+    # -- items -------------------------------------------------------------------------------
+
+    def find_since(self, since: dt.datetime) -> Iterator[ItemRef]:
+        """Items with DateTimeReceived >= ``since``, oldest first (FindItem, paged)."""
+        folder = self._require_folder()
+        ews_since = EWSDateTime.fromtimestamp(since.timestamp(), tz=EWSTimeZone("UTC"))
+        query = (
+            folder.filter(datetime_received__gte=ews_since)
+            .only("id", "changekey", "datetime_received")
+            .order_by("datetime_received")
+        )
+        query.page_size = self._settings.batch_size
+        items = iter(query)
+        while True:
+            with _translated(self._account_settings.service_endpoint):
+                item = next(items, None)
+            if item is None:
+                return
+            yield ItemRef(item.id, item.changekey, _to_utc(item.datetime_received))
+
+    def fetch(self, refs: Sequence[ItemRef]) -> list[FetchedItem | None]:
+        """MIME and DateTimeReceived of each ref (GetItem); ``None`` where the item is gone."""
+        account = self._require_account()
+        ids = [(ref.item_id, ref.change_key) for ref in refs]
+        with _translated(self._account_settings.service_endpoint):
+            answers = list(account.fetch(ids=ids, only_fields=_FETCH_FIELDS))
+        fetched: list[FetchedItem | None] = []
+        for ref, answer in zip(refs, answers, strict=True):
+            if isinstance(answer, ews_errors.ErrorItemNotFound):
+                log.info("item deleted before it was read", extra={"item_id": ref.item_id})
+                fetched.append(None)
+            elif isinstance(answer, Exception):
+                raise EwsProtocolError(f"GetItem failed: {type(answer).__name__}: {answer}")
+            else:
+                fetched.append(
+                    FetchedItem(
+                        item_id=answer.id,
+                        change_key=answer.changekey,
+                        mime=bytes(answer.mime_content or b""),
+                        received=_to_utc(answer.datetime_received),
+                        is_read=bool(getattr(answer, "is_read", False)),
+                    )
+                )
+        return fetched
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _require_account(self) -> Account:
+        if self._account is None:
+            raise ConnectionLost("not connected")
+        return self._account
+
+    def _require_folder(self) -> BaseFolder:
+        if self._folder is None:
+            raise ConnectionLost("not connected")
+        return self._folder
+
+    def _access_type(self) -> str:
+        # App-only OAuth tokens (client credentials) act on a mailbox through impersonation.
+        return str(IMPERSONATION if self._account_settings.oauth2_client_id else DELEGATE)
+
+    def _configuration(self) -> Configuration:
+        a = self._account_settings
+        credentials: Any
+        if a.auth == "oauth2" and a.oauth2_access_token is not None:
+            token = {
+                "access_token": a.oauth2_access_token.get_secret_value(),
+                "token_type": "Bearer",
+            }
+            credentials = OAuth2AuthorizationCodeCredentials(access_token=token)
+        elif a.auth == "oauth2":
+            assert a.oauth2_client_secret is not None  # validated by the settings
+            credentials = OAuth2Credentials(
+                client_id=a.oauth2_client_id,
+                client_secret=a.oauth2_client_secret.get_secret_value(),
+                tenant_id=a.oauth2_tenant_id,
+                identity=Identity(primary_smtp_address=a.email),
+            )
+        else:
+            assert a.password is not None  # validated by the settings
+            credentials = Credentials(a.login, a.password.get_secret_value())
+        return Configuration(
+            service_endpoint=a.service_endpoint,
+            credentials=credentials,
+            auth_type={"ntlm": NTLM, "basic": BASIC, "oauth2": OAUTH2}[a.auth],
+            max_connections=self._settings.max_connections,
+        )
+
+
+def _arrivals(notification: Any, folder_id: str) -> list[ItemRef]:
+    refs: dict[str, ItemRef] = {}
+    for event in notification.events:
+        kind = type(event).__name__
+        item_id = getattr(event, "item_id", None)
+        if item_id is None or kind not in EVENT_TYPES:
+            continue
+        parent = getattr(event, "parent_folder_id", None)
+        if kind not in _ARRIVALS and (parent is None or parent.id != folder_id):
+            continue
+        # NewMailEvent and CreatedEvent name the same item: one ref per item id.
+        refs.setdefault(item_id.id, ItemRef(item_id.id, item_id.changekey))
+    return list(refs.values())
+
+
+def _to_utc(value: Any) -> dt.datetime:
+    return dt.datetime.fromtimestamp(value.timestamp(), dt.UTC)
+
+
+class _translated:
+    """Context manager: exchangelib/requests exceptions -> this package's errors."""
+
+    def __init__(self, endpoint: str) -> None:
+        self._endpoint = endpoint
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, _OURS):
+            return
+        raise translate(exc, self._endpoint) from exc
+
+
+def translate(exc: Exception, endpoint: str = "") -> Exception:
+    """Map an exchangelib or requests exception to ours (exported for the unit tests)."""
+    if _tls_failure(exc):
+        return ConfigError(
+            f"TLS certificate verification of {endpoint} failed ({exc}); set ca_file to the CA "
+            f"that signed the Exchange server's certificate"
+        )
+    if isinstance(exc, _SUBSCRIPTION_GONE):
+        return SubscriptionGone(f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, _AUTH_FAILURES):
+        return AuthenticationError(f"{endpoint}: {type(exc).__name__}: {exc}")
+    # Every EWS response code is a TransportError subclass; the bare class is what exchangelib
+    # raises for transport-level trouble (it wraps TLS errors in it too, handled above).
+    if isinstance(exc, _TRANSIENT) or type(exc) is ews_errors.TransportError:
+        return ConnectionLost(f"{type(exc).__name__}: {exc}")
+    return EwsProtocolError(f"{type(exc).__name__}: {exc}")
+
+
+_OURS = (ConnectionLost, SubscriptionGone, EwsProtocolError, AuthenticationError, ConfigError)
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (requests.exceptions.SSLError, ssl.SSLCertVerificationError)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _CaFileAdapter(requests.adapters.HTTPAdapter):
+    """Verifies against a configured CA bundle per endpoint host; verification is never off."""
+
+    ca_files: dict[str, str] = {}
+
+    def send(  # type: ignore[override]  # requests passes these as keywords
+        self, request: requests.PreparedRequest, **kwargs: Any
+    ) -> requests.Response:
+        host = urlsplit(request.url or "").hostname or ""
+        # ``verify`` is True or requests' REQUESTS_CA_BUNDLE path here; False is never set.
+        if kwargs.get("verify") is not False and host in self.ca_files:
+            kwargs["verify"] = self.ca_files[host]
+        return super().send(request, **kwargs)
+
+
+def _trust_ca_file(account: EwsAccountSettings) -> None:
+    """exchangelib builds its sessions itself; its adapter class is the one hook for a CA file."""
+    if account.ca_file is None:
+        return
+    host = urlsplit(account.service_endpoint).hostname or ""
+    _CaFileAdapter.ca_files[host] = account.ca_file
+    BaseProtocol.HTTP_ADAPTER_CLS = _CaFileAdapter

@@ -1,0 +1,183 @@
+"""The Exchange source: one :class:`~connectors.ews.worker.EwsFolderWorker` thread per
+(account, folder) of the ``ews`` section, sharing metrics, the health endpoint and the parser.
+
+Usage (``mailtap run ews-source -c CONFIG`` does this)::
+
+    source = EwsSource.from_config(load_config(path))
+    source.start()          # threads + /healthz
+    ...                     # until SIGTERM
+    source.stop()
+
+Tests can crash the process at a point of a batch with ``MAILTAP_TEST_CRASH_AT`` (see
+:func:`crash_hook`): ``before_write:N`` exits (code 137) before the N-th batch is written,
+``in_transaction:N`` after its records are on the broker and before the commit.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from connectors.core.claimcheck import open_claim_check
+from connectors.core.config import MailtapConfig
+from connectors.core.contract import TransactionalSourceWriter, transactional_id
+from connectors.core.mail import ParseLimits, parse_mail
+from connectors.core.metrics import HealthServer, SourceMetrics
+from connectors.core.offsets import OffsetStore
+from connectors.core.serde import AvroSerde
+from connectors.ews.config import SECTION, EwsAccountSettings, EwsSourceSettings
+from connectors.ews.connection import EwsConnection
+from connectors.ews.records import EwsRecordBuilder
+from connectors.ews.worker import EwsFolderWorker, Writer, source_partition
+
+log = logging.getLogger(__name__)
+
+TRANSACTIONAL_ID_PREFIX = "mailtap-ews"
+CRASH_ENV = "MAILTAP_TEST_CRASH_AT"
+CRASH_EXIT_CODE = 137  # what a SIGKILL looks like to a parent process
+#: How long stop() waits for a worker: a stream read returns at the next keep-alive at the latest.
+STOP_JOIN_S = 10.0
+
+
+class EwsSource:
+    def __init__(
+        self,
+        cfg: MailtapConfig,
+        settings: EwsSourceSettings,
+        *,
+        metrics: SourceMetrics | None = None,
+        serve_health: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.settings = settings
+        self.metrics = metrics or SourceMetrics()
+        self.stop_event = threading.Event()
+        self._serve_health = serve_health
+        self._health: HealthServer | None = None
+        self._threads: list[threading.Thread] = []
+        self._claim_check = open_claim_check(cfg.claim_check.url)
+        self.workers = [
+            self._worker(account, folder)
+            for account in settings.accounts
+            for folder in account.folders
+        ]
+
+    @classmethod
+    def from_config(cls, cfg: MailtapConfig, **kwargs: Any) -> EwsSource:
+        return cls(cfg, cfg.section(SECTION, EwsSourceSettings), **kwargs)
+
+    def _worker(self, account: EwsAccountSettings, folder: str) -> EwsFolderWorker:
+        kafka = self.cfg.kafka
+        parser = functools.partial(parse_mail, limits=ParseLimits(), claim_check=self._claim_check)
+        builder = EwsRecordBuilder(
+            account=account.name,
+            folder=folder,
+            parser=parser,
+            serde=AvroSerde.for_schema("MailEvent", kafka),
+            events_topic=kafka.topics.events,
+            dlq_topic=kafka.topics.dlq,
+            max_record_bytes=self.settings.max_record_bytes,
+        )
+        crash = crash_hook(os.environ.get(CRASH_ENV))
+
+        def writer_factory(txn_id: str) -> Writer:
+            if crash.point == "in_transaction":
+                return _CrashingWriter(kafka, txn_id, crash=crash)
+            return TransactionalSourceWriter(kafka, txn_id)
+
+        return EwsFolderWorker(
+            account=account,
+            folder=folder,
+            settings=self.settings,
+            builder=builder,
+            metrics=self.metrics,
+            stop=self.stop_event,
+            writer_factory=writer_factory,
+            read_offsets=lambda: OffsetStore(kafka).read_all(),
+            connection_factory=lambda: EwsConnection(account, self.settings, folder),
+            transactional_id=transactional_id(
+                TRANSACTIONAL_ID_PREFIX, source_partition(account.name, folder)
+            ),
+            before_commit=lambda: crash.reached("before_write"),
+        )
+
+    def start(self) -> None:
+        if self._serve_health:
+            h = self.cfg.health
+            self._health = HealthServer(self.metrics, h.host, h.port, h.max_sync_age_seconds)
+            self._health.start()
+        for worker in self.workers:
+            thread = threading.Thread(
+                target=worker.run, name=f"ews-{worker.account.name}-{worker.folder}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = STOP_JOIN_S) -> None:
+        """Ask every worker to stop and wait for them. A worker blocked in a stream read is left
+        behind after ``timeout`` (daemon thread): its last batch is committed or not at all."""
+        self.stop_event.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        if self._health is not None:
+            self._health.stop()
+
+    def wait(self) -> None:
+        """Block until stop() is called (from a signal handler) or every worker ended (fenced)."""
+        while not self.stop_event.wait(1.0):
+            if self._threads and not any(t.is_alive() for t in self._threads):
+                return
+
+
+class _Crash:
+    def __init__(self, point: str | None, at: int) -> None:
+        self.point = point
+        self._at = at
+        self._seen = 0
+        self._lock = threading.Lock()
+
+    def reached(self, point: str) -> None:
+        if point != self.point:
+            return
+        with self._lock:
+            self._seen += 1
+            if self._seen == self._at:
+                sys.stderr.write(f"{CRASH_ENV}: crashing at {point}:{self._at}\n")
+                sys.stderr.flush()
+                os._exit(CRASH_EXIT_CODE)
+
+
+def crash_hook(spec: str | None) -> _Crash:
+    """``"in_transaction:3"`` -> crash the 3rd time that point is reached; ``None`` -> never."""
+    if not spec:
+        return _Crash(None, 0)
+    name, _, count = spec.partition(":")
+    return _Crash(name.strip(), int(count or 1))
+
+
+class _CrashingWriter(TransactionalSourceWriter):
+    """Dies between produce and commit: the batch's records are on the broker, uncommitted."""
+
+    def __init__(self, *args: Any, crash: _Crash, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._crash = crash
+
+    def _commit(self) -> None:
+        self._producer.flush(30)
+        self._crash.reached("in_transaction")
+        super()._commit()
+
+
+def run_forever(cfg: MailtapConfig, install_signals: Callable[[Callable[[], None]], None]) -> None:
+    """Start the source, let ``install_signals(stop)`` wire SIGTERM/SIGINT, block until stopped."""
+    source = EwsSource.from_config(cfg)
+    install_signals(source.stop_event.set)
+    source.start()
+    log.info("ews source running: %d mailbox folders", len(source.workers))
+    source.wait()
+    source.stop()

@@ -1,0 +1,319 @@
+"""One Exchange mailbox folder: subscribe, stream, fetch, publish exactly once into Kafka.
+
+Lifecycle (one thread per (account, folder); the exchangelib Account never leaves it)::
+
+    run()
+      writer = TransactionalSourceWriter(txn id of (ews, account, folder))   # fences a zombie
+      cursor = offsets topic, read_committed, AFTER init_transactions   # zombie's txn aborted
+      loop: session() until stopped; any error -> BACKOFF -> reconnect
+
+    session()
+      CONNECTING (GetFolder)
+      -> SUBSCRIBING      when the cursor has no subscription (first start, or it expired)
+      -> CATCHING_UP      FindItem DateTimeReceived >= watermark - margin, skipping the items the
+                          cursor remembers; after every (re)connect and every new subscription,
+                          because events consumed by a broken stream or a crashed process are
+                          gone from the subscription (exchangelib #1153)
+      -> STREAMING        GetStreamingEvents until ConnectionStatus=Closed, then again on the
+                          same subscription id (no catch-up needed: nothing was lost)
+      SubscriptionGone -> SUBSCRIBING -> CATCHING_UP, at once (no backoff)
+
+Every batch (one notification, or up to ``batch_size`` catch-up items) is one Kafka transaction:
+its events + DLQ records + the new cursor. ``SyncFolderItems`` is never used (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import enum
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from connectors.core.backoff import Backoff
+from connectors.core.contract import FencedError, SourceRecord, TransactionAborted
+from connectors.core.errors import AuthenticationError, Disposition, classify
+from connectors.core.metrics import SourceMetrics
+from connectors.core.offsets import canonical_json
+from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
+from connectors.ews.connection import EwsConnection, ItemRef, StreamEnd
+from connectors.ews.cursor import EPOCH, EwsCursor
+from connectors.ews.errors import ConnectionLost, SubscriptionGone
+from connectors.ews.records import BuiltItem, EwsRecordBuilder
+
+log = logging.getLogger(__name__)
+
+SOURCE_KIND = "ews"
+
+
+class WorkerState(enum.Enum):
+    DISCONNECTED = "DISCONNECTED"
+    CONNECTING = "CONNECTING"
+    SUBSCRIBING = "SUBSCRIBING"
+    CATCHING_UP = "CATCHING_UP"
+    STREAMING = "STREAMING"
+    BACKOFF = "BACKOFF"
+    STOPPED = "STOPPED"
+
+
+S = WorkerState
+
+
+class Writer(Protocol):
+    def write(
+        self,
+        records: Sequence[SourceRecord],
+        offsets: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def source_partition(account: str, folder: str) -> dict[str, str]:
+    """The offsets-topic key of one mailbox folder (canonical JSON of this mapping)."""
+    return {"source": SOURCE_KIND, "account": account, "folder": folder}
+
+
+class EwsFolderWorker:
+    """Publishes one folder of one Exchange mailbox. ``run()`` is the thread body."""
+
+    def __init__(
+        self,
+        *,
+        account: EwsAccountSettings,
+        folder: str,
+        settings: EwsSourceSettings,
+        builder: EwsRecordBuilder,
+        metrics: SourceMetrics,
+        stop: threading.Event,
+        writer_factory: Callable[[str], Writer],
+        read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]],
+        connection_factory: Callable[[], EwsConnection],
+        transactional_id: str,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self.account = account
+        self.folder = folder
+        self.settings = settings
+        self.builder = builder
+        self.metrics = metrics
+        self.stop = stop
+        self._writer_factory = writer_factory
+        self._read_offsets = read_offsets
+        self._connection_factory = connection_factory
+        self.transactional_id = transactional_id
+        self._before_commit = before_commit or (lambda: None)
+        self.partition = source_partition(account.name, folder)
+        self._partition_key = canonical_json(self.partition)
+        self._margin = dt.timedelta(seconds=settings.catchup_margin_seconds)
+        self.backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds)
+        self.state = S.DISCONNECTED
+        self.cursor: EwsCursor | None = None
+        self.fenced = False
+        self.events_published = 0
+        self._writer: Writer | None = None
+        self._conn: EwsConnection | None = None
+        self._labels = (SOURCE_KIND, account.name, folder)
+
+    # --- thread body ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.metrics.watch(*self._labels)
+        try:
+            while not self.stop.is_set():
+                try:
+                    if self._writer is None:
+                        # init_transactions fences an older instance and aborts its open
+                        # transaction, so the cursor read below sees only committed batches.
+                        self._writer = self._writer_factory(self.transactional_id)
+                        self.cursor = None
+                    self._session()
+                except FencedError as exc:
+                    self.fenced = True
+                    log.error(
+                        "ews %s/%s: fenced by another instance with transactional id %s; "
+                        "stopping this mailbox: %s",
+                        self.account.name,
+                        self.folder,
+                        self.transactional_id,
+                        exc,
+                    )
+                    return
+                except Exception as exc:
+                    self._back_off(exc)
+        finally:
+            self._drop_connection()
+            if self._writer is not None and not self.fenced:
+                with contextlib.suppress(Exception):
+                    self._writer.close()
+            self._to(S.STOPPED)
+
+    def _to(self, new: WorkerState, reason: str = "") -> None:
+        old, self.state = self.state, new
+        if old is new:
+            return
+        routine = {old, new} == {S.STREAMING, S.CATCHING_UP}
+        level = logging.WARNING if new is S.BACKOFF else logging.DEBUG if routine else logging.INFO
+        log.log(
+            level,
+            "ews %s/%s: %s -> %s%s",
+            self.account.name,
+            self.folder,
+            old.value,
+            new.value,
+            f" ({reason})" if reason else "",
+            extra={"account": self.account.name, "folder": self.folder, "state": new.value},
+        )
+
+    def _back_off(self, exc: Exception) -> None:
+        self._drop_connection()
+        if isinstance(exc, TransactionAborted):
+            self.metrics.transaction_aborts.labels(*self._labels).inc()
+        if not isinstance(exc, ConnectionLost):
+            self.cursor = None  # Kafka or unknown trouble: re-read the committed cursor
+        if self.state is S.CONNECTING:
+            self.metrics.connect_failures.labels(*self._labels).inc()
+        if classify(exc) is Disposition.PERMANENT:
+            delay = self.backoff.at_cap()
+            if isinstance(exc, AuthenticationError):
+                self.metrics.auth_failures.labels(*self._labels).inc()
+            log.error(
+                "ews %s/%s: %s; will retry in %.0fs (fix the configuration or the account)",
+                self.account.name,
+                self.folder,
+                exc,
+                delay,
+            )
+        else:
+            delay = self.backoff.next_delay()
+            if not isinstance(exc, ConnectionLost):
+                log.warning(
+                    "ews %s/%s: unexpected error", self.account.name, self.folder, exc_info=exc
+                )
+        self._to(S.BACKOFF, f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s")
+        self.stop.wait(delay)
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # --- one connection -------------------------------------------------------------------------
+
+    def _session(self) -> None:
+        self._to(S.CONNECTING)
+        conn = self._connection_factory()
+        self._conn = conn
+        conn.open()
+        self.metrics.connects.labels(*self._labels).inc()
+        if self.cursor is None:
+            self.cursor = self._load_cursor(conn)
+        catch_up = True
+        while not self.stop.is_set():
+            if self.cursor.subscription_id is None:
+                self._to(S.SUBSCRIBING)
+                self._commit([], self.cursor.with_subscription(conn.subscribe()))
+                catch_up = True
+            if catch_up:
+                self._to(S.CATCHING_UP)
+                mails = self._catch_up(conn)
+                self.metrics.synced(*self._labels, mails=mails)
+                catch_up = False
+            self._to(S.STREAMING)
+            try:
+                self._stream(conn)
+            except SubscriptionGone as exc:
+                log.warning(
+                    "ews %s/%s: subscription gone (%s); subscribing again and catching up",
+                    self.account.name,
+                    self.folder,
+                    exc,
+                )
+                self.cursor = self.cursor.with_subscription(None)
+                continue
+            self.backoff.reset()
+
+    def _load_cursor(self, conn: EwsConnection) -> EwsCursor:
+        stored = self._read_offsets().get(self._partition_key)
+        if stored:
+            return EwsCursor.from_offset(stored)
+        if self.account.start == "all":
+            return EwsCursor(None, EPOCH)
+        since = self.account.start_since
+        if since is not None:
+            return EwsCursor(None, dt.datetime(since.year, since.month, since.day, tzinfo=dt.UTC))
+        # latest: only mail that arrives from now on. What is already there inside the catch-up
+        # margin is remembered as seen, so a later catch-up does not publish it.
+        now = dt.datetime.now(dt.UTC)
+        present = [(r.item_id, r.received or now) for r in conn.find_since(now - self._margin)]
+        return EwsCursor(None, now).advanced(present, self._margin)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def _catch_up(self, conn: EwsConnection) -> int:
+        assert self.cursor is not None
+        pending: list[ItemRef] = []
+        published = 0
+        for ref in conn.find_since(self.cursor.catchup_since(self._margin)):
+            if self.cursor.knows(ref.item_id):
+                continue
+            pending.append(ref)
+            if len(pending) >= self.settings.batch_size:
+                published += self._publish(conn, pending)
+                pending = []
+        if pending:
+            published += self._publish(conn, pending)
+        if published:
+            log.info("ews %s/%s: caught up %d items", self.account.name, self.folder, published)
+        return published
+
+    def _stream(self, conn: EwsConnection) -> None:
+        assert self.cursor is not None and self.cursor.subscription_id is not None
+        end = StreamEnd()
+        with contextlib.closing(conn.stream(self.cursor.subscription_id, end)) as notifications:
+            for refs in notifications:
+                fresh = [r for r in refs if not self.cursor.knows(r.item_id)]
+                mails = self._publish(conn, fresh) if fresh else 0
+                self.metrics.synced(*self._labels, mails=mails)
+                if self.stop.is_set():
+                    return
+        # ConnectionStatus=Closed: the stream lived its ConnectionTimeout; nothing was lost.
+        self.metrics.synced(*self._labels, mails=0)
+
+    def _publish(self, conn: EwsConnection, refs: Sequence[ItemRef]) -> int:
+        """GetItem in batches; each batch's records and the advanced cursor in one transaction."""
+        count = 0
+        size = self.settings.batch_size
+        for start in range(0, len(refs), size):
+            fetched = [f for f in conn.fetch(refs[start : start + size]) if f is not None]
+            if not fetched:
+                continue
+            assert self.cursor is not None
+            built = [self.builder.build(item) for item in fetched]
+            progress = self.cursor.advanced(
+                [(f.item_id, f.received) for f in fetched], self._margin
+            )
+            self._commit_batch(built, progress)
+            count += len(fetched)
+        return count
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def _commit_batch(self, built: list[BuiltItem], cursor: EwsCursor) -> None:
+        records = [r for b in built for r in b.records]
+        self._before_commit()
+        self._commit(records, cursor)
+        events = sum(1 for b in built if b.key is not None)
+        dlq = sum(1 for b in built if b.dlq or b.key is None)
+        self.events_published += events
+        if events:
+            self.metrics.events_produced.labels(*self._labels).inc(events)
+        if dlq:
+            self.metrics.dlq_records.labels(*self._labels).inc(dlq)
+
+    def _commit(self, records: Sequence[SourceRecord], cursor: EwsCursor) -> None:
+        assert self._writer is not None
+        self._writer.write(records, [(self.partition, cursor.to_offset())])
+        self.cursor = cursor

@@ -1,0 +1,37 @@
+"""Fixtures of the Exchange source tests: the EWS test server, per-test topics, a config."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
+from connectors.core.kafka import ensure_topics
+from tests.ews_server import EwsTestServer
+from tests.integration.ews.ews_kafka import PASSWORD, USER, source_config
+
+
+@pytest.fixture
+def ews() -> Iterator[EwsTestServer]:
+    # ConnectionTimeout "minutes" last one second; keep-alives every 0.2 s.
+    with EwsTestServer(seconds_per_minute=1.0, keepalive_seconds=0.2) as server:
+        server.add_mailbox(USER, PASSWORD)
+        yield server
+
+
+@pytest.fixture
+def kafka(services: Any, unique: str) -> KafkaSettings:
+    names = {f: f"{getattr(TopicNames(), f)}.{unique}" for f in TopicNames.model_fields}
+    settings = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, topics=TopicNames(**names)
+    )
+    ensure_topics(settings, retry_tiers=["1m"])
+    return settings
+
+
+@pytest.fixture
+def config(kafka: KafkaSettings, ews: EwsTestServer, tmp_path: Path) -> MailtapConfig:
+    return config_from_dict(source_config(kafka, ews, tmp_path / "claims"))

@@ -1,0 +1,241 @@
+"""The Exchange source against the EWS test server and the real Kafka broker (read_committed)."""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
+from connectors.core.mail import parse_mail
+from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
+from tests.ews_server import EwsTestServer
+from tests.integration.ews.ews_kafka import (
+    ACCOUNT,
+    USER,
+    read_events,
+    read_topic,
+    source_config,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+#: Generous: waits end as soon as the condition holds; the bound only turns a hang into a failure.
+WAIT_S = 60.0
+
+
+def mime(n: int, *, message_id: bool = True) -> bytes:
+    mid = f"Message-ID: <order-{n}@shop.example>\r\n" if message_id else ""
+    return (
+        f"From: Shop <orders@shop.example>\r\nTo: {USER}\r\nSubject: Order {n}\r\n{mid}"
+        f"Date: Sun, 29 Nov 2026 16:00:00 +0000\r\nMIME-Version: 1.0\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\n\r\nOrder number {n}\r\n"
+    ).encode()
+
+
+def imap_key(raw: bytes) -> str:
+    """The key the IMAP source gives the same MIME (same shared parser, IMAP coordinates)."""
+    source = {"kind": "IMAP", "folder": "INBOX", "uidvalidity": 1, "uid": 1}
+    parsed = parse_mail(
+        raw,
+        account=ACCOUNT,
+        source=source,
+        flags=[],
+        internal_date=None,
+        observed_at=dt.datetime.now(dt.UTC),
+    )
+    return parsed.key
+
+
+@pytest.fixture
+def source(config: MailtapConfig) -> Iterator[EwsSource]:
+    src = EwsSource.from_config(config, serve_health=False)
+    src.start()
+    yield src
+    src.stop()
+
+
+def published(src: EwsSource) -> int:
+    return sum(w.events_published for w in src.workers)
+
+
+def streaming(ews: EwsTestServer) -> bool:
+    return ews.open_streams() == 1
+
+
+def test_new_items_become_events_with_imap_keys(
+    ews: EwsTestServer, source: EwsSource, kafka: KafkaSettings
+) -> None:
+    assert ews.wait_until(lambda: streaming(ews), WAIT_S)
+    raws = [mime(n) for n in range(4)] + [mime(99, message_id=False)]
+    items = [ews.deliver(USER, raw) for raw in raws]
+    assert ews.wait_until(lambda: published(source) == len(raws), WAIT_S)
+    source.stop()
+
+    events = read_events(kafka)
+    assert sorted(k for k, _ in events) == sorted(imap_key(raw) for raw in raws)
+    by_item = {e["source"]["item_id"]: (k, e) for k, e in events}
+    for raw, item in zip(raws, items, strict=True):
+        key, event = by_item[item.item_id]
+        assert key == event["key"] == imap_key(raw)
+        assert event["source"]["kind"] == "EWS"
+        assert event["source"]["folder"] == "inbox"
+        assert event["source"]["change_key"] == item.change_key
+        assert event["internal_date"] == item.received
+        assert event["subject"] == item.subject
+        assert event["size"] == len(raw)
+    assert by_item[items[-1].item_id][1]["key_kind"] == "FINGERPRINT"
+    assert "SyncFolderItems" not in ews.operations()
+
+
+def test_existing_items_are_caught_up_once_then_streamed(
+    ews: EwsTestServer, config: MailtapConfig, kafka: KafkaSettings
+) -> None:
+    before = [ews.deliver(USER, mime(n)) for n in range(3)]
+    src = EwsSource.from_config(config, serve_health=False)
+    src.start()
+    try:
+        assert ews.wait_until(lambda: published(src) == 3 and streaming(ews), WAIT_S)
+        ews.deliver(USER, mime(3))
+        assert ews.wait_until(lambda: published(src) == 4, WAIT_S)
+    finally:
+        src.stop()
+    keys = [k for k, _ in read_events(kafka)]
+    assert sorted(keys) == sorted(imap_key(mime(n)) for n in range(4))
+    assert {e["source"]["item_id"] for _, e in read_events(kafka)} >= {i.item_id for i in before}
+
+
+def test_dropped_stream_expired_subscription_and_lost_events_give_every_item_once(
+    ews: EwsTestServer, source: EwsSource, kafka: KafkaSettings
+) -> None:
+    expected: list[bytes] = []
+
+    def deliver(n: int, notify: bool = True) -> None:
+        expected.append(mime(n))
+        ews.deliver(USER, mime(n), notify=notify)
+
+    assert ews.wait_until(lambda: streaming(ews), WAIT_S)
+    deliver(0)
+    deliver(1)
+    assert ews.wait_until(lambda: published(source) == 2, WAIT_S)
+
+    # 1. The connection is reset mid-stream; mail keeps arriving while we reconnect.
+    ews.drop_streams()
+    deliver(2)
+    deliver(3, notify=False)  # an event Exchange never sent: only a catch-up finds it
+    assert ews.wait_until(lambda: published(source) == 4 and streaming(ews), WAIT_S)
+
+    # 2. A notification is cut in the middle: its events are gone from the subscription.
+    ews.cut_next_notification()
+    deliver(4)
+    assert ews.wait_until(lambda: published(source) == 5 and streaming(ews), WAIT_S)
+
+    # 3. The subscription expires while mail arrives: resubscribe and catch up with FindItem.
+    (sub_id,) = ews.subscription_ids(USER)
+    ews.expire_subscription(sub_id)
+    deliver(5)
+    deliver(6)
+    assert ews.wait_until(lambda: published(source) == 7 and streaming(ews), WAIT_S)
+    assert ews.subscription_ids(USER) != [sub_id]
+
+    # 4. The stream stalls (socket open, nothing written): the read timeout notices it.
+    streams_opened = ews.operations().count("GetStreamingEvents")
+    ews.stall_streams()
+    deliver(7)
+    assert ews.wait_until(
+        lambda: ews.operations().count("GetStreamingEvents") > streams_opened, WAIT_S
+    )
+    ews.stall_streams(False)
+    assert ews.wait_until(lambda: published(source) == 8, WAIT_S)
+
+    # 5. A FIN instead of a reset, then HTTP 503 on the next two stream requests.
+    ews.fail_requests(2, status=503, operation="GetStreamingEvents")
+    ews.drop_streams(how="fin")
+    deliver(8)
+    assert ews.wait_until(lambda: published(source) == 9, WAIT_S)
+    source.stop()
+
+    keys = [k for k, _ in read_events(kafka)]
+    counts = collections.Counter(keys)
+    assert counts == collections.Counter(imap_key(raw) for raw in expected)
+    assert max(counts.values()) == 1
+    assert "SyncFolderItems" not in ews.operations()
+
+
+def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    raws = [mime(n) for n in range(5)]
+    for raw in raws[:3]:
+        ews.deliver(USER, raw)
+    raw_config = source_config(kafka, ews, tmp_path / "claims", batch_size=2)
+    config_file = tmp_path / "mailtap.yaml"
+    config_file.write_text(yaml.safe_dump(raw_config))
+    run = [
+        sys.executable,
+        "-c",
+        "import sys; from mailtap.commands.ews import run_ews_source; run_ews_source(sys.argv[1])",
+        str(config_file),
+    ]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    # Batches written: 1 = the new subscription (no records), 2 = catch-up items 0-1.
+    # The process dies inside the second transaction: its records are on the broker, uncommitted.
+    crashed = subprocess.run(
+        run,
+        env={**env, CRASH_ENV: "in_transaction:2"},
+        cwd=REPO,
+        timeout=WAIT_S,
+        capture_output=True,
+        text=True,
+    )
+    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-2000:]
+    assert len(read_topic(kafka, kafka.topics.events, isolation="read_uncommitted")) == 2
+    assert read_events(kafka) == []
+
+    # Mail keeps arriving while the source is down; the subscription queues its events.
+    for raw in raws[3:]:
+        ews.deliver(USER, raw)
+    restarted = subprocess.Popen(run, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        assert ews.wait_until(lambda: len(read_events(kafka)) >= len(raws), WAIT_S)
+        assert ews.wait_until(lambda: streaming(ews), WAIT_S)
+    finally:
+        restarted.terminate()
+        restarted.wait(timeout=WAIT_S)
+
+    keys = [k for k, _ in read_events(kafka)]
+    assert sorted(keys) == sorted(imap_key(raw) for raw in raws)
+    assert len(keys) == len(set(keys))
+    # The restart reconnected to the subscription stored in the cursor.
+    assert ews.operations().count("Subscribe") == 1
+
+
+def test_first_start_latest_skips_existing_mail(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    ews.deliver(USER, mime(0))
+    cfg = config_from_dict(
+        source_config(kafka, ews, tmp_path / "claims", account={"start": "latest"})
+    )
+    src = EwsSource.from_config(cfg, serve_health=False)
+    src.start()
+    try:
+        assert ews.wait_until(lambda: streaming(ews), WAIT_S)
+        ews.deliver(USER, mime(1))
+        assert ews.wait_until(lambda: published(src) == 1, WAIT_S)
+        # Force a catch-up over the margin window: the old mail must still not appear.
+        ews.drop_streams()
+        ews.deliver(USER, mime(2))
+        assert ews.wait_until(lambda: published(src) == 2, WAIT_S)
+    finally:
+        src.stop()
+    assert sorted(k for k, _ in read_events(kafka)) == sorted(
+        [imap_key(mime(1)), imap_key(mime(2))]
+    )

@@ -1,0 +1,312 @@
+"""The Exchange worker against the in-process EWS test server, with an in-memory writer.
+
+No Kafka here (the exactly-once tests on the real broker are in tests/integration/ews); these
+check the protocol paths: the sync_items guard, OAuth2, TLS verification, deleted items, DLQ.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import ssl
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from exchangelib.folders import BaseFolder, FolderCollection
+from exchangelib.services import SyncFolderItems
+
+from connectors.core.contract import SourceRecord
+from connectors.core.errors import AuthenticationError, ConfigError
+from connectors.core.mail import parse_mail
+from connectors.core.metrics import SourceMetrics
+from connectors.core.serde import AvroSerde
+from connectors.ews import connection as ews_connection
+from connectors.ews.config import EwsSourceSettings
+from connectors.ews.connection import EwsConnection, FetchedItem, ItemRef
+from connectors.ews.records import EwsRecordBuilder
+from connectors.ews.worker import EwsFolderWorker
+from tests.ews_server import EwsTestServer
+
+REPO = Path(__file__).resolve().parents[3]
+USER = "user@example.com"
+PASSWORD = "s3cret"
+WAIT_S = 30.0
+
+
+class MemoryWriter:
+    def __init__(self) -> None:
+        self.batches: list[tuple[list[SourceRecord], list[Any]]] = []
+
+    def write(self, records: Sequence[SourceRecord], offsets: Sequence[Any]) -> None:
+        self.batches.append((list(records), list(offsets)))
+
+    def close(self) -> None:
+        pass
+
+    def keys(self, topic: str = "events") -> list[bytes]:
+        return [r.key for records, _ in self.batches for r in records if r.topic == topic]
+
+
+def mime(n: int) -> bytes:
+    return (
+        f"From: a@example.org\r\nTo: {USER}\r\nSubject: s{n}\r\n"
+        f"Message-ID: <m{n}@example.org>\r\n\r\nbody {n}\r\n"
+    ).encode()
+
+
+def settings_for(ews: EwsTestServer, **account: Any) -> EwsSourceSettings:
+    base = {
+        "name": "ops",
+        "service_endpoint": ews.url,
+        "email": USER,
+        "auth": "basic",
+        "password": PASSWORD,
+        "start": "all",
+    }
+    base.update(account)
+    return EwsSourceSettings.model_validate(
+        {
+            "accounts": [base],
+            "connection_timeout_minutes": 1,
+            "stream_read_timeout_seconds": 5,
+            "backoff_initial_seconds": 0.05,
+            "backoff_cap_seconds": 0.2,
+        }
+    )
+
+
+def builder(parser: Any = parse_mail) -> EwsRecordBuilder:
+    return EwsRecordBuilder(
+        account="ops",
+        folder="inbox",
+        parser=parser,
+        serde=AvroSerde.for_schema("MailEvent"),
+        events_topic="events",
+        dlq_topic="dlq",
+        max_record_bytes=900_000,
+    )
+
+
+class Running:
+    """A worker thread with an in-memory writer and offsets."""
+
+    def __init__(self, ews: EwsTestServer, settings: EwsSourceSettings) -> None:
+        self.writer = MemoryWriter()
+        self.stop = threading.Event()
+        self.offsets: Mapping[bytes, Mapping[str, Any]] = {}
+        account = settings.accounts[0]
+        self.worker = EwsFolderWorker(
+            account=account,
+            folder="inbox",
+            settings=settings,
+            builder=builder(),
+            metrics=SourceMetrics(),
+            stop=self.stop,
+            writer_factory=lambda _txn: self.writer,
+            read_offsets=lambda: self.offsets,
+            connection_factory=lambda: EwsConnection(account, settings, "inbox"),
+            transactional_id="test",
+        )
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
+
+    def __enter__(self) -> Running:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(WAIT_S)
+
+
+@pytest.fixture
+def ews() -> Iterator[EwsTestServer]:
+    with EwsTestServer(seconds_per_minute=1.0, keepalive_seconds=0.2) as server:
+        server.add_mailbox(USER, PASSWORD)
+        yield server
+
+
+# --- never sync_items ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sync_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every way exchangelib offers into SyncFolderItems, recording and raising."""
+    calls: list[str] = []
+
+    def forbidden(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            raise AssertionError(f"{name} called: streaming must never mix with SyncFolderItems")
+
+        return call
+
+    monkeypatch.setattr(BaseFolder, "sync_items", forbidden("BaseFolder.sync_items"))
+    monkeypatch.setattr(FolderCollection, "sync_items", forbidden("FolderCollection.sync_items"))
+    monkeypatch.setattr(SyncFolderItems, "call", forbidden("SyncFolderItems.call"))
+    return calls
+
+
+def test_the_sync_items_guard_catches_a_call(ews: EwsTestServer, sync_calls: list[str]) -> None:
+    conn = EwsConnection(settings_for(ews).accounts[0], settings_for(ews), "inbox")
+    conn.open()
+    folder = conn._require_folder()
+    with pytest.raises(AssertionError):
+        list(folder.sync_items())
+    assert sync_calls == ["BaseFolder.sync_items"]
+
+
+def test_no_code_path_calls_sync_items(ews: EwsTestServer, sync_calls: list[str]) -> None:
+    """Start, catch-up, stream, dropped stream, expired subscription: never a sync."""
+    ews.deliver(USER, mime(0))
+    with Running(ews, settings_for(ews)) as run:
+        assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
+        ews.deliver(USER, mime(1))
+        assert ews.wait_until(lambda: run.worker.events_published == 2, WAIT_S)
+        ews.drop_streams()
+        ews.deliver(USER, mime(2), notify=False)
+        assert ews.wait_until(lambda: run.worker.events_published == 3, WAIT_S)
+        (sub_id,) = ews.subscription_ids(USER)
+        ews.expire_subscription(sub_id)
+        ews.deliver(USER, mime(3))
+        assert ews.wait_until(lambda: run.worker.events_published == 4, WAIT_S)
+    assert sync_calls == []
+    assert "SyncFolderItems" not in ews.operations()
+    assert sorted(run.writer.keys()) == [f"ops/mid:m{n}@example.org".encode() for n in range(4)]
+
+
+_SYNC_NAMES = {"sync_items", "SyncFolderItems", "sync_folder_items"}
+
+
+def test_no_source_file_mentions_sync_items_in_code() -> None:
+    """Names in code, not in comments or docstrings (those explain why it is never used)."""
+    offenders = []
+    for path in sorted((REPO / "connectors").rglob("*.py")) + sorted(
+        (REPO / "mailtap").rglob("*.py")
+    ):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            name = (
+                node.attr
+                if isinstance(node, ast.Attribute)
+                else node.id
+                if isinstance(node, ast.Name)
+                else node.name
+                if isinstance(node, ast.alias)
+                else None
+            )
+            if name is not None and name.rsplit(".", 1)[-1] in _SYNC_NAMES:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == []
+
+
+# --- credentials and TLS --------------------------------------------------------------------------
+
+
+def test_wrong_password_is_an_authentication_error(ews: EwsTestServer) -> None:
+    settings = settings_for(ews, password="wrong")
+    with pytest.raises(AuthenticationError):
+        EwsConnection(settings.accounts[0], settings, "inbox").open()
+
+
+@pytest.fixture
+def tls_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[EwsTestServer, trustme.CA]]:
+    monkeypatch.setattr(ews_connection._CaFileAdapter, "ca_files", {})
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    with EwsTestServer(tls=context) as server:
+        server.add_mailbox(USER, PASSWORD)
+        yield server, ca
+
+
+def test_untrusted_certificate_is_refused(tls_server: tuple[EwsTestServer, trustme.CA]) -> None:
+    server, _ = tls_server
+    settings = settings_for(server)
+    with pytest.raises(ConfigError, match="ca_file"):
+        EwsConnection(settings.accounts[0], settings, "inbox").open()
+    assert server.requests == []
+
+
+def test_ca_file_makes_the_certificate_trusted(
+    tls_server: tuple[EwsTestServer, trustme.CA], tmp_path: Path
+) -> None:
+    server, ca = tls_server
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    settings = settings_for(server, ca_file=str(ca_file))
+    conn = EwsConnection(settings.accounts[0], settings, "inbox")
+    conn.open()
+    assert server.url.startswith("https://")
+    assert server.operations()[-1] == "GetFolder"
+
+
+def test_oauth2_bearer_token_is_sent(
+    tls_server: tuple[EwsTestServer, trustme.CA], tmp_path: Path
+) -> None:
+    server, ca = tls_server
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    server.add_token("token-123", USER)
+    settings = settings_for(
+        server, auth="oauth2", password=None, oauth2_access_token="token-123", ca_file=str(ca_file)
+    )
+    conn = EwsConnection(settings.accounts[0], settings, "inbox")
+    conn.open()
+    assert conn.subscribe() in server.subscription_ids(USER)
+    assert {r.address for r in server.requests} == {USER}
+
+
+# --- items and records ----------------------------------------------------------------------------
+
+
+def test_item_deleted_before_get_item_is_skipped(ews: EwsTestServer) -> None:
+    settings = settings_for(ews)
+    conn = EwsConnection(settings.accounts[0], settings, "inbox")
+    conn.open()
+    kept, gone = ews.deliver(USER, mime(1)), ews.deliver(USER, mime(2))
+    del ews.store.mailbox(USER).items[gone.item_id]
+    fetched = conn.fetch([ItemRef(kept.item_id, kept.change_key), ItemRef(gone.item_id, "x")])
+    assert fetched[1] is None
+    assert fetched[0] is not None and fetched[0].mime == mime(1)
+
+
+def item(raw: bytes) -> FetchedItem:
+    return FetchedItem("AAMk1", "CQA1", raw, dt.datetime(2026, 11, 29, 16, 0, tzinfo=dt.UTC))
+
+
+def test_parse_error_gives_an_event_and_a_dlq_record() -> None:
+    nested = b"".join(
+        f"Content-Type: multipart/mixed; boundary=b{i}\r\n\r\n--b{i}\r\n".encode()
+        for i in range(80)
+    )
+    raw = b"Message-ID: <deep@example.org>\r\nSubject: deep\r\n" + nested
+    built = builder().build(item(raw))
+    assert built.key == "ops/mid:deep@example.org" and built.dlq
+    assert [r.topic for r in built.records] == ["events", "dlq"]
+    headers = dict(built.records[1].headers)
+    assert headers["mailtap.error.kind"] == b"parse_error"
+    assert headers["mailtap.source.item_id"] == b"AAMk1"
+
+
+def test_parser_bug_gives_a_dlq_record_only() -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("bug")
+
+    built = builder(broken).build(item(mime(1)))
+    assert built.key is None
+    assert [(r.topic, r.key) for r in built.records] == [("dlq", b"ops/inbox/AAMk1")]
+    assert built.records[0].value == mime(1)
+
+
+def test_event_carries_ews_coordinates_and_seen_flag() -> None:
+    read = FetchedItem("AAMk2", "CQA2", mime(2), item(b"").received, is_read=True)
+    built = builder().build(read)
+    event = AvroSerde.for_schema("MailEvent").decode(built.records[0].value or b"")
+    assert event["source"]["kind"] == "EWS"
+    assert event["source"]["item_id"] == "AAMk2" and event["source"]["change_key"] == "CQA2"
+    assert event["flags"] == ["\\Seen"]
+    assert event["internal_date"] == read.received
