@@ -124,7 +124,8 @@ def _join_rfc2231(sections: dict[int, tuple[str, bool]]) -> str:
             parts = raw.split("'", 2)
             if len(parts) == 3:
                 charset, raw = parts[0] or None, parts[2]
-        chunks.append(unquote_to_bytes(raw) if extended else _surrogate_bytes(raw))
+        data = _surrogate_bytes(raw)
+        chunks.append(unquote_to_bytes(data) if extended else data)
     return decode_text(b"".join(chunks), charset)
 
 

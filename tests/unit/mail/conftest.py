@@ -38,7 +38,7 @@ def assert_valid_event(event: dict[str, Any], schema: Any) -> dict[str, Any]:
     return decoded
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def parse(mail_schema: Any) -> Callable[..., ParsedMail]:
     """``parse(raw, **overrides)``: parse_mail with test defaults; the event is validated."""
 

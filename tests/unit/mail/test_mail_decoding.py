@@ -180,3 +180,13 @@ def test_group_syntax_and_empty_lists() -> None:
         {"name": None, "address": "a@example.org"},
         {"name": None, "address": "b@example.org"},
     ]
+
+
+def test_8bit_bytes_inside_an_rfc2231_value() -> None:
+    # Found by fuzzing: the bytes parser hands 8-bit bytes over as surrogates.
+    value = b"attachment; filename*0*=UTF-8''%E5%B9%B4\xe5%BA%A6.pdf".decode(
+        "ascii", "surrogateescape"
+    )
+    filename = param_value(parse_params(value)[1], "filename")
+    assert filename is not None and filename.endswith(".pdf")
+    assert clean_text(filename) == filename
