@@ -70,8 +70,15 @@ def _classpath() -> str:
 
 
 def cluster_id() -> str:
-    """A random cluster id in Kafka's Uuid text form (URL-safe base64 of 16 bytes, unpadded)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random cluster id in Kafka's Uuid text form (URL-safe base64 of 16 bytes, unpadded).
+
+    Never starting with "-", as Kafka's own ``Uuid.randomUuid()`` ensures: the storage tool's
+    argument parser would take such an id for an option ("--cluster-id: expected one argument").
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def render(layout: KafkaLayout, host: str, broker_port: int, controller_port: int) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import smtplib
+import tempfile
 import time
 from email.message import EmailMessage
 from pathlib import Path
@@ -208,3 +211,35 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
     assert status(state_dir) is None
     assert down(state_dir) == []
     shutil.rmtree(info.imap.config_path.parent.parent, ignore_errors=True)
+
+
+def test_external_kafka_is_used_and_a_half_dead_set_is_restarted(
+    services: DevServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MAILTAP_KAFKA_BOOTSTRAP", services.bootstrap_servers)
+    state_dir = Path(tempfile.mkdtemp(prefix="mailtap-test-external-"))
+    state_dir.chmod(0o755)
+    try:
+        info = up(state_dir)
+        assert info.kafka.external and info.kafka.pid is None
+        assert info.kafka.bootstrap_servers == services.bootstrap_servers
+        assert len(info.pids) == 2  # Dovecot and SMTP only
+        config = yaml.safe_load(info.config_path.read_text())
+        assert config["kafka"]["bootstrap_servers"] == services.bootstrap_servers
+
+        os.kill(info.smtp.pid, signal.SIGKILL)  # a crash: state file still lists it
+        deadline = time.monotonic() + DEADLINE_S
+        while group_members(info.smtp.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(state_dir) is None
+
+        again = up(state_dir)
+        assert status(state_dir) == again
+        assert again.smtp.pid != info.smtp.pid
+        assert group_members(info.imap.pid) == []  # the old Dovecot was stopped, not leaked
+        assert down(state_dir) == again.pids
+    finally:
+        down(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+    if services.kafka.pid is not None:
+        assert group_members(services.kafka.pid) != []  # the shared Kafka was left alone

@@ -39,3 +39,8 @@ def test_cluster_id_is_a_kafka_uuid() -> None:
     assert len(cid) == 22
     assert len(base64.urlsafe_b64decode(cid + "==")) == 16
     assert cid != kafka.cluster_id()
+
+
+def test_cluster_id_never_looks_like_an_option() -> None:
+    # 1 in 64 random ids starts with "-"; 2,000 draws miss that with probability ~1e-14.
+    assert not any(kafka.cluster_id().startswith("-") for _ in range(2000))
