@@ -131,6 +131,7 @@ class SmtpSink:
         self.states: dict[str, CommandState] = {}
         self.instance_id = settings.instance_id or socket.gethostname()
         self.sent_total = 0
+        self.records_total = 0
         self.events_total = 0
         self._hook = os.environ.get(TEST_HOOK_ENV, "")
         self._producer: Producer | None = None
@@ -207,6 +208,7 @@ class SmtpSink:
         records = self._consumer.consume(self.settings.batch_size, timeout=POLL_TIMEOUT_S)
         if records:
             await self._process(records)
+            self.records_total += len(records)
         else:
             await asyncio.sleep(0)
         return len(records)

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from smtp_scripted_server import ScriptedRelay  # noqa: E402
+from smtp_scripted_server import ScriptedRelay
 
 
 @pytest.fixture

@@ -95,7 +95,10 @@ def produce_commands(cfg: MailtapConfig, commands: list[dict[str, Any]]) -> None
 
     for value in commands:
         producer.produce(
-            topic, key=value["command_id"].encode(), value=serde.encode(value, topic), on_delivery=delivered
+            topic,
+            key=value["command_id"].encode(),
+            value=serde.encode(value, topic),
+            on_delivery=delivered,
         )
     assert producer.flush(30) == 0
     assert errors == [], errors

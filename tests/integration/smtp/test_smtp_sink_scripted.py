@@ -9,7 +9,7 @@ from smtp_harness import TopicReader, command, produce_commands, run_until, sink
 from smtp_scripted_server import ScriptedRelay
 
 from connectors.smtp.identity import message_id_for
-from connectors.smtp.retry import HEADER_ATTEMPT, HEADER_ERROR_REASON
+from connectors.smtp.retry import HEADER_ATTEMPT, HEADER_ERROR_REASON, HEADER_RECIPIENTS
 from connectors.smtp.sink import SmtpSink
 from mailtap.dev import DevServices
 
@@ -17,10 +17,14 @@ FINAL = {"SENT", "FAILED", "BOUNCED", "SUPPRESSED"}
 
 
 def final_for(events: list[dict[str, Any]], recipients: list[str]) -> bool:
-    return all(any(e["recipient"] == r and e["status"] in FINAL for e in events) for r in recipients)
+    return all(
+        any(e["recipient"] == r and e["status"] in FINAL for e in events) for r in recipients
+    )
 
 
-async def test_250_sent_with_event_fields(services: DevServices, unique: str, relay: ScriptedRelay) -> None:
+async def test_250_sent_with_event_fields(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
     cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
     cmd = command(["alice@example.org", "bob@example.org"])
     produce_commands(cfg, [cmd])
@@ -38,4 +42,234 @@ async def test_250_sent_with_event_fields(services: DevServices, unique: str, re
     assert accepted.mail_from == "mailtap@example.com"
     assert b"In-Reply-To: <orig-1@example.org>" in accepted.data
     assert [k for k, *_ in events.records] == [cmd["command_id"]] * 2
+    events.close()
+
+
+def retry_records(cfg: Any, tier: str) -> TopicReader:
+    return TopicReader(cfg, f"{cfg.kafka.topics.retry_prefix}.{tier}", decode=False)
+
+
+def header(headers: list[tuple[str, bytes]], name: str) -> str:
+    return dict(headers)[name].decode()
+
+
+@pytest.mark.parametrize("local", ["rcpt421", "rcpt450", "data451", "data452"])
+async def test_4xx_is_deferred_and_retried_through_the_tiers(
+    services: DevServices, unique: str, relay: ScriptedRelay, local: str
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    rcpt = f"{local}@example.org"
+    cmd = command([rcpt])
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(
+        SmtpSink(cfg, settings), events, lambda ev: any(e["attempt"] == 3 for e in ev)
+    )
+    first, second, third = got[:3]
+    code = int(local[-3:])
+    for n, event in enumerate((first, second, third), start=1):
+        assert (event["status"], event["attempt"], event["smtp_code"]) == ("DEFERRED", n, code)
+        assert (
+            event["next_attempt_at"] is not None and event["next_attempt_at"] > event["occurred_at"]
+        )
+    # attempt 1 failed -> tier 1s carries attempt 2; attempt 2 failed -> tier 2s carries attempt 3
+    tier1, tier2 = retry_records(cfg, "1s"), retry_records(cfg, "2s")
+    for reader in (tier1, tier2):
+        reader.poll(2.0)
+    assert [header(h, HEADER_ATTEMPT) for _, _, h in tier1.records] == ["2"]
+    assert [header(h, HEADER_ATTEMPT) for _, _, h in tier2.records][:1] == ["3"]
+    assert all(k == cmd["command_id"] for k, _, _ in tier1.records + tier2.records)
+    assert relay.handler.snapshot() == []
+    for reader in (events, tier1, tier2):
+        reader.close()
+
+
+@pytest.mark.parametrize(
+    ("local", "code", "enhanced"),
+    [("rcpt550", 550, "5.1.1"), ("data552", 552, "5.3.4"), ("data554", 554, "5.7.1")],
+)
+async def test_5xx_is_failed_and_never_retried(
+    services: DevServices, unique: str, relay: ScriptedRelay, local: str, code: int, enhanced: str
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    failing, later = command([f"{local}@example.org"]), command(["ok@example.org"])
+    produce_commands(cfg, [failing])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    sink = SmtpSink(cfg, settings)
+    await run_until(sink, events, lambda ev: len(ev) >= 1)
+    # A later command on the same topic proves the sink moved on without retrying the first.
+    produce_commands(cfg, [later])
+    got = await run_until(
+        SmtpSink(cfg, settings),
+        events,
+        lambda ev: any(e["command_id"] == later["command_id"] for e in ev),
+    )
+    (event,) = [e for e in got if e["command_id"] == failing["command_id"]]
+    assert (event["status"], event["smtp_code"], event["enhanced_status"]) == (
+        "FAILED",
+        code,
+        enhanced,
+    )
+    assert event["next_attempt_at"] is None
+    tier1 = retry_records(cfg, "1s")
+    tier1.poll(2.0)
+    assert tier1.records == []
+    events.close()
+    tier1.close()
+
+
+async def test_partial_refusal_gives_one_outcome_per_recipient(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    cmd = command(["ok@example.org", "rcpt550@example.org"])
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(SmtpSink(cfg, settings), events, lambda ev: len(ev) >= 2)
+    assert statuses(got, "ok@example.org") == ["SENT"]
+    assert statuses(got, "rcpt550@example.org") == ["FAILED"]
+    assert [a.rcpt_tos for a in relay.handler.snapshot()] == [("ok@example.org",)]
+    events.close()
+
+
+async def test_partial_deferral_retries_only_the_deferred_recipient(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    cmd = command(["ok@example.org", "rcpt450@example.org"])
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(
+        SmtpSink(cfg, settings),
+        events,
+        lambda ev: len([e for e in ev if e["recipient"] == "rcpt450@example.org"]) >= 2,
+    )
+    assert statuses(got, "ok@example.org") == ["SENT"]
+    assert statuses(got, "rcpt450@example.org")[:2] == ["DEFERRED", "DEFERRED"]
+    assert [a.rcpt_tos for a in relay.handler.snapshot()] == [("ok@example.org",)]
+    tier1 = retry_records(cfg, "1s")
+    tier1.poll(2.0)
+    (record,) = tier1.records
+    assert header(record[2], HEADER_RECIPIENTS) == '["rcpt450@example.org"]'
+    events.close()
+    tier1.close()
+
+
+async def test_flaky_relay_succeeds_on_the_third_attempt(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    cmd = command(["flaky2@example.org"])
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(
+        SmtpSink(cfg, settings), events, lambda ev: final_for(ev, ["flaky2@example.org"])
+    )
+    assert [(e["status"], e["attempt"]) for e in got] == [
+        ("DEFERRED", 1),
+        ("DEFERRED", 2),
+        ("SENT", 3),
+    ]
+    assert len({e["message_id"] for e in got}) == 1
+    events.close()
+
+
+async def test_disconnect_mid_session_is_deferred(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    dropped, fine = command(["drop@example.org"]), command(["ok@example.org"])
+    produce_commands(cfg, [dropped, fine])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(
+        SmtpSink(cfg, settings),
+        events,
+        lambda ev: final_for(ev, ["ok@example.org"]) and len(statuses(ev, "drop@example.org")) >= 2,
+    )
+    first = next(e for e in got if e["recipient"] == "drop@example.org")
+    assert (first["status"], first["smtp_code"]) == ("DEFERRED", None)
+    assert "connection lost before the message was accepted" in first["diagnostic"]
+    assert statuses(got, "ok@example.org") == ["SENT"]
+    events.close()
+
+
+async def test_stall_after_final_dot_is_unknown_and_resent_with_the_same_message_id(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port, data_timeout=1)
+    cmd = command(["stall@example.org"])
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(
+        SmtpSink(cfg, settings), events, lambda ev: final_for(ev, ["stall@example.org"])
+    )
+    assert [(e["status"], e["attempt"]) for e in got] == [("UNKNOWN", 1), ("SENT", 2)]
+    message_id = message_id_for(cmd["command_id"], "example.com")
+    assert {e["message_id"] for e in got} == {message_id}
+    # The relay got the content twice with the same Message-ID (it accepted the first one late).
+    assert relay.handler.deliveries[f"<{message_id}>"] == 2
+    events.close()
+
+
+async def test_max_lifetime_ends_failed_and_dead_lettered(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(
+        services.bootstrap_servers, unique, relay.port, max_lifetime="3s"
+    )
+    cmd = command(["data451@example.org"])
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(
+        SmtpSink(cfg, settings), events, lambda ev: final_for(ev, ["data451@example.org"])
+    )
+    assert [e["status"] for e in got][:-1] == ["DEFERRED"] * (len(got) - 1)
+    last = got[-1]
+    assert last["status"] == "FAILED" and last["next_attempt_at"] is None
+    assert "max lifetime" in last["diagnostic"] and "451" in last["diagnostic"]
+    dlq = TopicReader(cfg, cfg.kafka.topics.dlq, decode=False)
+    dlq.poll(2.0)
+    (record,) = dlq.records
+    assert record[0] == cmd["command_id"]
+    assert "max lifetime" in header(record[2], HEADER_ERROR_REASON)
+    assert header(record[2], "mailtap.error.class") == "GiveUp"
+    events.close()
+    dlq.close()
+
+
+async def test_header_injection_is_failed_before_sending(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    cmd = command(["ok@example.org"], subject="Hi\r\nBcc: victim@example.net")
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    (event,) = await run_until(SmtpSink(cfg, settings), events, lambda ev: len(ev) >= 1)
+    assert (event["status"], event["recipient"]) == ("FAILED", None)
+    assert "subject: control character" in event["diagnostic"]
+    assert relay.handler.snapshot() == []
+    events.close()
+
+
+async def test_replay_of_mail_commands_sends_nothing_new(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _raw = sink_config(services.bootstrap_servers, unique, relay.port)
+    cmds = [command([f"user{i}@example.org"]) for i in range(5)] + [
+        command(["rcpt550@example.org"])
+    ]
+    produce_commands(cfg, cmds)
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    await run_until(SmtpSink(cfg, settings), events, lambda ev: len(ev) >= 6)
+    assert len(relay.handler.snapshot()) == 5
+    # A new consumer group reads mail.commands from the beginning: a full replay.
+    replay_cfg, replay_settings, _ = sink_config(
+        services.bootstrap_servers, unique, relay.port, group_id=f"replay-{unique}"
+    )
+    replay = SmtpSink(replay_cfg, replay_settings)
+    await run_until(replay, events, lambda _ev: replay.records_total >= 6)
+    assert replay.records_total == 6
+    assert len(relay.handler.snapshot()) == 5
+    events.poll(1.0)
+    assert len(events.values) == 6
     events.close()
