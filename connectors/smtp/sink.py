@@ -156,7 +156,15 @@ class SmtpSink:
         self._producer = producer
         self.states = read_state(self.kafka, self.settings.state_topic)
         consumer = Consumer(
-            consumer_config(self.kafka, self.settings.group_id, max_poll_interval_ms=600_000)
+            consumer_config(
+                self.kafka,
+                self.settings.group_id,
+                # One SMTP round may take minutes when the relay is slow (data_timeout).
+                max_poll_interval_ms=600_000,
+                # Static membership: a restarted instance takes its partitions back at once
+                # instead of waiting for the dead member's session to time out.
+                group_instance_id=self.instance_id,
+            )
         )
         consumer.subscribe(
             [self.topics.commands, *self.retry_topics],
