@@ -28,6 +28,8 @@ _HAS_STRICT = "strict" in inspect.signature(getaddresses).parameters
 
 def parse_addresses(values: list[str]) -> list[dict[str, str | None]]:
     """Avro ``Address`` dicts for the given (unfolded, decoded-to-text) field values."""
+    if not values:
+        return []
     pairs = (
         getaddresses(values, strict=True)  # type: ignore[call-arg,unused-ignore]
         if _HAS_STRICT

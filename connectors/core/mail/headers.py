@@ -22,9 +22,8 @@ b'body'
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
-__all__ = ["field_values", "first_field", "parse_fields", "split_head"]
+__all__ = ["parse_fields", "split_head"]
 
 # The head ends at the first empty line. Bare CR is not treated as a line end here: it is
 # rare, and accepting it makes "\r\n" ambiguous.
@@ -64,18 +63,3 @@ def parse_fields(head: bytes) -> list[tuple[str, bytes]]:
             continue
         fields.append((name.decode("latin-1"), [value.lstrip(b" \t")]))
     return [(name, b"".join(chunks).rstrip(b"\r")) for name, chunks in fields]
-
-
-def field_values(fields: Iterable[tuple[str, bytes]], name: str) -> list[bytes]:
-    """All values of one field, in order (field names compare case-insensitively)."""
-    wanted = name.lower()
-    return [value for field, value in fields if field.lower() == wanted]
-
-
-def first_field(fields: Iterable[tuple[str, bytes]], name: str) -> bytes | None:
-    """The first value of a field, or None. Duplicates after the first are ignored."""
-    wanted = name.lower()
-    for field, value in fields:
-        if field.lower() == wanted:
-            return value
-    return None

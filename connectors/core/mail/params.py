@@ -35,6 +35,8 @@ _SECTION = re.compile(r"^(?P<name>[^*]+)\*(?P<index>\d+)?(?P<extended>\*)?$")
 
 def _split_unquoted(value: str, limit: int) -> list[str]:
     """Split on ';' outside quoted strings; stop after ``limit`` pieces (rest dropped)."""
+    if '"' not in value:  # the common case, at C speed
+        return value.split(";", limit + 1)[: limit + 1]
     pieces: list[str] = []
     current: list[str] = []
     in_quotes = False

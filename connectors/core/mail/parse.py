@@ -41,7 +41,7 @@ from connectors.core.mail.addresses import parse_addresses
 from connectors.core.mail.charsets import clean_text, decode_text
 from connectors.core.mail.content import extract_content
 from connectors.core.mail.encodedwords import decode_words
-from connectors.core.mail.headers import field_values, first_field, parse_fields, split_head
+from connectors.core.mail.headers import parse_fields, split_head
 from connectors.core.mail.identity import (
     KeyKind,
     content_fingerprint,
@@ -128,7 +128,10 @@ def parse_mail(
             event["html_body"] = content.html_body
             event["body_truncated"] = content.body_truncated
             event["attachments"] = content.attachments
-    if _approx_size(event) > limits.max_event_bytes:
+    # Decoded text is at most ~3 bytes per raw byte: small mails cannot exceed the budget.
+    if 4 * len(raw) + 65_536 > limits.max_event_bytes and (
+        _approx_size(event) > limits.max_event_bytes
+    ):
         _shrink(event, limits.max_event_bytes)
         problems.append(f"event over {limits.max_event_bytes} bytes; bodies and lists cut")
     event["parse_error"] = _limit_text("; ".join(problems)) if problems else None
@@ -254,44 +257,51 @@ def _text(value: bytes | None) -> str | None:
 
 
 _GUARD_FIELDS = {
-    "auto_submitted": "Auto-Submitted",
-    "precedence": "Precedence",
-    "list_id": "List-Id",
-    "list_unsubscribe": "List-Unsubscribe",
-    "return_path": "Return-Path",
-    "x_auto_response_suppress": "X-Auto-Response-Suppress",
-    "content_type": "Content-Type",
+    "auto_submitted": "auto-submitted",
+    "precedence": "precedence",
+    "list_id": "list-id",
+    "list_unsubscribe": "list-unsubscribe",
+    "return_path": "return-path",
+    "x_auto_response_suppress": "x-auto-response-suppress",
+    "content_type": "content-type",
 }
 
 
 def _fill_from_headers(
     event: dict[str, Any], fields: list[tuple[str, bytes]], account: str, raw: bytes
 ) -> None:
+    by_name: dict[str, list[bytes]] = {}
+    for name, value in fields:
+        by_name.setdefault(name.lower(), []).append(value)
+
+    def first(name: str) -> bytes | None:
+        values = by_name.get(name)
+        return values[0] if values else None
+
+    def texts(name: str) -> list[str]:
+        return [clean_text(decode_text(value, None)) for value in by_name.get(name, ())]
+
     # Duplicate Message-ID fields: the first counts (identity.py explains why).
-    message_id = _text(first_field(fields, "Message-ID"))
+    message_id = _text(first("message-id"))
     event["key"], kind = message_key(account, message_id, raw)
     event["key_kind"] = kind.value
     event["message_id"] = normalize_message_id(message_id)
-    in_reply_to = _message_ids(first_field(fields, "In-Reply-To"))
+    in_reply_to = _message_ids(first("in-reply-to"))
     event["in_reply_to"] = in_reply_to[0] if in_reply_to else None
-    event["references"] = _message_ids(first_field(fields, "References"))
-    sender = parse_addresses(_texts(fields, "From")[:1])
+    event["references"] = _message_ids(first("references"))
+    sender = parse_addresses(texts("from")[:1])
     event["from"] = sender[0] if sender else None
-    event["reply_to"] = parse_addresses(_texts(fields, "Reply-To"))
-    event["to"] = parse_addresses(_texts(fields, "To"))
-    event["cc"] = parse_addresses(_texts(fields, "Cc"))
-    subject = first_field(fields, "Subject")
+    event["reply_to"] = parse_addresses(texts("reply-to"))
+    event["to"] = parse_addresses(texts("to"))
+    event["cc"] = parse_addresses(texts("cc"))
+    subject = first("subject")
     if subject is not None:
         event["subject"] = clean_text(decode_words(subject)).strip()
-    event["date"] = _date(_text(first_field(fields, "Date")))
+    event["date"] = _date(_text(first("date")))
     guards = event["guard_headers"]
     for name, field_name in _GUARD_FIELDS.items():
-        guards[name] = _text(first_field(fields, field_name))
-    guards["authentication_results"] = _texts(fields, "Authentication-Results")
-
-
-def _texts(fields: list[tuple[str, bytes]], name: str) -> list[str]:
-    return [clean_text(decode_text(value, None)) for value in field_values(fields, name)]
+        guards[name] = _text(first(field_name))
+    guards["authentication_results"] = texts("authentication-results")
 
 
 def _message_ids(value: bytes | None) -> list[str]:
