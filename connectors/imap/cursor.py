@@ -36,9 +36,16 @@ def source_partition(account: str, folder: str) -> dict[str, str]:
 class PendingSideEffect:
     action: str
     uids: tuple[int, ...]
+    #: For a move: the target folder's UIDNEXT before the move, so a repair after a crash
+    #: between the move and its confirmation finds the moved mails there.
+    target_uidnext: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"action": self.action, "uids": list(self.uids)}
+        return {
+            "action": self.action,
+            "uids": list(self.uids),
+            "target_uidnext": self.target_uidnext,
+        }
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,11 @@ class Cursor:
             epoch=int(data.get("epoch") or 0),
             fresh=tuple((int(u), int(m)) for u, m in data.get("fresh") or ()),
             pending=(
-                PendingSideEffect(str(pending["action"]), tuple(int(u) for u in pending["uids"]))
+                PendingSideEffect(
+                    str(pending["action"]),
+                    tuple(int(u) for u in pending["uids"]),
+                    pending.get("target_uidnext"),
+                )
                 if pending
                 else None
             ),

@@ -396,7 +396,11 @@ class MailboxWorker:
         pending = None
         action = self.account.after_commit
         if action != "none" and fetched:
-            pending = PendingSideEffect(action, tuple(m.uid for m in fetched))
+            target_uidnext = None
+            if self.account.move_target:
+                conn.create_folder(self.account.move_target)
+                target_uidnext = conn.status(self.account.move_target).uidnext
+            pending = PendingSideEffect(action, tuple(m.uid for m in fetched), target_uidnext)
             progress = replace(progress, pending=pending)
         self._commit_batch(built, progress)
         if pending is not None:
@@ -447,25 +451,44 @@ class MailboxWorker:
         """
         assert self.cursor is not None
         uids = list(pending.uids)
-        records: list[SourceRecord] = []
+        records: dict[bytes, SourceRecord] = {}
         if pending.action == "seen":
             conn.add_flags(uids, [SEEN])
         elif pending.action.startswith("move:"):
             target = pending.action[5:].strip()
             missing = [u for u in uids if u not in fetched]
-            mails = [*fetched.values(), *conn.fetch(missing)] if missing else list(fetched.values())
-            for mail in mails:
-                built = self.builder.build(
-                    mail, self.cursor.uidvalidity, lambda _key: "UPDATED", folder=target
-                )
-                records += [r for r in built.records if r.topic != self.builder.dlq_topic]
-                if built.key is not None:
-                    self.index.register(built.key, target, None, None, built.message_id)
-                    self.index.remove(self.folder, mail.uid)
+            present = (
+                [*fetched.values(), *conn.fetch(missing)] if missing else list(fetched.values())
+            )
+            for mail in present:
+                self._moved_record(mail, target, records)
+                self.index.remove(self.folder, mail.uid)
             conn.create_folder(target)
             conn.move(uids, target)
+            gone = set(uids) - {m.uid for m in present}
+            if gone and pending.target_uidnext is not None:
+                # The crash came after the move: the mails are in the target folder now.
+                conn.select(target, readonly=True)
+                for mail in conn.fetch(conn.uids_from(pending.target_uidnext)):
+                    self._moved_record(mail, target, records)
+                status = conn.select(self.folder)
+                if status.uidvalidity != self.cursor.uidvalidity:
+                    raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
         self._crash.reached("after_side_effect")
-        self._commit(records, replace(self.cursor, pending=None))
+        self._commit(list(records.values()), replace(self.cursor, pending=None))
+
+    def _moved_record(
+        self, mail: FetchedMail, target: str, records: dict[bytes, SourceRecord]
+    ) -> None:
+        assert self.cursor is not None
+        built = self.builder.build(
+            mail, self.cursor.uidvalidity, lambda _key: "UPDATED", folder=target
+        )
+        for record in built.records:
+            if record.topic != self.builder.dlq_topic:
+                records[record.key] = record
+        if built.key is not None:
+            self.index.register(built.key, target, None, None, built.message_id)
 
     # --- expunges --------------------------------------------------------------------------------
 

@@ -132,7 +132,7 @@ class ImapHarness:
     # --- the mailbox ---------------------------------------------------------------------------
 
     def client(self, folder: str = "INBOX") -> IMAPClient:
-        client = IMAPClient(self.services.imap.host, port=self.services.imap.port, ssl=False)
+        client = IMAPClient(self.host, port=self.port, ssl=False)
         client.login(self.account.username, self.account.password)
         if folder:
             client.select_folder(folder)
