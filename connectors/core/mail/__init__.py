@@ -12,7 +12,8 @@ Public API::
 Modules, one concern each: ``headers`` (byte-level head splitting), ``charsets`` (bytes to
 text with fallbacks), ``encodedwords`` (RFC 2047), ``params`` (RFC 2045/2231 parameters),
 ``addresses``, ``identity`` (keys), ``limits`` (caps and pre-scan), ``content`` (bodies and
-attachments), ``parse`` (the assembly). The key convention is in ``KEYS.md``.
+attachments), ``budget`` (event size), ``parse`` (the assembly). The key convention is in
+``KEYS.md``.
 """
 
 from connectors.core.mail.identity import (

@@ -10,7 +10,9 @@ whatever was readable (at least key, size and raw_ref). The steps:
 3. top-level fields are read from that copy by our own byte-level header parser: identity
    (:mod:`~connectors.core.mail.identity`), addresses, subject (RFC 2047, any charset), date,
    the headers the stream guards need;
-4. bodies and attachments come from :func:`~connectors.core.mail.content.extract_content`.
+4. bodies and attachments come from :func:`~connectors.core.mail.content.extract_content`;
+5. a pathological event is brought under ``max_event_bytes``
+   (:func:`~connectors.core.mail.budget.fit_event_budget`).
 
 Errors of the claim-check store itself (disk full, permissions) are *not* bad input: they
 raise :class:`~connectors.core.claimcheck.ClaimCheckError` so the caller retries instead of
@@ -38,6 +40,7 @@ from typing import Any, Literal
 
 from connectors.core.claimcheck import BlobRef, ClaimCheckError, ClaimCheckStore
 from connectors.core.mail.addresses import parse_addresses
+from connectors.core.mail.budget import fit_event_budget
 from connectors.core.mail.charsets import clean_text, decode_text
 from connectors.core.mail.content import extract_content
 from connectors.core.mail.encodedwords import decode_words
@@ -111,6 +114,7 @@ def parse_mail(
     except Exception as exc:  # bad input must never stop a mailbox
         logger.warning("mail headers unparseable", extra={"account": account, "error": repr(exc)})
         event["key"] = f"{account}/fp:{content_fingerprint(raw)}"
+        event["key_kind"] = KeyKind.FINGERPRINT.value
         event["parse_error"] = _limit_text(f"headers not parsed: {type(exc).__name__}: {exc}")
         return _finish(event, blobs)
     if not scan.skip_mime:
@@ -128,52 +132,10 @@ def parse_mail(
             event["html_body"] = content.html_body
             event["body_truncated"] = content.body_truncated
             event["attachments"] = content.attachments
-    # Decoded text is at most ~3 bytes per raw byte: small mails cannot exceed the budget.
-    if 4 * len(raw) + 65_536 > limits.max_event_bytes and (
-        _approx_size(event) > limits.max_event_bytes
-    ):
-        _shrink(event, limits.max_event_bytes)
+    if fit_event_budget(event, len(raw), limits.max_event_bytes):
         problems.append(f"event over {limits.max_event_bytes} bytes; bodies and lists cut")
     event["parse_error"] = _limit_text("; ".join(problems)) if problems else None
     return _finish(event, blobs)
-
-
-_SHRINKABLE_LISTS = ("to", "cc", "reply_to", "references", "attachments")
-_SHRUNK_LIST_LENGTH = 100
-_SHRUNK_TEXT_CHARS = 4_096
-
-
-def _approx_size(value: object) -> int:
-    """An upper bound of the Avro-encoded size: UTF-8 bytes of strings plus room for their
-    length prefixes and union indexes, 8 bytes per other scalar."""
-    if isinstance(value, str):
-        return 4 + (len(value) if value.isascii() else len(value.encode("utf-8", "replace")))
-    if isinstance(value, dict):
-        return sum(_approx_size(item) for item in value.values())
-    if isinstance(value, list):
-        return 8 + sum(_approx_size(item) for item in value)
-    return 8
-
-
-def _shrink(event: dict[str, Any], budget: int) -> None:
-    """Bring a pathological event under budget; the full mail stays in raw_ref."""
-    for body in ("html_body", "text_body"):
-        if _approx_size(event) <= budget:
-            return
-        if event[body] is not None:
-            event[body] = None
-            event["body_truncated"] = True
-    for name in _SHRINKABLE_LISTS:
-        if _approx_size(event) <= budget:
-            return
-        event[name] = event[name][:_SHRUNK_LIST_LENGTH]
-    guards = event["guard_headers"]
-    guards["authentication_results"] = guards["authentication_results"][:10]
-    for name, value in guards.items():
-        if isinstance(value, str):
-            guards[name] = value[:_SHRUNK_TEXT_CHARS]
-    if event["subject"] is not None:
-        event["subject"] = event["subject"][:_SHRUNK_TEXT_CHARS]
 
 
 def _finish(event: dict[str, Any], blobs: list[BlobRef]) -> ParsedMail:

@@ -12,6 +12,7 @@ pytestmark = pytest.mark.unit
 MODULES = [
     "connectors.core.claimcheck",
     "connectors.core.mail.addresses",
+    "connectors.core.mail.budget",
     "connectors.core.mail.charsets",
     "connectors.core.mail.encodedwords",
     "connectors.core.mail.headers",
