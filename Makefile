@@ -7,7 +7,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_FLAGS ?= -ra --durations=15
 
-.PHONY: venv test demo lint
+.PHONY: venv test demo lint registry
 
 venv:
 	./deploy/bootstrap.sh
@@ -17,6 +17,11 @@ test: venv
 
 demo: venv
 	$(VENV)/bin/mailtap demo
+
+# Optional: a local Confluent-compatible schema registry (Apicurio, built with Maven into
+# .cache/registry); tests/integration/core/test_registry_real.py runs only once it is built.
+registry: venv
+	$(PYTHON) -m mailtap.dev.registry build
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,212 @@
+"""An optional local Confluent-compatible schema registry: Apicurio Registry 2.4.2, in memory.
+
+It exists so the Confluent wire-format path of `connectors.core.serde` runs against a real server
+(``kafka.schema_registry_url = <url>``); the local default needs no registry (single-object
+encoding). Maven Central serves only Apicurio's plain application jar, so ``build()`` runs the
+Quarkus build on it from ``deploy/local/registry`` (see the pom for why this version) into
+``.cache/registry/app``. Not part of ``deploy/bootstrap.sh``: a cold build fetches ~300 jars.
+
+    python -m mailtap.dev.registry build                 # once; `make registry` does this
+    python -m mailtap.dev.registry start --state-dir D   # prints the URL
+    python -m mailtap.dev.registry stop --state-dir D
+
+The Confluent-compatible API is at ``<base>/apis/ccompat/v7``; that is the URL ``start`` returns.
+Storage is an in-memory H2 database: schema ids start again at 1 after every start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from mailtap.dev import process
+from mailtap.dev.layout import REPO_ROOT, TEMPLATES
+
+#: Overrides the folder holding the built registry (default: ``.cache/registry`` in the checkout).
+ENV_REGISTRY_HOME = "MAILTAP_REGISTRY_HOME"
+SOURCES = TEMPLATES / "registry"
+CCOMPAT_PATH = "/apis/ccompat/v7"
+
+#: Quarkus starts the registry in ~7 s here (cold JVM, H2 schema creation); a loaded 2-core CI
+#: box can take several times that.
+START_TIMEOUT_S = 120.0
+#: A cold build resolves ~300 jars plus the Quarkus build-time ones; a warm one takes ~30-90 s.
+BUILD_TIMEOUT_S = 1800.0
+#: Resident memory is ~190 MB with this heap cap.
+JVM_OPTS = ("-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
+
+
+def registry_home() -> Path:
+    return Path(os.environ.get(ENV_REGISTRY_HOME, REPO_ROOT / ".cache" / "registry"))
+
+
+def run_jar() -> Path:
+    return registry_home() / "app" / "quarkus-run.jar"
+
+
+def is_installed() -> bool:
+    """True when ``build()`` has produced a runnable registry."""
+    return run_jar().is_file()
+
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for file in sorted(p for p in SOURCES.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(SOURCES)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise process.ServiceStartError("registry: no `java` on PATH (install a JRE >= 17)")
+    return found
+
+
+def build(force: bool = False) -> Path:
+    """Build the registry into ``.cache/registry/app`` unless the sources are unchanged.
+
+    Builds in a copy of ``deploy/local/registry`` (Maven writes ``target/`` next to the pom) and
+    swaps the result in only when the build succeeded. Returns the run jar.
+    """
+    home = registry_home()
+    stamp = home / ".sources-sha256"
+    want = _sources_digest()
+    if not force and is_installed() and stamp.is_file() and stamp.read_text() == want:
+        return run_jar()
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise RuntimeError("registry: no `mvn` on PATH (deploy/bootstrap.sh installs Maven)")
+    work = home / "build"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(SOURCES, work)
+    log = home / "build.log"
+    with open(log, "wb") as out:
+        result = subprocess.run(
+            [mvn, "-B", "package", "-DskipTests"],
+            cwd=work,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"registry: Maven build failed (exit {result.returncode}); see {log}:\n"
+            f"{process.log_tail(log)}"
+        )
+    app = home / "app"
+    shutil.rmtree(app, ignore_errors=True)
+    (work / "target" / "quarkus-app").rename(app)
+    shutil.rmtree(work, ignore_errors=True)
+    stamp.write_text(want)
+    return run_jar()
+
+
+@dataclass(frozen=True)
+class RegistryLayout:
+    """Files of one registry process inside a state directory."""
+
+    root: Path
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.root / "registry.log"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "registry.pid"
+
+    @property
+    def url_file(self) -> Path:
+        return self.root / "registry.url"
+
+
+@dataclass(frozen=True)
+class RunningRegistry:
+    url: str  # the Confluent-compatible base URL, for kafka.schema_registry_url
+    pid: int  # also the process-group id
+    port: int
+
+
+def probe(url: str, timeout: float = 2.0) -> None:
+    """Raise unless ``GET <url>/subjects`` answers 200 with a JSON list."""
+    with urllib.request.urlopen(f"{url}/subjects", timeout=timeout) as response:
+        if not isinstance(json.load(response), list):
+            raise RuntimeError(f"{url}/subjects did not answer a JSON list")
+
+
+def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> RunningRegistry:
+    """Start the registry on ``host:port`` (a free port by default) and wait until it answers."""
+    if not is_installed():
+        raise process.ServiceStartError(
+            f"registry: not built ({run_jar()} is missing); run `make registry`"
+        )
+    layout = RegistryLayout(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    port = port or process.free_port(host)
+    argv = [
+        _java(),
+        *JVM_OPTS,
+        f"-Djava.io.tmpdir={state_dir}",
+        f"-Dquarkus.http.host={host}",
+        f"-Dquarkus.http.port={port}",
+        "-jar",
+        str(run_jar()),
+    ]
+    pid = process.spawn(argv, layout.stdout_log, cwd=state_dir)
+    layout.pid_file.write_text(str(pid))
+    url = f"http://{host}:{port}{CCOMPAT_PATH}"
+    try:
+        process.wait_until_ready(
+            "registry", pid, lambda: probe(url), [layout.stdout_log], START_TIMEOUT_S, interval=0.2
+        )
+    except BaseException:
+        stop(state_dir)
+        raise
+    layout.url_file.write_text(url)
+    return RunningRegistry(url, pid, port)
+
+
+def stop(state_dir: Path) -> bool:
+    """Stop the registry started in ``state_dir``; True when one was running."""
+    layout = RegistryLayout(state_dir)
+    try:
+        pid = int(layout.pid_file.read_text())
+    except (OSError, ValueError):
+        return False
+    was_running = process.stop_group(pid)
+    layout.pid_file.unlink(missing_ok=True)
+    layout.url_file.unlink(missing_ok=True)
+    return was_running
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mailtap.dev.registry", description=__doc__)
+    parser.add_argument("action", choices=["build", "start", "stop"])
+    parser.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".state" / "registry")
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--force", action="store_true", help="build even if up to date")
+    args = parser.parse_args(argv)
+    if args.action == "build":
+        print(build(force=args.force))
+    elif args.action == "start":
+        print(start(args.state_dir, port=args.port).url)
+    else:
+        print("stopped" if stop(args.state_dir) else "not running")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
