@@ -25,7 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mailtap.commands.run:run", "Run a connector or the streams worker."),
     "bench": ("mailtap.commands.bench:bench", "Benchmarks against the local services."),
     "demo": ("mailtap.commands.demo:demo", "The whole pipeline on the local services."),
-    "config": ("mailtap.commands.config:config", "Check a config file; print the reference of every key."),
+    "config": (
+        "mailtap.commands.config:config",
+        "Check a config file; print the reference of every key.",
+    ),
 }
 
 #: Which extra provides what a command imports, for the error message.
