@@ -47,19 +47,26 @@ class EwsAccountSettings(_Strict):
         description="https://<server>/EWS/Exchange.asmx (no autodiscover)"
     )
     email: str = Field(min_length=3, description="primary SMTP address of the mailbox")
-    auth: Literal["ntlm", "basic", "oauth2"] = "ntlm"
+    auth: Literal["ntlm", "basic", "oauth2"] = Field(
+        default="ntlm", description="ntlm/basic for Exchange Server on-premises, or oauth2"
+    )
     username: str | None = Field(
         default=None, description="DOMAIN\\user or UPN for ntlm/basic; the email when unset"
     )
-    password: SecretStr | None = None
+    password: SecretStr | None = Field(default=None, description="auth: ntlm or basic")
     oauth2_access_token: SecretStr | None = Field(
         default=None, description="bearer token obtained elsewhere (auth: oauth2)"
     )
-    oauth2_client_id: str | None = None
+    oauth2_client_id: str | None = Field(
+        default=None, description="client credentials flow (with secret and tenant id)"
+    )
     oauth2_client_secret: SecretStr | None = None
     oauth2_tenant_id: str | None = None
     ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
-    folders: tuple[str, ...] = ("inbox",)
+    folders: tuple[str, ...] = Field(
+        default=("inbox",),
+        description=f"distinguished folder names: {', '.join(sorted(MAIL_FOLDERS))}",
+    )
     start: str = Field(
         default="latest",
         description="where a folder without a cursor starts: all | latest | since:YYYY-MM-DD",
@@ -156,21 +163,31 @@ class EwsSourceSettings(_Strict):
     #: GetStreamingEvents ``ConnectionTimeout`` (EWS allows 1-30 minutes). The server ends the
     #: stream with ConnectionStatus=Closed after it and we reconnect to the same subscription; a
     #: clean Closed also marks the mailbox healthy, so keep it below health.max_sync_age_seconds.
-    connection_timeout_minutes: int = Field(default=5, ge=1, le=30)
+    connection_timeout_minutes: int = Field(
+        default=5, ge=1, le=30, description="GetStreamingEvents ConnectionTimeout (1-30)"
+    )
     #: A read on the stream blocks at most this long. Exchange writes a keep-alive on an idle
     #: stream, so silence longer than this is a stalled or half-open connection. exchangelib's own
     #: read timeout would be ConnectionTimeout + 1 minute.
-    stream_read_timeout_seconds: float = Field(default=120.0, gt=0)
+    stream_read_timeout_seconds: float = Field(
+        default=120.0, gt=0, description="silence on the stream longer than this = stalled"
+    )
     #: Timeout of every other request (GetFolder, Subscribe, GetItem, FindItem).
-    request_timeout_seconds: float = Field(default=60.0, gt=0)
+    request_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="GetFolder, Subscribe, GetItem, FindItem"
+    )
     #: After an expired subscription, a dropped stream or a restart, FindItem catches up from the
     #: stored watermark minus this margin: DateTimeReceived has whole-second precision and is
     #: stamped by the mailbox server, and events of one second may arrive in any order. Items
     #: already committed inside the margin are remembered in the cursor and not emitted twice.
-    catchup_margin_seconds: float = Field(default=300.0, ge=0)
+    catchup_margin_seconds: float = Field(
+        default=300.0, ge=0, description="FindItem catch-up starts this long before the watermark"
+    )
     #: The stream holds one HTTP connection for its whole duration; GetItem/FindItem need another
     #: (with exchangelib's default of one, get() inside the stream loop hangs: #906, #1088).
-    max_connections: int = Field(default=4, ge=2, le=16)
+    max_connections: int = Field(
+        default=4, ge=2, le=16, description="HTTP connections per mailbox (the stream holds one)"
+    )
     backoff_initial_seconds: float = Field(default=1.0, gt=0)
     backoff_cap_seconds: float = Field(default=300.0, gt=0)
     #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).

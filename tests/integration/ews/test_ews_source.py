@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -168,28 +169,51 @@ def test_dropped_stream_expired_subscription_and_lost_events_give_every_item_onc
     assert "SyncFolderItems" not in ews.operations()
 
 
+def source_command(
+    kafka: KafkaSettings, ews: EwsTestServer, tmp_path: Path, **overrides: object
+) -> list[str]:
+    config_file = tmp_path / "mailtap.yaml"
+    config_file.write_text(
+        yaml.safe_dump(source_config(kafka, ews, tmp_path / "claims", **overrides))
+    )
+    code = (
+        "import sys; from mailtap.commands.ews import run_ews_source; run_ews_source(sys.argv[1])"
+    )
+    return [sys.executable, "-c", code, str(config_file)]
+
+
+def restart_and_expect(
+    run: list[str], ews: EwsTestServer, kafka: KafkaSettings, raws: list[bytes]
+) -> None:
+    """Run the source again until every mail is in Kafka, then check: each exactly once."""
+    restarted = subprocess.Popen(run, env=ENV, cwd=REPO, stderr=subprocess.DEVNULL)
+    try:
+        assert ews.wait_until(lambda: len(read_events(kafka)) >= len(raws), WAIT_S)
+        assert ews.wait_until(lambda: streaming(ews), WAIT_S)
+    finally:
+        restarted.terminate()
+        restarted.wait(timeout=WAIT_S)
+    keys = [k for k, _ in read_events(kafka)]
+    assert sorted(keys) == sorted(imap_key(raw) for raw in raws)
+    assert len(keys) == len(set(keys))
+
+
+ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
 def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(
     ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
 ) -> None:
     raws = [mime(n) for n in range(5)]
     for raw in raws[:3]:
         ews.deliver(USER, raw)
-    raw_config = source_config(kafka, ews, tmp_path / "claims", batch_size=2)
-    config_file = tmp_path / "mailtap.yaml"
-    config_file.write_text(yaml.safe_dump(raw_config))
-    run = [
-        sys.executable,
-        "-c",
-        "import sys; from mailtap.commands.ews import run_ews_source; run_ews_source(sys.argv[1])",
-        str(config_file),
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = source_command(kafka, ews, tmp_path, batch_size=2)
 
     # Batches written: 1 = the new subscription (no records), 2 = catch-up items 0-1.
     # The process dies inside the second transaction: its records are on the broker, uncommitted.
     crashed = subprocess.run(
         run,
-        env={**env, CRASH_ENV: "in_transaction:2"},
+        env={**ENV, CRASH_ENV: "in_transaction:2"},
         cwd=REPO,
         timeout=WAIT_S,
         capture_output=True,
@@ -202,19 +226,30 @@ def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(
     # Mail keeps arriving while the source is down; the subscription queues its events.
     for raw in raws[3:]:
         ews.deliver(USER, raw)
-    restarted = subprocess.Popen(run, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
-    try:
-        assert ews.wait_until(lambda: len(read_events(kafka)) >= len(raws), WAIT_S)
-        assert ews.wait_until(lambda: streaming(ews), WAIT_S)
-    finally:
-        restarted.terminate()
-        restarted.wait(timeout=WAIT_S)
-
-    keys = [k for k, _ in read_events(kafka)]
-    assert sorted(keys) == sorted(imap_key(raw) for raw in raws)
-    assert len(keys) == len(set(keys))
+    restart_and_expect(run, ews, kafka, raws)
     # The restart reconnected to the subscription stored in the cursor.
     assert ews.operations().count("Subscribe") == 1
+
+
+def test_sigkill_while_publishing_then_restart_loses_and_duplicates_nothing(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    raws = [mime(n) for n in range(40)]
+    for raw in raws[:30]:
+        ews.deliver(USER, raw)
+    run = source_command(kafka, ews, tmp_path, batch_size=2)
+    first = subprocess.Popen(run, env=ENV, cwd=REPO, stderr=subprocess.DEVNULL)
+    try:
+        # Some batches are committed, more are on their way: a real SIGKILL somewhere in there.
+        assert ews.wait_until(lambda: len(read_events(kafka)) >= 4, WAIT_S)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=WAIT_S)
+    assert first.returncode == -signal.SIGKILL
+    assert len(read_events(kafka)) < len(raws)
+    for raw in raws[30:]:
+        ews.deliver(USER, raw)
+    restart_and_expect(run, ews, kafka, raws)
 
 
 def test_first_start_latest_skips_existing_mail(
