@@ -1,0 +1,204 @@
+"""``mailtap bench sink``: the SMTP sink's end-to-end rate against raw aiosmtplib.
+
+Both halves run in the same process against the same local SMTP server (the dev services' one,
+started here when none are running), with the same rendered message:
+
+- baseline: one aiosmtplib connection, reused, ``sendmail`` in a loop (no Kafka, no state);
+- sink: ``mail.commands`` -> :class:`~connectors.smtp.sink.SmtpSink` (intent and outcome
+  transactions, state topic, rate limiter, pool) -> SENT events read back from ``mail.delivery``;
+  the clock runs from the first command produced to the last SENT event consumed.
+
+A warm-up command goes through the sink first, so the group join is not measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from typing import Any
+
+import aiosmtplib
+import click
+from confluent_kafka import Consumer, Producer
+
+from connectors.core.config import MailtapConfig, config_from_dict
+from connectors.core.kafka import consumer_config, ensure_topics, producer_config
+from connectors.core.serde import AvroSerde
+from connectors.smtp.config import SmtpSinkSettings
+from connectors.smtp.render import render
+from connectors.smtp.sink import PRODUCER_COMPRESSION, SmtpSink
+from mailtap import dev
+from mailtap.dev.services import SMTP_FROM_ADDRESS
+
+log = logging.getLogger(__name__)
+
+MESSAGES = 2000
+TARGET_RATIO = 0.70
+
+
+def _command(i: int, run: str) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
+    return {
+        "schema_version": 1,
+        "command_id": f"bench-{run}-{i:06d}",
+        "kind": "REPLY",
+        "workflow": "bench",
+        "step": "reply",
+        "event_key": f"evt-{i}",
+        "from": {"name": "mailtap bench", "address": "bench@example.com"},
+        "to": [{"name": "Receiver", "address": f"rcpt{i % 50}@example.org"}],
+        "cc": [],
+        "bcc": [],
+        "reply_to": [],
+        "subject": f"Re: bench message {i}",
+        "text_body": "Thank you for your message.\n" * 20,
+        "html_body": None,
+        "attachments": [],
+        "in_reply_to": f"orig-{i}@example.org",
+        "references": [],
+        "auto_submitted": "auto-replied",
+        "created_at": datetime.now(UTC),
+    }
+
+
+async def _raw_rate(host: str, port: int, messages: int, run: str) -> float:
+    rendered = [render(_command(i, f"raw-{run}")) for i in range(messages)]
+    client = aiosmtplib.SMTP(hostname=host, port=port, start_tls=False, timeout=30)
+    await client.connect()
+    started = time.perf_counter()
+    for msg in rendered:
+        await client.sendmail(msg.envelope_from, list(msg.recipients), msg.data)
+    elapsed = time.perf_counter() - started
+    await client.quit()
+    return messages / elapsed
+
+
+class _SentCounter(threading.Thread):
+    """Counts SENT events on the delivery topic in its own thread (so the sink's loop is free)."""
+
+    def __init__(self, cfg: MailtapConfig, wanted: set[str]) -> None:
+        super().__init__(daemon=True)
+        self._consumer = Consumer(consumer_config(cfg.kafka, f"bench-reader-{uuid.uuid4().hex[:8]}"))
+        self._consumer.subscribe([cfg.kafka.topics.delivery])
+        self._serde = AvroSerde.for_schema("DeliveryEvent", cfg.kafka)
+        self.wanted = set(wanted)
+        self.done = threading.Event()
+        self.finished_at = 0.0
+        self.failed: list[dict[str, Any]] = []
+
+    def run(self) -> None:
+        try:
+            while self.wanted:
+                for msg in self._consumer.consume(1000, timeout=0.1):
+                    if msg.error() or msg.value() is None:
+                        continue
+                    event = self._serde.decode(msg.value() or b"")
+                    if event["status"] == "SENT":
+                        self.wanted.discard(event["command_id"])
+                    else:
+                        self.failed.append(event)
+            self.finished_at = time.perf_counter()
+        finally:
+            self._consumer.close()
+            self.done.set()
+
+
+async def _sink_rate(info: dev.DevServices, messages: int, run: str) -> tuple[float, SmtpSink]:
+    raw = {
+        "kafka": {
+            "bootstrap_servers": info.bootstrap_servers,
+            "topics": {
+                "commands": f"bench.commands.{run}",
+                "retry_prefix": f"bench.commands.{run}.retry",
+                "dlq": f"bench.commands.{run}.dlq",
+                "delivery": f"bench.delivery.{run}",
+            },
+        },
+        "smtp": {
+            "host": info.smtp.host,
+            "port": info.smtp.port,
+            "security": "plain",
+            "from_address": SMTP_FROM_ADDRESS,
+            "group_id": f"bench-sink-{run}",
+            "state_topic": f"bench.sink.state.{run}",
+            "instance_id": f"bench-{run}",
+        },
+    }
+    cfg = config_from_dict(raw)
+    settings = cfg.section("smtp", SmtpSinkSettings)
+    ensure_topics(cfg.kafka, retry_tiers=settings.retry_tiers)
+    serde = AvroSerde.for_schema("ReplyCommand", cfg.kafka)
+    producer = Producer(producer_config(cfg.kafka, compression_type=PRODUCER_COMPRESSION))
+    topic = cfg.kafka.topics.commands
+    sink = SmtpSink(cfg, settings)
+    sink.start()
+    try:
+        warm = _command(0, f"warm-{run}")
+        counter = _SentCounter(cfg, {warm["command_id"]})
+        counter.start()
+        producer.produce(topic, key=warm["command_id"].encode(), value=serde.encode(warm, topic))
+        producer.flush(30)
+        while not counter.done.is_set():
+            await sink.poll_once()
+        commands = [_command(i, run) for i in range(messages)]
+        encoded = [(c["command_id"].encode(), serde.encode(c, topic)) for c in commands]
+        counter = _SentCounter(cfg, {c["command_id"] for c in commands})
+        counter.start()
+        started = time.perf_counter()
+        for key, value in encoded:
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+        producer.flush(30)
+        while not counter.done.is_set():
+            await sink.poll_once()
+        if counter.failed:
+            raise click.ClickException(f"unexpected outcomes: {counter.failed[:3]}")
+        return messages / (counter.finished_at - started), sink
+    finally:
+        await sink.close()
+
+
+def bench_sink(json_out: bool, messages: int = MESSAGES) -> dict[str, Any]:
+    """Run both halves and return the figures (the CLI prints them as JSON with ``--json``)."""
+    started_here = False
+    info = dev.status()
+    if info is None:
+        click.echo("no local services running: starting them (mailtap dev up)", err=json_out)
+        info = dev.up()
+        started_here = True
+    run = uuid.uuid4().hex[:8]
+    try:
+        raw_rate = asyncio.run(_raw_rate(info.smtp.host, info.smtp.port, messages, run))
+        sink_rate, sink = asyncio.run(_sink_rate(info, messages, run))
+    finally:
+        if started_here:
+            dev.down()
+    ratio = sink_rate / raw_rate
+    figures = {
+        "bench": "sink",
+        "messages": messages,
+        "raw_aiosmtplib_msgs_per_s": round(raw_rate, 1),
+        "sink_end_to_end_msgs_per_s": round(sink_rate, 1),
+        "ratio": round(ratio, 3),
+        "target_ratio": TARGET_RATIO,
+        "pool_size": sink.settings.pool_size,
+        "batch_size": sink.settings.batch_size,
+        "smtp_sessions_opened": sink.pool.opened,
+    }
+    lines = [
+        f"raw aiosmtplib, one reused connection: {raw_rate:8.1f} msg/s",
+        f"sink end to end (commands -> SENT):    {sink_rate:8.1f} msg/s "
+        f"(pool {sink.settings.pool_size}, batch {sink.settings.batch_size})",
+        f"ratio: {ratio:.0%} (target >= {TARGET_RATIO:.0%})",
+    ]
+    for line in lines:
+        click.echo(line, err=json_out)
+    return figures
