@@ -128,7 +128,9 @@ class ImapAccountSettings(_Strict):
 class ImapSourceSettings(_Strict):
     """The whole ``imap`` section."""
 
-    accounts: tuple[ImapAccountSettings, ...] = Field(min_length=1)
+    # Non-empty is checked in _unique_names: a min_length here makes pydantic add a second error
+    # whose "input" is the whole account list, and the core's message would quote the passwords.
+    accounts: tuple[ImapAccountSettings, ...]
     batch_size: int = Field(
         default=200, ge=1, le=5000, description="mails per fetch and per Kafka transaction"
     )
@@ -158,6 +160,8 @@ class ImapSourceSettings(_Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> ImapSourceSettings:
+        if not self.accounts:
+            raise ValueError("list at least one account under imap.accounts")
         names = [a.name for a in self.accounts]
         if len(set(names)) != len(names):
             raise ValueError("account names must be unique")

@@ -1,0 +1,197 @@
+"""In-memory stand-ins for the worker's collaborators: a mailbox behind ImapConnection's interface,
+a transactional writer that records what it committed, and a parser."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from connectors.core.contract import SourceRecord
+from connectors.imap.connection import FetchedMail, FlagState, FolderStatus, IdleOutcome
+
+
+@dataclass
+class Mail:
+    raw: bytes
+    flags: tuple[str, ...] = ()
+    modseq: int = 0
+
+
+@dataclass
+class FakeServer:
+    uidvalidity: int = 100
+    folders: dict[str, dict[int, Mail]] = field(default_factory=lambda: {"INBOX": {}})
+    uidnext: dict[str, int] = field(default_factory=lambda: {"INBOX": 1})
+    modseq: int = 1
+    #: Raised by the next connect()/login() (then cleared unless sticky).
+    fail_connect: BaseException | None = None
+    fail_login: BaseException | None = None
+    sticky: bool = False
+    connects: int = 0
+
+    def append(self, raw: bytes, folder: str = "INBOX") -> int:
+        uid = self.uidnext[folder]
+        self.uidnext[folder] = uid + 1
+        self.modseq += 1
+        self.folders[folder][uid] = Mail(raw, (), self.modseq)
+        return uid
+
+    def flag(self, uid: int, flag: str, folder: str = "INBOX") -> None:
+        self.modseq += 1
+        mail = self.folders[folder][uid]
+        mail.flags, mail.modseq = (*mail.flags, flag), self.modseq
+
+
+class FakeConnection:
+    condstore = True
+    supports_idle = True
+
+    def __init__(self, server: FakeServer, stop: threading.Event, idle_rounds: int = 1) -> None:
+        self.server = server
+        self.stop = stop
+        self.folder = "INBOX"
+        self.idle_rounds = idle_rounds
+
+    def _fail(self, attr: str) -> None:
+        exc = getattr(self.server, attr)
+        if exc is not None:
+            if not self.server.sticky:
+                setattr(self.server, attr, None)
+            raise exc
+
+    def connect(self) -> None:
+        self.server.connects += 1
+        self._fail("fail_connect")
+
+    def login(self) -> None:
+        self._fail("fail_login")
+
+    def enable_condstore(self) -> bool:
+        return True
+
+    def select(self, folder: str, readonly: bool = False) -> FolderStatus:
+        self.folder = folder
+        return self.status(folder)
+
+    def status(self, folder: str) -> FolderStatus:
+        s = self.server
+        return FolderStatus(s.uidvalidity, s.uidnext[folder], s.modseq, len(s.folders[folder]))
+
+    def noop(self) -> IdleOutcome:
+        return IdleOutcome()
+
+    def _box(self) -> dict[int, Mail]:
+        return self.server.folders[self.folder]
+
+    def uids_from(self, first: int) -> list[int]:
+        return sorted(u for u in self._box() if u >= first)
+
+    def all_uids(self) -> list[int]:
+        return sorted(self._box())
+
+    def uids_since(self, day: dt.date) -> list[int]:
+        return self.all_uids()
+
+    def uids_changed_since(self, modseq: int) -> list[int]:
+        return sorted(u for u, m in self._box().items() if m.modseq > modseq)
+
+    def sizes(self, uids: Sequence[int]) -> dict[int, int]:
+        return {u: len(self._box()[u].raw) for u in uids if u in self._box()}
+
+    def fetch(self, uids: Sequence[int]) -> list[FetchedMail]:
+        box = self._box()
+        return [
+            FetchedMail(u, box[u].raw, box[u].flags, None, box[u].modseq)
+            for u in sorted(uids)
+            if u in box
+        ]
+
+    def flags(self, uids: Sequence[int]) -> list[FlagState]:
+        box = self._box()
+        return [FlagState(u, box[u].flags, box[u].modseq) for u in sorted(uids) if u in box]
+
+    def idle_until(
+        self, deadline: float, should_stop: Callable[[], bool], slice_seconds: float
+    ) -> IdleOutcome:
+        self.idle_rounds -= 1
+        if self.idle_rounds <= 0:
+            self.stop.set()
+        return IdleOutcome()
+
+    def uids_with_message_id(self, folder: str, message_id: str) -> list[int]:
+        return []
+
+    def create_folder(self, folder: str) -> None:
+        self.server.folders.setdefault(folder, {})
+        self.server.uidnext.setdefault(folder, 1)
+
+    def add_flags(self, uids: Sequence[int], flags: Sequence[str]) -> None:
+        for uid in uids:
+            for flag in flags:
+                self.server.flag(uid, flag, self.folder)
+
+    def move(self, uids: Sequence[int], folder: str) -> None:
+        for uid in uids:
+            mail = self._box().pop(uid, None)
+            if mail is not None:
+                self.server.append(mail.raw, folder)
+
+    def close(self) -> None:
+        pass
+
+    def logout(self) -> None:
+        pass
+
+
+class RecordingWriter:
+    def __init__(self) -> None:
+        self.transactions: list[tuple[list[SourceRecord], list[Mapping[str, Any]]]] = []
+        self.fail_next: BaseException | None = None
+
+    def write(self, records: Sequence[SourceRecord], offsets: Any) -> None:
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        self.transactions.append((list(records), [o for _, o in offsets]))
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def records(self) -> list[SourceRecord]:
+        return [r for records, _ in self.transactions for r in records]
+
+    @property
+    def last_offset(self) -> Mapping[str, Any]:
+        return self.transactions[-1][1][-1]
+
+
+@dataclass
+class Parsed:
+    key: str
+    event: dict[str, Any]
+    parse_error: str | None = None
+
+
+def fake_parse(
+    raw: bytes, *, account: str, source: Mapping[str, Any], flags: list[str], **_: Any
+) -> Parsed:
+    """Key = account + first line; ``BAD`` in the mail sets parse_error; ``BOOM`` raises."""
+    if b"BOOM" in raw:
+        raise RuntimeError("parser bug")
+    error = "broken" if b"BAD" in raw else None
+    return Parsed(
+        f"{account}/mid:{raw.splitlines()[0].decode()}",
+        {"source": dict(source), "flags": flags, "message_id": None, "parse_error": error},
+        error,
+    )
+
+
+class JsonSerde:
+    def encode(self, value: dict[str, Any], topic: str) -> bytes:
+        import json
+
+        return json.dumps(value, sort_keys=True, default=str).encode()

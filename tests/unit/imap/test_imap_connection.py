@@ -1,0 +1,122 @@
+"""The wire adapter without a server: error translation, IDLE answers, the #565 early-empty case."""
+
+from __future__ import annotations
+
+import ssl
+import time
+from typing import Any
+
+import pytest
+from imapclient import exceptions as imap_exc
+
+from connectors.core.errors import AuthenticationError, Disposition, classify
+from connectors.imap.config import ImapAccountSettings
+from connectors.imap.connection import ImapConnection, _wire
+from connectors.imap.errors import ConnectionLost, ImapProtocolError
+
+
+@pytest.mark.parametrize(
+    ("raised", "expected", "disposition"),
+    [
+        (imap_exc.LoginError("bad"), AuthenticationError, Disposition.PERMANENT),
+        (imap_exc.IMAPClientAbortError("socket error: EOF"), ConnectionLost, Disposition.RETRY),
+        (TimeoutError("timed out"), ConnectionLost, Disposition.RETRY),
+        (ConnectionResetError(104, "reset"), ConnectionLost, Disposition.RETRY),
+        (ssl.SSLCertVerificationError("self-signed"), ConnectionLost, Disposition.PERMANENT),
+        (imap_exc.IMAPClientError("NO [SERVERBUG]"), ImapProtocolError, Disposition.RETRY),
+    ],
+)
+def test_library_errors_become_ours_and_classify_from_the_cause_chain(
+    raised: Exception, expected: type[Exception], disposition: Disposition
+) -> None:
+    with pytest.raises(expected) as caught, _wire("fetch"):
+        raise raised
+    assert caught.value.__cause__ is raised
+    assert classify(caught.value) is disposition
+
+
+@pytest.mark.parametrize(
+    ("responses", "flags"),
+    [
+        ([(3, b"EXISTS")], (True, False, False, False)),
+        ([(2, b"EXPUNGE")], (False, True, False, False)),
+        ([(1, b"FETCH", (b"FLAGS", (b"\\Seen",)))], (False, False, True, False)),
+        ([(b"OK", b"Still here"), (4, b"RECENT")], (False, False, False, False)),
+        ([(b"VANISHED", 41)], (False, False, False, True)),
+    ],
+)
+def test_idle_answers_are_classified(
+    responses: list[tuple[Any, ...]], flags: tuple[bool, ...]
+) -> None:
+    outcome = ImapConnection._classify(responses)
+    assert (outcome.new_mail, outcome.expunged, outcome.flags_changed, outcome.other) == flags
+
+
+def test_bye_is_a_dead_connection() -> None:
+    with pytest.raises(ConnectionLost, match="BYE"):
+        ImapConnection._classify([(b"BYE", b"Server shutting down")])
+
+
+class FakeClient:
+    """Just enough of IMAPClient for idle_until()."""
+
+    def __init__(
+        self, checks: list[list[tuple[Any, ...]]], done_error: Exception | None = None
+    ) -> None:
+        self.checks = checks
+        self.done_error = done_error
+        self.calls: list[str] = []
+
+    def idle(self) -> None:
+        self.calls.append("idle")
+
+    def idle_check(self, timeout: float) -> list[tuple[Any, ...]]:
+        self.calls.append("idle_check")
+        return self.checks.pop(0) if self.checks else []
+
+    def idle_done(self) -> tuple[bytes, list[tuple[Any, ...]]]:
+        self.calls.append("idle_done")
+        if self.done_error is not None:
+            raise self.done_error
+        return b"Idle completed", []
+
+    def noop(self) -> tuple[bytes, list[tuple[Any, ...]]]:
+        self.calls.append("noop")
+        return b"NOOP completed", []
+
+
+def connection(client: FakeClient) -> ImapConnection:
+    account = ImapAccountSettings(name="a", host="h", username="u", password="p")  # type: ignore[arg-type]
+    conn = ImapConnection(account, connect_timeout=1, read_timeout=1)
+    conn._client = client  # type: ignore[assignment]
+    return conn
+
+
+def test_new_mail_ends_idle_at_once() -> None:
+    client = FakeClient([[(b"OK", b"Still here")], [(5, b"EXISTS")]])
+    outcome = connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+    assert outcome.new_mail
+    assert client.calls == ["idle", "idle_check", "idle_check", "idle_done"]
+
+
+def test_an_early_empty_idle_check_is_verified_with_noop() -> None:
+    # imapclient #565: EOF swallowed, [] returned at once although 5 s were allowed.
+    client = FakeClient([[]])
+    outcome = connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+    assert not outcome.activity
+    assert client.calls == ["idle", "idle_check", "idle_done", "noop"]
+
+
+@pytest.mark.parametrize(
+    "error", [imap_exc.IMAPClientAbortError("EOF"), BrokenPipeError(32, "pipe")]
+)
+def test_idle_done_errors_mean_a_dead_connection(error: Exception) -> None:
+    client = FakeClient([[]], done_error=error)
+    with pytest.raises(ConnectionLost):
+        connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+
+
+def test_stop_request_ends_idle_with_done() -> None:
+    client = FakeClient([])
+    connection(client).idle_until(time.monotonic() + 60, lambda: True, 5.0)
+    assert client.calls == ["idle", "idle_done"]

@@ -1,0 +1,266 @@
+"""The mailbox worker without services: state transitions, cursor logic, backoff use, batches."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+
+from connectors.core.contract import FencedError, TransactionAborted
+from connectors.core.errors import AuthenticationError
+from connectors.core.metrics import SourceMetrics
+from connectors.core.offsets import canonical_json
+from connectors.imap.config import ImapSourceSettings
+from connectors.imap.cursor import Cursor, PendingSideEffect, source_partition
+from connectors.imap.errors import ConnectionLost
+from connectors.imap.index import AccountIndex
+from connectors.imap.records import RecordBuilder
+from connectors.imap.state import WorkerState
+from connectors.imap.worker import MailboxWorker
+from tests.unit.imap.fake_imap import (
+    FakeConnection,
+    FakeServer,
+    JsonSerde,
+    RecordingWriter,
+    fake_parse,
+)
+
+S = WorkerState
+
+
+class CountingStop(threading.Event):
+    """A stop event that records backoff waits and stops the worker after ``limit`` of them."""
+
+    def __init__(self, limit: int = 100) -> None:
+        super().__init__()
+        self.delays: list[float | None] = []
+        self.limit = limit
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.delays.append(timeout)
+        if len(self.delays) >= self.limit:
+            self.set()
+        return self.is_set()
+
+
+def make_worker(
+    server: FakeServer,
+    *,
+    stored: Cursor | None = None,
+    writer: RecordingWriter | None = None,
+    stop: CountingStop | None = None,
+    idle_rounds: int = 1,
+    metrics: SourceMetrics | None = None,
+    **account: Any,
+) -> tuple[MailboxWorker, RecordingWriter, CountingStop]:
+    stop = stop or CountingStop()
+    writer = writer or RecordingWriter()
+    settings = ImapSourceSettings.model_validate(
+        {
+            "accounts": [
+                {
+                    "name": "a",
+                    "host": "h",
+                    "username": "u",
+                    "password": "p",
+                    "start": "all",
+                    **account,
+                }
+            ],
+            "batch_size": 3,
+            "backoff_initial_seconds": 0.01,
+            "backoff_cap_seconds": 0.05,
+        }
+    )
+    partition = source_partition("a", "INBOX")
+    offsets = {canonical_json(partition): stored.to_json()} if stored else {}
+    worker = MailboxWorker(
+        account=settings.accounts[0],
+        folder="INBOX",
+        settings=settings,
+        builder=RecordBuilder(
+            account="a",
+            folder="INBOX",
+            parser=fake_parse,
+            serde=JsonSerde(),  # type: ignore[arg-type]
+            events_topic="ev",
+            dlq_topic="dlq",
+            max_record_bytes=1_000_000,
+        ),
+        index=AccountIndex("a"),
+        metrics=metrics or SourceMetrics(),
+        stop=stop,
+        writer_factory=lambda _txn: writer,
+        read_offsets=lambda: offsets,
+        connection_factory=lambda: FakeConnection(server, stop, idle_rounds),  # type: ignore[arg-type,return-value]
+        transactional_id="t",
+        watched_folders=["INBOX"],
+    )
+    return worker, writer, stop
+
+
+def events(writer: RecordingWriter) -> list[dict[str, Any]]:
+    return [json.loads(r.value) for r in writer.records if r.topic == "ev" and r.value]
+
+
+def filled(n: int) -> FakeServer:
+    server = FakeServer()
+    for i in range(n):
+        server.append(f"m{i}\r\n\r\nbody".encode())
+    return server
+
+
+def test_a_session_walks_the_diagram_and_publishes_in_batches_with_the_cursor() -> None:
+    server = filled(7)
+    worker, writer, _ = make_worker(server)
+    worker.run()
+    assert worker.machine.history == [
+        S.DISCONNECTED, S.CONNECTING, S.AUTHENTICATING, S.SELECTING, S.SYNCING, S.IDLE, S.STOPPED,
+    ]  # fmt: skip
+    # The pinned start position, then batches of 3, 3 and 1, each with its cursor.
+    assert [len(records) for records, _ in writer.transactions] == [0, 3, 3, 1]
+    assert [o[0]["last_uid"] for _, o in writer.transactions] == [0, 3, 6, 7]
+    assert [e["change"] for e in events(writer)] == ["ADDED"] * 7
+    assert writer.last_offset["uidvalidity"] == 100 and writer.last_offset["highestmodseq"] == 8
+
+
+def test_a_restart_from_the_stored_cursor_publishes_nothing_again() -> None:
+    server = filled(4)
+    first, writer, _ = make_worker(server)
+    first.run()
+    stored = Cursor.from_json(dict(writer.last_offset))
+    second, again, _ = make_worker(server, stored=stored)
+    second.run()
+    assert again.records == []
+
+
+def test_flag_change_publishes_one_updated_event_and_moves_highestmodseq() -> None:
+    server = filled(3)
+    first, writer, _ = make_worker(server)
+    first.run()
+    server.flag(2, "\\Flagged")
+    second, again, _ = make_worker(server, stored=Cursor.from_json(dict(writer.last_offset)))
+    second.run()
+    updates = events(again)
+    assert [(e["change"], e["source"]["uid"], e["flags"]) for e in updates] == [
+        ("UPDATED", 2, ["\\Flagged"])
+    ]
+    assert again.last_offset["highestmodseq"] == server.modseq
+
+
+def test_a_mail_published_above_highestmodseq_is_not_published_again_unchanged() -> None:
+    server = filled(2)
+    # Mail 2 went out at its current MODSEQ after highestmodseq was taken (it is in ``fresh``).
+    stored = Cursor(100, 2, highestmodseq=2, fresh=((2, server.folders["INBOX"][2].modseq),))
+    worker, writer, _ = make_worker(server, stored=stored)
+    worker.run()
+    assert events(writer) == []
+    assert (
+        writer.last_offset["fresh"] == [] and writer.last_offset["highestmodseq"] == server.modseq
+    )
+
+
+def test_uidvalidity_change_rescans_every_mail_in_a_new_epoch() -> None:
+    server = filled(4)
+    metrics = SourceMetrics()
+    worker, writer, _ = make_worker(server, stored=Cursor(99, 4, 5, epoch=3), metrics=metrics)
+    worker.run()
+    assert [e["change"] for e in events(writer)] == ["RESCANNED"] * 4
+    assert writer.last_offset["epoch"] == 4 and writer.last_offset["uidvalidity"] == 100
+    assert metrics.uidvalidity_changes.labels("imap", "a", "INBOX")._value.get() == 1
+
+
+def test_bad_mail_gives_event_plus_dlq_and_a_parser_crash_gives_dlq_only_cursor_moves_on() -> None:
+    server = FakeServer()
+    server.append(b"ok1\r\n\r\nx")
+    server.append(b"bad\r\n\r\nBAD")
+    server.append(b"boom\r\n\r\nBOOM")
+    worker, writer, _ = make_worker(server)
+    worker.run()
+    (batch, offsets) = writer.transactions[1]
+    assert [(r.topic, r.key) for r in batch] == [
+        ("ev", b"a/mid:ok1"), ("ev", b"a/mid:bad"), ("dlq", b"a/mid:bad"), ("dlq", b"a/INBOX/100/3"),
+    ]  # fmt: skip
+    headers = dict(batch[2].headers)
+    assert headers["mailtap.error.kind"] == b"parse_error" and headers["mailtap.source.uid"] == b"2"
+    assert dict(batch[3].headers)["mailtap.error.kind"] == b"unparseable"
+    assert offsets[0]["last_uid"] == 3
+
+
+def test_authentication_failure_backs_off_at_the_cap_every_time() -> None:
+    server = FakeServer(fail_login=AuthenticationError("no"), sticky=True)
+    metrics = SourceMetrics()
+    worker, writer, stop = make_worker(server, stop=CountingStop(limit=3), metrics=metrics)
+    worker.run()
+    assert stop.delays == [0.05, 0.05, 0.05]
+    assert metrics.auth_failures.labels("imap", "a", "INBOX")._value.get() == 3
+    assert writer.records == [] and worker.machine.history.count(S.BACKOFF) == 3
+
+
+def test_a_lost_connection_backs_off_with_jitter_then_reconnects_and_resets() -> None:
+    server = filled(2)
+    server.fail_connect = ConnectionLost("reset")
+    worker, writer, stop = make_worker(server)
+    worker.run()
+    assert len(stop.delays) == 1 and 0 <= (stop.delays[0] or 0) <= 0.01
+    assert server.connects == 2 and worker.backoff.attempt == 0
+    assert len(events(writer)) == 2
+
+
+def test_an_aborted_transaction_is_redone_from_the_committed_cursor() -> None:
+    server = filled(3)
+    writer = RecordingWriter()
+    worker, _, stop = make_worker(server, writer=writer)
+    original = writer.write
+    calls = {"n": 0}
+
+    def flaky(records: Any, offsets: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first batch
+            raise TransactionAborted("broker hiccup")
+        original(records, offsets)
+
+    writer.write = flaky  # type: ignore[method-assign]
+    worker.run()
+    assert [e["source"]["uid"] for e in events(writer)] == [1, 2, 3]
+    assert len(stop.delays) == 1
+
+
+def test_fenced_worker_stops_for_good() -> None:
+    server = filled(2)
+    writer = RecordingWriter()
+    writer.fail_next = FencedError("another instance")
+    worker, _, stop = make_worker(server, writer=writer)
+    worker.run()
+    assert worker.fenced and worker.machine.state is S.STOPPED
+    assert server.connects == 1 and stop.delays == []
+
+
+def test_after_commit_move_records_moving_then_moved_with_the_new_folder() -> None:
+    server = filled(2)
+    worker, writer, _ = make_worker(server, after_commit="move:Done")
+    worker.run()
+    batch_offsets = writer.transactions[1][1][0]
+    assert batch_offsets["pending"]["action"] == "move:Done"  # MOVING, with the batch
+    assert batch_offsets["pending"]["uids"] == [1, 2]
+    moved_records, moved_offsets = writer.transactions[2]
+    assert moved_offsets[0]["pending"] is None  # MOVED
+    assert [json.loads(r.value)["source"]["folder"] for r in moved_records] == ["Done", "Done"]
+    assert server.folders["INBOX"] == {} and len(server.folders["Done"]) == 2
+
+
+@pytest.mark.parametrize("already_moved", [False, True])
+def test_an_unfinished_move_is_repaired_at_start(already_moved: bool) -> None:
+    server = filled(2)
+    FakeConnection(server, threading.Event()).create_folder("Done")
+    if already_moved:  # the crash came after the move, before its confirmation
+        FakeConnection(server, threading.Event()).move([1, 2], "Done")
+    stored = Cursor(100, 2, 3, pending=PendingSideEffect("move:Done", (1, 2), target_uidnext=1))
+    worker, writer, _ = make_worker(server, stored=stored, after_commit="move:Done")
+    worker.run()
+    repaired_records, repaired_offsets = writer.transactions[0]
+    assert repaired_offsets[0]["pending"] is None
+    assert sorted(json.loads(r.value)["source"]["folder"] for r in repaired_records) == ["Done"] * 2
+    assert server.folders["INBOX"] == {} and len(server.folders["Done"]) == 2
