@@ -80,6 +80,12 @@ class SmtpSinkSettings(BaseModel):
         description="when set, the envelope sender is bounce+<command token>@verp_domain",
     )
     group_id: str = Field(default="mailtap-smtp-sink", description="Kafka consumer group")
+    bounce_accounts: list[str] = Field(
+        default_factory=list,
+        description="MailEvent accounts that are bounce mailboxes; when set, the sink process "
+        "also runs the bounce reader (mail.events -> BOUNCED delivery events)",
+    )
+    bounce_group_id: str = Field(default="mailtap-bounce-reader", description="its consumer group")
     state_topic: str = Field(
         default="mailtap.sink.state",
         description="compacted topic of per-command intent/outcome, read whole at start",

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
+from collections.abc import Callable
 from functools import cache
 
 import click
 
 from connectors.core.claimcheck import ClaimCheckStore, open_claim_check
 from connectors.core.config import MailtapConfig, load_config
+from connectors.smtp.bounce_reader import BounceReader
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.sink import SmtpSink
 from mailtap.commands.common import config_option
@@ -18,8 +21,7 @@ from mailtap.commands.common import config_option
 log = logging.getLogger(__name__)
 
 
-def build_sink(cfg: MailtapConfig) -> SmtpSink:
-    settings = cfg.section("smtp", SmtpSinkSettings)
+def _blob_fetcher(cfg: MailtapConfig) -> Callable[[str], bytes]:
     url = cfg.claim_check.url
 
     @cache
@@ -27,22 +29,44 @@ def build_sink(cfg: MailtapConfig) -> SmtpSink:
         # Opened on first use: a sink whose commands carry no attachment needs no store.
         return open_claim_check(url)
 
-    return SmtpSink(cfg, settings, fetch_blob=lambda uri: store().get(uri))
+    return lambda uri: store().get(uri)
 
 
-async def _serve(sink: SmtpSink) -> None:
+def build_sink(cfg: MailtapConfig) -> SmtpSink:
+    return SmtpSink(cfg, cfg.section("smtp", SmtpSinkSettings), fetch_blob=_blob_fetcher(cfg))
+
+
+async def _serve(sink: SmtpSink, stopped: threading.Event) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await sink.run(stop)
+    try:
+        await sink.run(stop)
+    finally:
+        stopped.set()
 
 
 def run_smtp_sink(config_path: str) -> None:
-    """Load the config (``smtp`` and ``kafka`` sections) and run the sink until stopped."""
+    """Load the config (``smtp`` and ``kafka`` sections) and run the sink until stopped.
+
+    With ``smtp.bounce_accounts`` set, the bounce reader runs in a thread of the same process.
+    """
     cfg = load_config(config_path)
+    settings = cfg.section("smtp", SmtpSinkSettings)
     sink = build_sink(cfg)
-    asyncio.run(_serve(sink))
+    stopped = threading.Event()
+    reader_thread: threading.Thread | None = None
+    if settings.bounce_accounts:
+        reader = BounceReader(cfg, settings, fetch_blob=_blob_fetcher(cfg))
+        reader_thread = threading.Thread(target=reader.run, args=(stopped,), name="bounce-reader")
+        reader_thread.start()
+    try:
+        asyncio.run(_serve(sink, stopped))
+    finally:
+        stopped.set()
+        if reader_thread is not None:
+            reader_thread.join()
     log.info("smtp sink stopped: sent=%d events=%d", sink.sent_total, sink.events_total)
 
 
