@@ -114,7 +114,7 @@ def test_8000_encoded_words(parse: Parse) -> None:
     assert mail.parse_error is None
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(20)
 def test_20_mb_attachment(parse: Parse, tmp_path: Path, mail_schema: Any) -> None:
     content = os.urandom(20 * 1024 * 1024)
     encoded = base64.encodebytes(content).replace(b"\n", b"\r\n")
@@ -189,3 +189,36 @@ def test_event_stays_under_the_budget(parse: Parse, mail_schema: Any) -> None:
     assert len(mail.event["to"]) == 3_000  # bodies went first, and that was enough
     assert mail.parse_error is not None and "event over" in mail.parse_error
     assert mail.event["body_truncated"] is True
+
+
+def _dash_bomb(depth: int, lines: int) -> bytes:
+    out = [b"Subject: dashes"]
+    for level in range(depth):
+        out += [b'Content-Type: multipart/mixed; boundary="b%d"' % level, b"", b"--b%d" % level]
+    return b"\r\n".join([*out, b"Content-Type: text/plain", b"", b"--no-boundary\r\n" * lines])
+
+
+@pytest.mark.timeout(20)
+def test_millions_of_dash_lines_under_deep_nesting(parse: Parse) -> None:
+    # Every line is a boundary candidate for every open level: the pre-scan looks boundaries
+    # up in a dict, and the work cap lowers the depth the stdlib parser has to carry.
+    mail = parse(_dash_bomb(depth=50, lines=500_000))
+    assert mail.event["subject"] == "dashes"
+    assert mail.parse_error is not None
+    assert mail.parse_error.startswith("500154 lines: MIME depth cap lowered to 30")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("depth", "lines", "expected"),
+    [
+        (10, 20_000, "20034 lines: MIME depth cap lowered to 3; MIME nesting deeper than 3"),
+        (5, 60_000, "60019 lines, too many to MIME-parse; headers only"),
+        (2, 1_000, None),
+    ],
+)
+def test_parse_work_cap(parse: Parse, depth: int, lines: int, expected: str | None) -> None:
+    mail = parse(_dash_bomb(depth, lines), limits=ParseLimits(max_parse_work=100_000))
+    assert mail.event["subject"] == "dashes"
+    assert (mail.parse_error or "").startswith(expected or "")
+    assert (mail.parse_error is None) == (expected is None)
