@@ -11,14 +11,13 @@ import pytest
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
 from connectors.core.kafka import ensure_topics
 from tests.ews_server import EwsTestServer
-from tests.integration.ews.ews_kafka import PASSWORD, USER, source_config
+from tests.ews_server.fixture import fast_server
+from tests.integration.ews.ews_kafka import source_config
 
 
 @pytest.fixture
 def ews() -> Iterator[EwsTestServer]:
-    # ConnectionTimeout "minutes" last one second; keep-alives every 0.2 s.
-    with EwsTestServer(seconds_per_minute=1.0, keepalive_seconds=0.2) as server:
-        server.add_mailbox(USER, PASSWORD)
+    with fast_server() as server:
         yield server
 
 

@@ -12,9 +12,10 @@ from connectors.core.config import KafkaSettings
 from connectors.core.kafka import consumer_config
 from connectors.core.serde import AvroSerde
 from tests.ews_server import EwsTestServer
+from tests.ews_server.fixture import PASSWORD, USER
 
-USER = "user@example.com"
-PASSWORD = "s3cret"
+__all__ = ["ACCOUNT", "PASSWORD", "USER", "read_events", "read_topic", "source_config"]
+
 ACCOUNT = "ops"
 
 

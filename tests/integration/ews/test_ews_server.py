@@ -20,7 +20,7 @@ from exchangelib.ewsdatetime import EWSDateTime
 from exchangelib.services import GetStreamingEvents, SyncFolderItems
 
 from tests.ews_server import EwsTestServer
-from tests.integration.ews.ews_kafka import PASSWORD, USER
+from tests.ews_server.fixture import PASSWORD, USER, fast_server
 
 pytestmark = pytest.mark.integration
 
@@ -191,8 +191,7 @@ def test_expired_subscription_is_not_found(ews: EwsTestServer) -> None:
 
 
 def test_subscription_expires_after_idle_time() -> None:
-    with EwsTestServer(seconds_per_minute=1.0, subscription_idle_seconds=0.0) as server:
-        server.add_mailbox(USER, PASSWORD)
+    with fast_server(subscription_idle_seconds=0.0) as server:
         account = make_account(server)
         sub_id = account.inbox.subscribe_to_streaming()
         assert server.wait_until(lambda: not server.subscription_ids(USER))

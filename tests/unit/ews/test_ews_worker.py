@@ -30,10 +30,9 @@ from connectors.ews.connection import EwsConnection, FetchedItem, ItemRef
 from connectors.ews.records import EwsRecordBuilder
 from connectors.ews.worker import EwsFolderWorker
 from tests.ews_server import EwsTestServer
+from tests.ews_server.fixture import PASSWORD, USER, fast_server
 
 REPO = Path(__file__).resolve().parents[3]
-USER = "user@example.com"
-PASSWORD = "s3cret"
 WAIT_S = 30.0
 
 
@@ -124,8 +123,7 @@ class Running:
 
 @pytest.fixture
 def ews() -> Iterator[EwsTestServer]:
-    with EwsTestServer(seconds_per_minute=1.0, keepalive_seconds=0.2) as server:
-        server.add_mailbox(USER, PASSWORD)
+    with fast_server() as server:
         yield server
 
 
@@ -218,9 +216,14 @@ def tls_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[EwsTestServer,
     ca = trustme.CA()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
-    with EwsTestServer(tls=context) as server:
-        server.add_mailbox(USER, PASSWORD)
+    with fast_server(tls=context) as server:
         yield server, ca
+
+
+def ca_file_of(ca: trustme.CA, tmp_path: Path) -> str:
+    path = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return str(path)
 
 
 def test_untrusted_certificate_is_refused(tls_server: tuple[EwsTestServer, trustme.CA]) -> None:
@@ -235,9 +238,7 @@ def test_ca_file_makes_the_certificate_trusted(
     tls_server: tuple[EwsTestServer, trustme.CA], tmp_path: Path
 ) -> None:
     server, ca = tls_server
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
-    settings = settings_for(server, ca_file=str(ca_file))
+    settings = settings_for(server, ca_file=ca_file_of(ca, tmp_path))
     conn = EwsConnection(settings.accounts[0], settings, "inbox")
     conn.open()
     assert server.url.startswith("https://")
@@ -248,11 +249,13 @@ def test_oauth2_bearer_token_is_sent(
     tls_server: tuple[EwsTestServer, trustme.CA], tmp_path: Path
 ) -> None:
     server, ca = tls_server
-    ca_file = tmp_path / "ca.pem"
-    ca.cert_pem.write_to_path(str(ca_file))
     server.add_token("token-123", USER)
     settings = settings_for(
-        server, auth="oauth2", password=None, oauth2_access_token="token-123", ca_file=str(ca_file)
+        server,
+        auth="oauth2",
+        password=None,
+        oauth2_access_token="token-123",
+        ca_file=ca_file_of(ca, tmp_path),
     )
     conn = EwsConnection(settings.accounts[0], settings, "inbox")
     conn.open()
