@@ -120,6 +120,8 @@ class SmtpSession:
             await client.connect(timeout=settings.connect_timeout)
             if settings.security == "starttls":
                 await client.starttls(tls_context=context, timeout=settings.connect_timeout)
+                # RFC 3207 4.2: forget what was learnt before TLS; the AUTH list may differ.
+                await client.ehlo(timeout=settings.connect_timeout)
             await cls._authenticate(client, settings)
         except BaseException as exc:
             client.close()
