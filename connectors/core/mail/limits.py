@@ -55,6 +55,10 @@ class ParseLimits:
     #: Per header block; a real top-level head with a long Received chain has ~100 lines,
     #: a subject folded into one encoded word per line can have thousands.
     max_header_lines: int = 10_000
+    #: Per MIME part head (Content-Type, -Disposition, -Transfer-Encoding, -ID: a handful of
+    #: lines in real mail). Message heads (top level, message/rfc822) use the caps above.
+    max_part_header_lines: int = 200
+    max_part_header_bytes: int = 16 * 1024
     #: MIME nesting (multipart and message/* levels). The stdlib parser needs a few stack
     #: frames per level and fails at ~250 here; Postfix's ``mime_nesting_limit`` is 100.
     max_mime_depth: int = 50
@@ -109,6 +113,7 @@ class _Field:
 
 
 _DASH_LINE = re.compile(rb"^--", re.MULTILINE)
+_EMPTY_LINE = re.compile(rb"\n(\r?\n)")
 
 
 def prescan(raw: bytes, limits: ParseLimits) -> Prescan:
@@ -135,17 +140,22 @@ def _prescan(raw: bytes, limits: ParseLimits) -> Prescan:
     if len(raw) > limits.max_message_bytes:
         _problem(result, f"message over {limits.max_message_bytes} bytes; headers only")
         result.skip_mime = True
-        _scan_head(raw, 0, limits, result)
+        _scan_head(raw, 0, limits.max_header_lines, limits.max_header_bytes, result)
         return result
     stack: list[_Level] = []
     boundaries: dict[bytes, int] = {}  # boundary -> innermost open level using it
     default_type = "text/plain"
     in_head = True
+    part_head = False  # a MIME part's head, not a message's (top level or message/*)
     pos = 0
     while pos <= len(raw):
         if in_head:
             head_start = pos
-            fields, pos = _scan_head(raw, pos, limits, result)
+            if part_head:
+                caps = (limits.max_part_header_lines, limits.max_part_header_bytes)
+            else:
+                caps = (limits.max_header_lines, limits.max_header_bytes)
+            fields, pos = _scan_head(raw, pos, *caps, result)
             ctype = _cap_params_and_type(fields, default_type, limits, result)
             level: _Level | None = None
             if ctype.startswith("multipart/"):
@@ -165,6 +175,7 @@ def _prescan(raw: bytes, limits: ParseLimits) -> Prescan:
                 result.max_depth = max(result.max_depth, len(stack))
             # An embedded message starts with its own head right away.
             in_head = level is not None and level.boundary is None
+            part_head = False
             default_type = "text/plain"
             continue
         if not stack:
@@ -187,7 +198,7 @@ def _prescan(raw: bytes, limits: ParseLimits) -> Prescan:
             result.skip_mime = True
             return result
         default_type = stack[index].child_default
-        in_head = True
+        in_head = part_head = True
     return result
 
 
@@ -220,44 +231,38 @@ def _line_at(raw: bytes, pos: int) -> tuple[int, int]:
 
 
 def _scan_head(
-    raw: bytes, pos: int, limits: ParseLimits, result: Prescan
+    raw: bytes, pos: int, max_lines: int, max_bytes: int, result: Prescan
 ) -> tuple[list[_Field], int]:
     """Read one header block starting at ``pos``; returns its fields and where its body starts.
 
-    Lines beyond the caps are removed by a patch and not looked at.
+    Lines beyond the caps are removed by a patch; the rest of the block is skipped by a regex
+    search, not line by line.
     """
     head_start = pos
     fields: list[_Field] = []
     lines = 0
-    cut: int | None = None
     while pos < len(raw):
         end, next_pos = _line_at(raw, pos)
         if end == pos:  # the empty line that ends the head
-            break
+            return fields, next_pos
         lines += 1
-        if cut is None and (
-            lines > limits.max_header_lines or end - head_start > limits.max_header_bytes
-        ):
-            cut = pos
-            _problem(
-                result,
-                f"header block over {limits.max_header_lines} lines or "
-                f"{limits.max_header_bytes} bytes; cut",
-            )
-        if cut is None:
-            if raw[pos] in (0x20, 0x09):
-                if fields:
-                    fields[-1].value += raw[pos:end]
-                    fields[-1].end = end
-            else:
-                colon = raw.find(b":", pos, end)
-                if colon > pos:
-                    value = bytearray(raw[colon + 1 : end].lstrip(b" \t"))
-                    fields.append(_Field(raw[pos:colon], pos, end, value))
+        if lines > max_lines or end - head_start > max_bytes:
+            _problem(result, f"header block over {max_lines} lines or {max_bytes} bytes; cut")
+            empty = _EMPTY_LINE.search(raw, pos)
+            head_end = empty.start(1) if empty else len(raw)
+            result.patches.append(Patch(pos, head_end, b""))
+            return fields, empty.end() if empty else len(raw) + 1
+        if raw[pos] in (0x20, 0x09):
+            if fields:
+                fields[-1].value += raw[pos:end]
+                fields[-1].end = end
+        else:
+            colon = raw.find(b":", pos, end)
+            if colon > pos:
+                value = bytearray(raw[colon + 1 : end].lstrip(b" \t"))
+                fields.append(_Field(raw[pos:colon], pos, end, value))
         pos = next_pos
-    if cut is not None:
-        result.patches.append(Patch(cut, min(pos, len(raw)), b""))
-    return fields, pos if pos >= len(raw) else _line_at(raw, pos)[1]
+    return fields, pos
 
 
 def _first(fields: list[_Field], name: bytes) -> _Field | None:

@@ -105,3 +105,16 @@ def test_oversized_messages_are_not_mime_parsed() -> None:
     scan = prescan(b"Subject: big\r\n\r\n" + b"x" * 1000, ParseLimits(max_message_bytes=500))
     assert scan.skip_mime
     assert scan.problems == ["message over 500 bytes; headers only"]
+
+
+def test_part_heads_have_their_own_smaller_caps() -> None:
+    part_head = b"".join(b"X-%d: v\r\n" % i for i in range(50))
+    raw = (
+        b'Content-Type: multipart/mixed; boundary="s"\r\n' + part_head + b"\r\n"
+        b"--s\r\nContent-Type: text/plain\r\n" + part_head + b"\r\nbody\r\n--s--\r\n"
+    )
+    scan = prescan(raw, ParseLimits(max_part_header_lines=10))
+    patched = apply_patches(raw, scan.patches)
+    assert patched.count(b"X-49: v") == 1  # the top-level head keeps all 50
+    assert patched.count(b"X-8: v") == 2 and patched.count(b"X-9: v") == 1
+    assert scan.problems == ["header block over 10 lines or 16384 bytes; cut"]

@@ -222,3 +222,21 @@ def test_parse_work_cap(parse: Parse, depth: int, lines: int, expected: str | No
     assert mail.event["subject"] == "dashes"
     assert (mail.parse_error or "").startswith(expected or "")
     assert (mail.parse_error is None) == (expected is None)
+
+
+@pytest.mark.timeout(20)
+def test_thousands_of_part_heads_with_thousands_of_lines(parse: Parse) -> None:
+    part = b"--s\r\nContent-Type: text/plain\r\n" + b"X:1\r\n" * 9_000 + b"\r\nbody\r\n"
+    raw = b'Subject: heads\r\nContent-Type: multipart/mixed; boundary="s"\r\n\r\n' + part * 300
+    mail = parse(raw)
+    assert mail.parse_error == "header block over 200 lines or 16384 bytes; cut"
+    assert mail.event["text_body"] == "\n".join(["body"] * 300)
+
+
+@pytest.mark.timeout(20)
+def test_thousands_of_recipients(parse: Parse) -> None:
+    to = ",\r\n ".join(f'"User {i}" <u{i}@example.org>' for i in range(7_000))
+    mail = parse(f"Subject: many\r\nTo: {to}\r\n\r\nx\r\n".encode())
+    assert mail.parse_error is None
+    assert len(mail.event["to"]) == 7_000
+    assert mail.event["to"][-1] == {"name": "User 6999", "address": "u6999@example.org"}
