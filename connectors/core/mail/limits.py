@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from connectors.core.mail.params import content_type_of, parse_params, split_params
+from connectors.core.mail.params import content_type_of, parse_params, rfc2231_bytes, split_params
 
 __all__ = ["FLATTEN_FIELDS", "ParseLimits", "Patch", "Prescan", "apply_patches", "prescan"]
 
@@ -300,6 +300,8 @@ def _cap_params_and_type(
 
 
 def _boundary_of(fields: list[_Field], limits: ParseLimits) -> bytes | None:
+    """The boundary as the stdlib's compat32 parser finds it: the plain parameter first,
+    else the RFC 2231 form (``boundary*0=...``), unquoted, trailing white space dropped."""
     ctype = _first(fields, b"content-type")
     if ctype is None:
         return None
@@ -307,9 +309,9 @@ def _boundary_of(fields: list[_Field], limits: ParseLimits) -> bytes | None:
     _, params = parse_params(ctype.value.decode("latin-1"), limits.max_params + 1)
     for name, value in params:
         if name == "boundary":
-            # As the stdlib does it: unquoted, trailing white space dropped.
             return value.rstrip().encode("latin-1") or None
-    return None
+    joined = rfc2231_bytes(params, "boundary", lambda text: text.encode("latin-1"))
+    return joined[1].rstrip() or None if joined is not None else None
 
 
 def _index(stack: list[_Level]) -> dict[bytes, int]:

@@ -23,12 +23,13 @@ Wire sample::
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from urllib.parse import unquote_to_bytes
 
 from connectors.core.mail.charsets import decode_text
 from connectors.core.mail.encodedwords import decode_words
 
-__all__ = ["content_type_of", "param_value", "parse_params", "split_params"]
+__all__ = ["content_type_of", "param_value", "parse_params", "rfc2231_bytes", "split_params"]
 
 _SECTION = re.compile(r"^(?P<name>[^*]+)\*(?P<index>\d+)?(?P<extended>\*)?$")
 
@@ -92,30 +93,33 @@ def content_type_of(value: str | None, default: str = "text/plain") -> str:
 def param_value(params: list[tuple[str, str]], wanted: str) -> str | None:
     """A parameter's decoded value: RFC 2231 form wins over the plain one, which may carry
     RFC 2047 encoded words (non-standard, but what many mailers send for file names)."""
+    joined = rfc2231_bytes(params, wanted, _surrogate_bytes)
+    if joined is not None:
+        return decode_text(joined[1], joined[0])
+    plain = next((raw for name, raw in params if name == wanted), None)
+    if plain is None:
+        return None
+    return decode_words(plain) if "=?" in plain else decode_text(_surrogate_bytes(plain), None)
+
+
+def rfc2231_bytes(
+    params: list[tuple[str, str]], wanted: str, to_bytes: Callable[[str], bytes]
+) -> tuple[str | None, bytes] | None:
+    """``(charset, bytes)`` of an RFC 2231 parameter (``name*``, ``name*0*``...), sections
+    joined and percent-decoded, or None when the parameter has no RFC 2231 form."""
     sections: dict[int, tuple[str, bool]] = {}
-    plain: str | None = None
     for name, raw in params:
-        if name == wanted:
-            if plain is None:
-                plain = raw
-            continue
         match = _SECTION.match(name)
         if match is None or match.group("name") != wanted:
             continue
         if match.group("index") is None:
             # "name*=charset'lang'value": the single star marks the extended form.
             sections.setdefault(0, (raw, True))
-            continue
-        index = int(match.group("index"))
-        sections.setdefault(index, (raw, match.group("extended") is not None))
-    if sections:
-        return _join_rfc2231(sections)
-    if plain is None:
+        else:
+            index = int(match.group("index"))
+            sections.setdefault(index, (raw, match.group("extended") is not None))
+    if not sections:
         return None
-    return decode_words(plain) if "=?" in plain else decode_text(_surrogate_bytes(plain), None)
-
-
-def _join_rfc2231(sections: dict[int, tuple[str, bool]]) -> str:
     charset: str | None = None
     chunks: list[bytes] = []
     for position, index in enumerate(sorted(sections)):
@@ -126,9 +130,9 @@ def _join_rfc2231(sections: dict[int, tuple[str, bool]]) -> str:
             parts = raw.split("'", 2)
             if len(parts) == 3:
                 charset, raw = parts[0] or None, parts[2]
-        data = _surrogate_bytes(raw)
+        data = to_bytes(raw)
         chunks.append(unquote_to_bytes(data) if extended else data)
-    return decode_text(b"".join(chunks), charset)
+    return charset, b"".join(chunks)
 
 
 def _surrogate_bytes(text: str) -> bytes:

@@ -118,3 +118,23 @@ def test_part_heads_have_their_own_smaller_caps() -> None:
     assert patched.count(b"X-49: v") == 1  # the top-level head keeps all 50
     assert patched.count(b"X-8: v") == 2 and patched.count(b"X-9: v") == 1
     assert scan.problems == ["header block over 10 lines or 16384 bytes; cut"]
+
+
+def test_rfc2231_boundaries_are_followed_like_the_stdlib_does() -> None:
+    # compat32 joins boundary*0/boundary*1*; a pre-scan that missed it would undercount depth.
+    out = [b"Subject: x"]
+    for level in range(10):
+        out += [
+            b'Content-Type: multipart/mixed; boundary*0="b%d"; boundary*1*=%%41' % level,
+            b"",
+            b"--b%dA" % level,
+        ]
+    raw = b"\r\n".join([*out, b"Content-Type: text/plain", b"", b"x"])
+    message = BytesParser(policy=policy.compat32).parsebytes(raw)
+    depth = 0
+    while isinstance(payload := message.get_payload(), list):
+        depth += 1
+        assert isinstance(payload[0], Message)
+        message = payload[0]
+    assert depth == 10
+    assert prescan(raw, ParseLimits()).max_depth == 10
