@@ -1,7 +1,7 @@
 """The EWS wire, behind our own small interface. The ONLY module that imports exchangelib.
 
-Everything above this module speaks in :class:`ItemRef`, :class:`FetchedItem` and
-:class:`StreamEnd`, and sees four kinds of failure: :class:`ConnectionLost` (retry),
+Everything above this module speaks in :class:`ItemRef` and :class:`FetchedItem`,
+and sees four kinds of failure: :class:`ConnectionLost` (retry),
 :class:`SubscriptionGone` (subscribe again, catch up), ``AuthenticationError`` and ``ConfigError``
 (permanent: bad credentials, untrusted certificate).
 
@@ -11,7 +11,7 @@ Requests this module makes (exchangelib 5.6, Exchange2016 dialect)::
     Subscribe <m:StreamingSubscriptionRequest>                               subscribe()
     GetStreamingEvents <m:ConnectionTimeout>N</m:ConnectionTimeout>          stream()
     GetItem item:MimeContent item:DateTimeReceived message:IsRead           fetch()
-    FindItem item:DateTimeReceived >= since, ascending, paged                find_since()
+    FindItem item:DateTimeReceived >= since, ascending, one page             find_since()
 
 Pitfalls handled here (PITFALLS.md, exchangelib 5.6):
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import ssl
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -133,13 +133,6 @@ class FetchedItem:
     is_read: bool = False
 
 
-@dataclass
-class StreamEnd:
-    """How the last :meth:`EwsConnection.stream` ended: ``closed`` is ConnectionStatus=Closed."""
-
-    closed: bool = False
-
-
 class EwsConnection:
     """One mailbox folder over EWS. Not thread-safe: one worker thread owns it."""
 
@@ -189,17 +182,13 @@ class EwsConnection:
             subscription_id: str = folder.subscribe_to_streaming(event_types=EVENT_TYPES)
         return subscription_id
 
-    def unsubscribe(self, subscription_id: str) -> None:
-        folder = self._require_folder()
-        with _translated(self._account_settings.service_endpoint):
-            folder.unsubscribe(subscription_id)
-
-    def stream(self, subscription_id: str, end: StreamEnd) -> Generator[list[ItemRef], None, None]:
+    def stream(self, subscription_id: str) -> Generator[list[ItemRef], None, None]:
         """Yield the new items of each notification until the server closes the stream.
 
-        Yields possibly empty lists (a notification about the folder itself). On return,
-        ``end.closed`` says whether the server ended with ConnectionStatus=Closed; a stream that
-        ends otherwise raises :class:`ConnectionLost`.
+        Yields possibly empty lists (a notification about the folder itself). Returns when the
+        server ends with ConnectionStatus=Closed; a stream that ends otherwise raises
+        :class:`ConnectionLost`. The subscription is never unsubscribed: the next stream, of this
+        process or of the next one, reconnects to it while it lives.
         """
         folder = self._require_folder()
         svc = GetStreamingEvents(account=self._require_account())
@@ -210,7 +199,6 @@ class EwsConnection:
         # call() set svc.timeout to ConnectionTimeout + 1 min; the request is sent lazily on the
         # first next(), so this is the read timeout requests applies to the stream.
         svc.timeout = self._settings.stream_read_timeout_seconds
-        end.closed = False
         try:
             while True:
                 with _translated(self._account_settings.service_endpoint):
@@ -224,12 +212,13 @@ class EwsConnection:
                 svc.stop_streaming()
         if svc.connection_status != GetStreamingEvents.CLOSED:
             raise ConnectionLost("the event stream ended without ConnectionStatus=Closed")
-        end.closed = True
 
     # -- items -------------------------------------------------------------------------------
 
-    def find_since(self, since: dt.datetime) -> Iterator[ItemRef]:
-        """Items with DateTimeReceived >= ``since``, oldest first (FindItem, paged)."""
+    def find_since(self, since: dt.datetime, limit: int) -> list[ItemRef]:
+        """The first ``limit`` items with DateTimeReceived >= ``since``, oldest first: one
+        FindItem page. Callers page by moving ``since`` (keyset paging), not by offset: an offset
+        page skips an item when an earlier one is deleted between two pages."""
         folder = self._require_folder()
         ews_since = EWSDateTime.fromtimestamp(since.timestamp(), tz=EWSTimeZone("UTC"))
         query = (
@@ -237,14 +226,10 @@ class EwsConnection:
             .only("id", "changekey", "datetime_received")
             .order_by("datetime_received")
         )
-        query.page_size = self._settings.batch_size
-        items = iter(query)
-        while True:
-            with _translated(self._account_settings.service_endpoint):
-                item = next(items, None)
-            if item is None:
-                return
-            yield ItemRef(item.id, item.changekey, _to_utc(item.datetime_received))
+        query.page_size = limit
+        with _translated(self._account_settings.service_endpoint):
+            items = list(query[:limit])
+        return [ItemRef(i.id, i.changekey, _to_utc(i.datetime_received)) for i in items]
 
     def fetch(self, refs: Sequence[ItemRef]) -> list[FetchedItem | None]:
         """MIME and DateTimeReceived of each ref (GetItem); ``None`` where the item is gone."""

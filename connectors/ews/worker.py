@@ -38,7 +38,7 @@ from connectors.core.errors import AuthenticationError, Disposition, classify
 from connectors.core.metrics import SourceMetrics
 from connectors.core.offsets import canonical_json
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
-from connectors.ews.connection import EwsConnection, ItemRef, StreamEnd
+from connectors.ews.connection import EwsConnection, ItemRef
 from connectors.ews.cursor import EPOCH, EwsCursor
 from connectors.ews.errors import ConnectionLost, SubscriptionGone
 from connectors.ews.records import BuiltItem, EwsRecordBuilder
@@ -46,6 +46,8 @@ from connectors.ews.records import BuiltItem, EwsRecordBuilder
 log = logging.getLogger(__name__)
 
 SOURCE_KIND = "ews"
+#: ``start: latest`` remembers at most this many items already in the folder within the margin.
+LATEST_PRIMING_LIMIT = 10_000
 
 
 class WorkerState(enum.Enum):
@@ -247,32 +249,50 @@ class EwsFolderWorker:
         # latest: only mail that arrives from now on. What is already there inside the catch-up
         # margin is remembered as seen, so a later catch-up does not publish it.
         now = dt.datetime.now(dt.UTC)
-        present = [(r.item_id, r.received or now) for r in conn.find_since(now - self._margin)]
+        present = [
+            (r.item_id, r.received or now)
+            for r in conn.find_since(now - self._margin, LATEST_PRIMING_LIMIT)
+        ]
         return EwsCursor(None, now).advanced(present, self._margin)
 
     # --- reading ----------------------------------------------------------------------------------
 
     def _catch_up(self, conn: EwsConnection) -> int:
+        """Publish what FindItem lists from ``watermark - margin`` that the cursor does not know.
+
+        Keyset paging: each page starts at the newest DateTimeReceived of the previous one, and
+        the ids already listed at that second are skipped. A page entirely inside one second
+        (more than ``page`` items received in the same second) doubles the page instead.
+        """
         assert self.cursor is not None
-        pending: list[ItemRef] = []
+        since = self.cursor.catchup_since(self._margin)
+        page = self.settings.batch_size
+        listed_at_since: set[str] = set()
         published = 0
-        for ref in conn.find_since(self.cursor.catchup_since(self._margin)):
-            if self.cursor.knows(ref.item_id):
+        while True:
+            refs = conn.find_since(since, page)
+            fresh = [
+                r
+                for r in refs
+                if r.item_id not in listed_at_since and not self.cursor.knows(r.item_id)
+            ]
+            if fresh:
+                published += self._publish(conn, fresh)
+            if len(refs) < page:
+                break
+            newest = max(r.received or since for r in refs)
+            if newest == since:
+                page *= 2
                 continue
-            pending.append(ref)
-            if len(pending) >= self.settings.batch_size:
-                published += self._publish(conn, pending)
-                pending = []
-        if pending:
-            published += self._publish(conn, pending)
+            since = newest
+            listed_at_since = {r.item_id for r in refs if r.received == newest}
         if published:
             log.info("ews %s/%s: caught up %d items", self.account.name, self.folder, published)
         return published
 
     def _stream(self, conn: EwsConnection) -> None:
         assert self.cursor is not None and self.cursor.subscription_id is not None
-        end = StreamEnd()
-        with contextlib.closing(conn.stream(self.cursor.subscription_id, end)) as notifications:
+        with contextlib.closing(conn.stream(self.cursor.subscription_id)) as notifications:
             for refs in notifications:
                 fresh = [r for r in refs if not self.cursor.knows(r.item_id)]
                 mails = self._publish(conn, fresh) if fresh else 0

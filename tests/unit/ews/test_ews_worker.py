@@ -57,7 +57,7 @@ def mime(n: int) -> bytes:
     ).encode()
 
 
-def settings_for(ews: EwsTestServer, **account: Any) -> EwsSourceSettings:
+def settings_for(ews: EwsTestServer, batch_size: int = 100, **account: Any) -> EwsSourceSettings:
     base = {
         "name": "ops",
         "service_endpoint": ews.url,
@@ -70,6 +70,7 @@ def settings_for(ews: EwsTestServer, **account: Any) -> EwsSourceSettings:
     return EwsSourceSettings.model_validate(
         {
             "accounts": [base],
+            "batch_size": batch_size,
             "connection_timeout_minutes": 1,
             "stream_read_timeout_seconds": 5,
             "backoff_initial_seconds": 0.05,
@@ -93,7 +94,12 @@ def builder(parser: Any = parse_mail) -> EwsRecordBuilder:
 class Running:
     """A worker thread with an in-memory writer and offsets."""
 
-    def __init__(self, ews: EwsTestServer, settings: EwsSourceSettings) -> None:
+    def __init__(
+        self,
+        ews: EwsTestServer,
+        settings: EwsSourceSettings,
+        connection_class: type[EwsConnection] = EwsConnection,
+    ) -> None:
         self.writer = MemoryWriter()
         self.stop = threading.Event()
         self.offsets: Mapping[bytes, Mapping[str, Any]] = {}
@@ -107,7 +113,7 @@ class Running:
             stop=self.stop,
             writer_factory=lambda _txn: self.writer,
             read_offsets=lambda: self.offsets,
-            connection_factory=lambda: EwsConnection(account, settings, "inbox"),
+            connection_factory=lambda: connection_class(account, settings, "inbox"),
             transactional_id="test",
         )
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
@@ -199,6 +205,45 @@ def test_no_source_file_mentions_sync_items_in_code() -> None:
             if name is not None and name.rsplit(".", 1)[-1] in _SYNC_NAMES:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert offenders == []
+
+
+# --- catch-up paging --------------------------------------------------------------------------
+
+
+T0 = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
+
+
+def test_catch_up_pages_by_receive_time(ews: EwsTestServer) -> None:
+    for n in range(5):
+        ews.deliver(USER, mime(n), received=T0 + dt.timedelta(seconds=n))
+    with Running(ews, settings_for(ews, batch_size=2)) as run:
+        assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
+    assert sorted(run.writer.keys()) == [f"ops/mid:m{n}@example.org".encode() for n in range(5)]
+    assert ews.operations().count("FindItem") >= 3  # pages of two
+
+
+def test_catch_up_of_one_second_larger_than_a_page(ews: EwsTestServer) -> None:
+    for n in range(5):
+        ews.deliver(USER, mime(n), received=T0)
+    with Running(ews, settings_for(ews, batch_size=2)) as run:
+        assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
+    assert sorted(run.writer.keys()) == [f"ops/mid:m{n}@example.org".encode() for n in range(5)]
+
+
+def test_deleting_mail_during_catch_up_skips_nothing(ews: EwsTestServer) -> None:
+    """With offset paging, deleting an item of page 1 would shift the first item of page 2
+    into page 1's range, and nobody would ever read it."""
+    items = [ews.deliver(USER, mime(n), received=T0 + dt.timedelta(seconds=n)) for n in range(6)]
+
+    class DeletingConnection(EwsConnection):
+        def find_since(self, since: dt.datetime, limit: int) -> list[ItemRef]:
+            refs = super().find_since(since, limit)
+            ews.store.mailbox(USER).items.pop(items[0].item_id, None)
+            return refs
+
+    with Running(ews, settings_for(ews, batch_size=2), DeletingConnection) as run:
+        assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
+    assert sorted(run.writer.keys()) == [f"ops/mid:m{n}@example.org".encode() for n in range(1, 6)]
 
 
 # --- credentials and TLS --------------------------------------------------------------------------
