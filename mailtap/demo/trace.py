@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
@@ -83,7 +83,7 @@ class Tracer:
                 meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
                 for p in meta.partitions if meta else {}:
                     wanted.append(TopicPartition(topic, p, self.since_ms))
-            consumer.assign(consumer.offsets_for_times(wanted, timeout=10))
+            consumer.assign(self._start_offsets(consumer, wanted))
             while not self._stop.is_set():
                 msg = consumer.poll(0.1)
                 if msg is not None and msg.error() is None:
@@ -93,6 +93,19 @@ class Tracer:
                 self._check_smtp()
         finally:
             consumer.close()
+
+    def _start_offsets(
+        self, consumer: Consumer, wanted: list[TopicPartition]
+    ) -> list[TopicPartition]:
+        """Offsets at ``since``; topics created a moment ago may not have a leader yet: retry."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return list(consumer.offsets_for_times(wanted, timeout=10))
+            except KafkaException:
+                if time.monotonic() > deadline or self._stop.is_set():
+                    raise
+                time.sleep(0.5)
 
     def _record(self, topic: str, raw: bytes) -> None:
         try:
