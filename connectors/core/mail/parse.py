@@ -104,9 +104,10 @@ def parse_mail(
     event = _empty_event(account, source, flags, internal_date, observed_at, change, raw, raw_ref)
     problems: list[str] = []
     try:
-        scan = prescan(raw, limits)
+        parseable = _without_bare_cr(raw)
+        scan = prescan(parseable, limits)
         problems.extend(scan.problems)
-        patched = apply_patches(raw, scan.patches)
+        patched = apply_patches(parseable, scan.patches)
         fields = parse_fields(split_head(patched)[0])
         _fill_from_headers(event, fields, account, raw)
     except ClaimCheckError:
@@ -136,6 +137,15 @@ def parse_mail(
         problems.append(f"event over {limits.max_event_bytes} bytes; bodies and lists cut")
     event["parse_error"] = _limit_text("; ".join(problems)) if problems else None
     return _finish(event, blobs)
+
+
+def _without_bare_cr(raw: bytes) -> bytes:
+    """The stdlib parser ends lines at a bare CR too; the pre-scan and our header parser only
+    at LF. When bare CRs occur, the copy that is parsed gets LF line ends throughout, so that
+    all three see the same lines (the raw MIME, its fingerprint and raw_ref are untouched)."""
+    if raw.count(b"\r") == raw.count(b"\r\n"):
+        return raw
+    return raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
 
 def _finish(event: dict[str, Any], blobs: list[BlobRef]) -> ParsedMail:

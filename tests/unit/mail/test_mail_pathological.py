@@ -240,3 +240,12 @@ def test_thousands_of_recipients(parse: Parse) -> None:
     assert mail.parse_error is None
     assert len(mail.event["to"]) == 7_000
     assert mail.event["to"][-1] == {"name": "User 6999", "address": "u6999@example.org"}
+
+
+@pytest.mark.timeout(20)
+def test_bare_cr_line_ends_cannot_hide_nesting(parse: Parse) -> None:
+    # The stdlib splits lines at a bare CR; a pre-scan that did not would see no structure.
+    mail = parse(nested_multipart(1000).replace(b"\r\n", b"\r"))
+    assert mail.event["subject"] == "deep"
+    assert mail.key == "ops/mid:deep@example.org"
+    assert mail.parse_error == "MIME nesting deeper than 50; flattened"
