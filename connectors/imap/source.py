@@ -94,6 +94,7 @@ class ImapSource:
                     events_topic=self.kafka.topics.events,
                     dlq_topic=dlq_topic,
                     max_record_bytes=self.settings.max_record_bytes,
+                    parse_threads=self.settings.parse_threads,
                 )
                 workers.append(
                     MailboxWorker(

@@ -189,6 +189,7 @@ class MailboxWorker:
             self._conn = None
 
     def _close(self) -> None:
+        self.builder.close()
         if self._conn is not None:
             self._conn.logout()
             self._conn = None
@@ -325,7 +326,7 @@ class MailboxWorker:
         count = 0
         for group in chunks([s.uid for s in states], self.settings.batch_size):
             fetched = conn.fetch(group)
-            built = [self._build(m, "UPDATED") for m in fetched]
+            built = self._build_all(fetched, lambda _m: "UPDATED")
             emitted += [(m.uid, m.modseq) for m in fetched if m.modseq is not None]
             progress = replace(cursor, fresh=cursor.fresh + tuple(emitted))
             self._commit_batch(built, progress)
@@ -381,10 +382,9 @@ class MailboxWorker:
     ) -> None:
         cursor = self.cursor
         assert cursor is not None
-        built = []
-        for mail in fetched:
-            change: ChangeKind = "RESCANNED" if mail.uid < cursor.rescan_until else "ADDED"
-            built.append(self._build(mail, change))
+        built = self._build_all(
+            fetched, lambda m: "RESCANNED" if m.uid < cursor.rescan_until else "ADDED"
+        )
         fresh = tuple(
             (m.uid, m.modseq)
             for m in fetched
@@ -407,20 +407,23 @@ class MailboxWorker:
             self._crash.reached("after_commit")
             self._finish_side_effect(conn, pending, {m.uid: m for m in fetched})
 
-    def _build(self, mail: FetchedMail, change: ChangeKind) -> BuiltMail:
+    def _build_all(
+        self, mails: list[FetchedMail], change: Callable[[FetchedMail], ChangeKind]
+    ) -> list[BuiltMail]:
         assert self.cursor is not None
         uidvalidity = self.cursor.uidvalidity
 
-        def change_for(key: str) -> ChangeKind:
-            if change == "ADDED" and self.index.register(
-                key, self.folder, uidvalidity, mail.uid, None
-            ):
-                return "UPDATED"  # known in another folder: this is a move or a copy
-            return change
+        def change_for(mail: FetchedMail, key: str) -> ChangeKind:
+            kind = change(mail)
+            known = self.index.register(key, self.folder, uidvalidity, mail.uid, None)
+            if kind == "ADDED" and known:
+                return "UPDATED"  # published before, in another folder: a move or a copy
+            return kind
 
-        built = self.builder.build(mail, uidvalidity, change_for)
-        if built.key is not None:
-            self.index.register(built.key, self.folder, uidvalidity, mail.uid, built.message_id)
+        built = self.builder.build_all(mails, uidvalidity, change_for)
+        for mail, item in zip(mails, built, strict=True):
+            if item.key is not None:
+                self.index.register(item.key, self.folder, uidvalidity, mail.uid, item.message_id)
         return built
 
     def _commit_batch(self, built: list[BuiltMail], cursor: Cursor) -> None:

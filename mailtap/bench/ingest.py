@@ -1,0 +1,334 @@
+"""``mailtap bench ingest``: IMAP -> Kafka against the local Dovecot and Kafka, with its baselines.
+
+One run measures, on the same freshly populated mailbox:
+
+1. raw imapclient FETCH throughput (the baseline: BODY.PEEK[] FLAGS INTERNALDATE MODSEQ in
+   batches, nothing else);
+2. mailtap ingest throughput, exactly-once into Kafka: the real ``mailtap run imap-source``
+   process (parse, claim-check, Avro, one transaction per batch with the cursor), counted as
+   committed records seen by a read_committed consumer; and its ratio to (1);
+3. peak RSS of that process during the backfill (VmHWM) and RSS samples along the way (flat =
+   not growing with the mailbox);
+4. IDLE latency: APPEND -> event committed in Kafka, next to the raw IDLE notification latency
+   (APPEND -> ``* n EXISTS`` on a plain imapclient IDLE) for the same APPENDs.
+
+The mailbox is populated by writing maildir files directly and ``doveadm force-resync``
+(APPEND is ~150 mail/s on maildir, PITFALLS.md). Figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from imapclient import IMAPClient
+
+from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.kafka import consumer_config, ensure_topics
+from mailtap.dev import DevServices, status, up
+from mailtap.dev.layout import DEFAULT_STATE_DIR, REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+BATCH = 200
+BODY_BYTES = 4_500  # with headers ~5 KB per mail, as in PITFALLS.md's FETCH figures
+IDLE_SAMPLES = 40
+ACCOUNT = "bench"
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+#: Run against the services of another state dir (e.g. the test suite's kept services).
+ENV_STATE_DIR = "MAILTAP_BENCH_STATE_DIR"
+
+
+def _services() -> DevServices:
+    state_dir = Path(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR)
+    running = status(state_dir)
+    if running is not None:
+        return running
+    _say(f"starting local services in {state_dir} ...")
+    return up(state_dir)
+
+
+def _mail(tag: str, i: int) -> bytes:
+    body = (f"line {i} of the benchmark mail, some text to make it realistic. " * 80)[:BODY_BYTES]
+    return (
+        f"Message-ID: <bench-{i}-{tag}@example.com>\r\n"
+        f"From: Sender {i} <sender{i}@example.com>\r\nTo: bench@example.com\r\n"
+        f"Subject: benchmark mail {i}\r\nDate: Sun, 29 Nov 2026 12:00:00 +0000\r\n"
+        f"MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{body}\r\n"
+    ).encode()
+
+
+def _populate(info: DevServices, username: str, password: str, tag: str, count: int) -> float:
+    """Write ``count`` mails straight into the user's maildir, then let Dovecot index them."""
+    started = time.monotonic()
+    client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
+    client.login(username, password)
+    client.select_folder("INBOX")  # creates the maildir
+    client.logout()
+    maildir = info.imap.mail_dir / username / "Maildir"
+    owner = maildir.stat()
+    host = socket.gethostname()
+    now = int(time.time())
+    for i in range(count):
+        data = _mail(tag, i)
+        # S= is the file size; Dovecot trusts it (a wrong one is a "broken physical size").
+        path = maildir / "cur" / f"{now}.M{i}P{os.getpid()}.{host},S={len(data)}:2,"
+        path.write_bytes(data)
+        os.chown(path, owner.st_uid, owner.st_gid)
+    info.doveadm("force-resync", "-u", username, "INBOX")
+    return time.monotonic() - started
+
+
+def _raw_fetch_rate(info: DevServices, username: str, password: str) -> tuple[float, int]:
+    client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
+    client.login(username, password)
+    client.enable("CONDSTORE")
+    client.select_folder("INBOX", readonly=True)
+    uids = client.search(["ALL"])
+    started = time.monotonic()
+    fetched = 0
+    for i in range(0, len(uids), BATCH):
+        for item in client.fetch(
+            uids[i : i + BATCH], [b"BODY.PEEK[]", b"FLAGS", b"INTERNALDATE", b"MODSEQ"]
+        ).values():
+            fetched += len(item[b"BODY[]"]) > 0
+    elapsed = time.monotonic() - started
+    client.logout()
+    return fetched / elapsed, fetched
+
+
+@dataclass
+class Arrivals:
+    """Committed records on the events topic, as a read_committed consumer sees them."""
+
+    kafka: KafkaSettings
+    times: dict[str, float] = field(default_factory=dict)
+    first: float | None = None
+    last: float | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def run(self) -> None:
+        topic = self.kafka.topics.events
+        consumer = Consumer(consumer_config(self.kafka, f"bench-{uuid.uuid4().hex[:8]}"))
+        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        try:
+            while not self.stop.is_set():
+                for msg in consumer.consume(1000, 0.05):
+                    err = msg.error()
+                    if err is not None and err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(str(err))
+                    if err is None and msg.key() is not None:
+                        now = time.monotonic()
+                        with self.lock:
+                            self.times[msg.key().decode()] = now
+                            self.first = self.first or now
+                            self.last = now
+        finally:
+            consumer.close()
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.times)
+
+
+def _rss_kb(pid: int, field_name: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+class RawIdle:
+    """A plain imapclient IDLE on the same mailbox: when does ``* n EXISTS`` arrive?"""
+
+    def __init__(self, info: DevServices, username: str, password: str) -> None:
+        self.client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
+        self.client.login(username, password)
+        self.client.select_folder("INBOX", readonly=True)
+        self.seen = threading.Event()
+        self.at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        self.client.idle()
+        while not self._stop.is_set():
+            for response in self.client.idle_check(timeout=0.2):
+                if len(response) > 1 and response[1] == b"EXISTS":
+                    self.at = time.monotonic()
+                    self.seen.set()
+        self.client.idle_done()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.client.logout()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
+    info = _services()
+    tag = uuid.uuid4().hex[:8]
+    username, password = f"bench-{tag}@example.com", "bench"
+    info.add_user(username, password)
+    work = Path(tempfile.mkdtemp(prefix="mailtap-bench-ingest-"))
+    names = {f: f"{getattr(TopicNames(), f)}.bench-{tag}" for f in TopicNames.model_fields}
+    kafka = KafkaSettings(bootstrap_servers=info.bootstrap_servers, topics=TopicNames(**names))
+    ensure_topics(kafka, retry_tiers=["1m"])
+    figures: dict[str, Any] = {
+        "mails": mails,
+        "batch_size": BATCH,
+        "mail_bytes": len(_mail(tag, 0)),
+    }
+
+    _say(f"populating a mailbox with {mails} mails ...")
+    figures["populate_seconds"] = round(_populate(info, username, password, tag, mails), 2)
+
+    _say("baseline: raw imapclient FETCH ...")
+    raw_rate, fetched = _raw_fetch_rate(info, username, password)
+    figures["raw_fetch_mails_per_s"] = round(raw_rate, 1)
+    figures["raw_fetched"] = fetched
+
+    config = {
+        "kafka": kafka.model_dump(mode="json", exclude_none=True),
+        "claim_check": {"url": (work / "claims").as_uri()},
+        "health": {"port": 0},
+        "imap": {
+            "accounts": [
+                {
+                    "name": ACCOUNT,
+                    "host": info.imap.host,
+                    "port": info.imap.port,
+                    "security": "plain",
+                    "username": username,
+                    "password": password,
+                    "folders": ["INBOX"],
+                    "start": "all",
+                }
+            ],
+            "batch_size": BATCH,
+        },
+    }
+    config_path = work / "mailtap.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    arrivals = Arrivals(kafka)
+    consumer_thread = threading.Thread(target=arrivals.run, daemon=True)
+    consumer_thread.start()
+
+    _say("mailtap: exactly-once ingest (mailtap run imap-source) ...")
+    log_file = open(work / "source.log", "wb")  # noqa: SIM115 - closed below
+    spawned = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mailtap.cli", "run", "imap-source", "-c", str(config_path)],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    rss_samples: list[tuple[int, int]] = []
+    next_sample = 0
+    try:
+        while arrivals.count() < mails:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the source exited early; see {work / 'source.log'}")
+            done = arrivals.count()
+            if done >= next_sample:
+                rss_samples.append((done, _rss_kb(proc.pid, "VmRSS")))
+                next_sample += max(mails // 10, 1)
+            time.sleep(0.05)
+        finished = time.monotonic()
+        rss_samples.append((mails, _rss_kb(proc.pid, "VmRSS")))
+        peak_backfill = _rss_kb(proc.pid, "VmHWM")
+        assert arrivals.first is not None and arrivals.last is not None
+        ingest_rate = (mails - 1) / max(arrivals.last - arrivals.first, 1e-6)
+        figures["ingest_mails_per_s"] = round(ingest_rate, 1)
+        figures["ingest_wall_seconds_incl_startup"] = round(finished - spawned, 2)
+        figures["ingest_to_raw_ratio"] = round(ingest_rate / raw_rate, 3)
+        figures["peak_rss_mb"] = round(peak_backfill / 1024, 1)
+        figures["rss_mb_samples"] = [[n, round(kb / 1024, 1)] for n, kb in rss_samples]
+
+        _say(f"IDLE latency over {IDLE_SAMPLES} APPENDs ...")
+        time.sleep(2.0)  # let the source settle into IDLE
+        raw = RawIdle(info, username, password)
+        appender = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
+        appender.login(username, password)
+        raw_lat: list[float] = []
+        src_lat: list[float] = []
+        for i in range(IDLE_SAMPLES):
+            key = f"{ACCOUNT}/mid:bench-{mails + i}-{tag}@example.com"
+            raw.seen.clear()
+            sent = time.monotonic()
+            appender.append("INBOX", _mail(tag, mails + i))
+            deadline = sent + 30
+            while (
+                key not in arrivals.times or not raw.seen.is_set()
+            ) and time.monotonic() < deadline:
+                time.sleep(0.002)
+            if key in arrivals.times and raw.seen.is_set():
+                raw_lat.append((raw.at - sent) * 1000)
+                src_lat.append((arrivals.times[key] - sent) * 1000)
+            time.sleep(0.1)
+        appender.logout()
+        raw.close()
+        figures["idle_samples"] = len(src_lat)
+        if src_lat:
+            figures["raw_idle_latency_ms_p50"] = round(statistics.median(raw_lat), 1)
+            figures["raw_idle_latency_ms_p99"] = round(_percentile(raw_lat, 0.99), 1)
+            figures["idle_to_kafka_latency_ms_p50"] = round(statistics.median(src_lat), 1)
+            figures["idle_to_kafka_latency_ms_p99"] = round(_percentile(src_lat, 0.99), 1)
+            figures["idle_overhead_ms_p50"] = round(
+                statistics.median(s - r for s, r in zip(src_lat, raw_lat, strict=True)), 1
+            )
+        figures["peak_rss_mb_overall"] = round(_rss_kb(proc.pid, "VmHWM") / 1024, 1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+        log_file.close()
+        arrivals.stop.set()
+        consumer_thread.join(10)
+        info.doveadm("expunge", "-u", username, "mailbox", "INBOX", "all", check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    if not json_out:
+        for name, value in figures.items():
+            print(f"{name:40s} {value}")
+    return figures
+
+
+if __name__ == "__main__":  # pragma: no cover
+    print(
+        json.dumps(
+            bench_ingest(json_out=True, mails=int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+        )
+    )
