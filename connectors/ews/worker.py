@@ -150,6 +150,7 @@ class EwsFolderWorker:
             if self._writer is not None and not self.fenced:
                 with contextlib.suppress(Exception):
                     self._writer.close()
+            self._writer = None  # releases the producer (librdkafka stops reconnecting)
             self._to(S.STOPPED)
 
     def _to(self, new: WorkerState, reason: str = "") -> None:
