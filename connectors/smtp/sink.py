@@ -97,6 +97,10 @@ class Work:
     outcomes: list[RecipientOutcome] = field(default_factory=list)
     recovered: bool = False
     """True when this is an INTENT left by a dead process: no send, outcome UNKNOWN."""
+    last_error: str | None = None
+    """Diagnostic of the previous attempt (from the retry record's headers)."""
+    given_up: str | None = None
+    """Why the command was given up before this attempt (max lifetime): FAILED + DLQ."""
 
     @property
     def command_id(self) -> str:
@@ -289,8 +293,13 @@ class SmtpSink:
         attempt = info.attempt if info is not None else 1
         if state is None:
             # A retry record without state only happens when the state topic was lost: send.
-            recipients = info.recipients if info is not None else None
-            item = Work(record, command, attempt=attempt, recipients=recipients)
+            item = Work(
+                record,
+                command,
+                attempt=attempt,
+                recipients=info.recipients if info is not None else None,
+                last_error=info.last_error if info is not None else None,
+            )
         elif state is not None and state.phase == "INTENT" and state.attempt == attempt:
             item = Work(
                 record,
@@ -306,7 +315,13 @@ class SmtpSink:
             and state.phase == "SCHEDULED"
             and state.attempt == attempt - 1
         ):
-            item = Work(record, command, attempt=attempt, recipients=info.recipients)
+            item = Work(
+                record,
+                command,
+                attempt=attempt,
+                recipients=info.recipients,
+                last_error=info.last_error,
+            )
         else:
             log.debug("skip command_id=%s state=%s attempt=%d", cid, state, attempt)
             return None
@@ -321,9 +336,13 @@ class SmtpSink:
             and isinstance(created, datetime)
             and expired(created, now, self.settings.max_lifetime_seconds)
         ):
-            reason = f"gave up: max lifetime {self.settings.max_lifetime} reached before attempt {item.attempt}"
+            item.given_up = (
+                f"gave up: max lifetime {self.settings.max_lifetime} reached before attempt "
+                f"{item.attempt}"
+            )
+            diagnostic = f"{item.given_up}; last: {item.last_error}"[:MAX_DIAGNOSTIC]
             item.outcomes = [
-                RecipientOutcome(r, DeliveryStatus.FAILED, diagnostic=reason)
+                RecipientOutcome(r, DeliveryStatus.FAILED, diagnostic=diagnostic)
                 for r in item.recipients or self._all_recipients(item.command)
             ]
             return False
@@ -482,6 +501,9 @@ class SmtpSink:
                 self._dead_letter(item.record, f"{plan.reason}; last: {last_error}", "GiveUp")
                 self._put_state(cid, CommandState("DONE", item.attempt, message_id, (), _ms(now)))
         else:
+            if item.given_up:
+                reason = f"{item.given_up}; last: {item.last_error}"
+                self._dead_letter(item.record, reason, "GiveUp")
             self._put_state(cid, CommandState("DONE", item.attempt, message_id, (), _ms(now)))
         for outcome in outcomes:
             self._emit(
