@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -32,97 +31,87 @@ log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 120.0
 
 
-@dataclass(frozen=True)
-class Location:
-    folder: str
-    uidvalidity: int | None
-    uid: int | None
-
-
 class AccountIndex:
-    """``key -> {folder: Location}`` for one account, plus the Message-ID of each key."""
+    """Where the published keys of one account are: ``(folder, uid) -> key`` plus a count of
+    locations per key. Kept compact (about 0.4 KB per mail): it is the one structure of the
+    source that grows with the mailbox."""
 
     def __init__(self, account: str) -> None:
         self.account = account
-        self._where: dict[str, dict[str, Location]] = {}
-        self._by_uid: dict[tuple[str, int], str] = {}
-        self._message_ids: dict[str, str] = {}
+        self._by_uid: dict[tuple[str, int], tuple[str, int | None]] = {}
+        self._places: dict[str, int] = {}
         #: Keys published and not tombstoned: seeing one again (in any folder) is an UPDATE.
         self._known: set[str] = set()
         self._lock = threading.Lock()
 
-    def register(
-        self,
-        key: str,
-        folder: str,
-        uidvalidity: int | None,
-        uid: int | None,
-        message_id: str | None,
-    ) -> bool:
+    def register(self, key: str, folder: str, uidvalidity: int | None, uid: int | None) -> bool:
         """Record that ``key`` is in ``folder``; returns True when the account knew the key before
-        (published and not tombstoned): a move or copy, not a new mail."""
+        (published and not tombstoned): a move or copy, not a new mail.
+
+        ``uid=None`` records a location we cannot address by UID (a mail we moved ourselves).
+        """
         with self._lock:
-            places = self._where.setdefault(key, {})
             known = key in self._known
             self._known.add(key)
-            old = places.get(folder)
-            if old is not None and old.uid is not None:
-                self._by_uid.pop((folder, old.uid), None)
-            places[folder] = Location(folder, uidvalidity, uid)
-            if uid is not None:
-                self._by_uid[(folder, uid)] = key
-            if message_id:
-                self._message_ids[key] = message_id
+            if uid is None:
+                self._places[key] = self._places.get(key, 0) + 1
+                return known
+            old = self._by_uid.get((folder, uid))
+            if old is not None and old[0] == key:
+                self._by_uid[(folder, uid)] = (key, uidvalidity)
+                return known
+            if old is not None:
+                self._drop_place(old[0])
+            self._by_uid[(folder, uid)] = (key, uidvalidity)
+            self._places[key] = self._places.get(key, 0) + 1
             return known
+
+    def _drop_place(self, key: str) -> int:
+        left = self._places.get(key, 0) - 1
+        if left > 0:
+            self._places[key] = left
+        else:
+            self._places.pop(key, None)
+        return max(left, 0)
 
     def uids_in(self, folder: str, uidvalidity: int) -> dict[int, str]:
         """``{uid: key}`` known in ``folder`` under this UIDVALIDITY."""
         with self._lock:
             return {
-                loc.uid: key
-                for key, places in self._where.items()
-                for loc in places.values()
-                if loc.folder == folder and loc.uidvalidity == uidvalidity and loc.uid is not None
+                uid: key
+                for (f, uid), (key, validity) in self._by_uid.items()
+                if f == folder and validity == uidvalidity
             }
 
     def remove(self, folder: str, uid: int) -> tuple[str, bool] | None:
         """Forget ``(folder, uid)``; returns ``(key, still_elsewhere)`` or None if unknown."""
         with self._lock:
-            key = self._by_uid.pop((folder, uid), None)
-            if key is None:
+            found = self._by_uid.pop((folder, uid), None)
+            if found is None:
                 return None
-            places = self._where.get(key, {})
-            places.pop(folder, None)
-            if not places:
-                self._where.pop(key, None)
-                return key, False
-            return key, True
+            return found[0], self._drop_place(found[0]) > 0
 
     def forget(self, key: str) -> None:
+        """The key was tombstoned (it has no location left)."""
         with self._lock:
-            for loc in self._where.pop(key, {}).values():
-                if loc.uid is not None:
-                    self._by_uid.pop((loc.folder, loc.uid), None)
-            self._message_ids.pop(key, None)
             self._known.discard(key)
+            self._places.pop(key, None)
 
     def forget_folder(self, folder: str) -> None:
         """UIDVALIDITY changed: every UID we knew for ``folder`` is meaningless now."""
         with self._lock:
-            for key in list(self._where):
-                loc = self._where[key].pop(folder, None)
-                if loc is not None and loc.uid is not None:
-                    self._by_uid.pop((folder, loc.uid), None)
-                if not self._where[key]:
-                    del self._where[key]
+            for where in [w for w in self._by_uid if w[0] == folder]:
+                self._drop_place(self._by_uid.pop(where)[0])
 
-    def message_id(self, key: str) -> str | None:
-        with self._lock:
-            return self._message_ids.get(key)
+    @staticmethod
+    def message_id(key: str) -> str | None:
+        """The normalized Message-ID inside a MESSAGE_ID key (``<account>/mid:<id>``)."""
+        _, sep, message_id = key.partition("/mid:")
+        return message_id if sep else None
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._where)
+            return len(self._known)
 
 
 def load_indexes(
@@ -136,6 +125,7 @@ def load_indexes(
     )
     started = time.monotonic()
     records = 0
+    latest: dict[str, tuple[str, str, int | None, int | None] | None] = {}
     try:
         metadata = consumer.list_topics(topic, timeout=10)
         partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
@@ -154,9 +144,13 @@ def load_indexes(
                         continue
                     raise RuntimeError(f"reading {topic}: {err}")
                 records += 1
-                _apply(indexes, msg.key(), msg.value(), serde)
+                _collect(latest, indexes, msg.key(), msg.value(), serde)
     finally:
         consumer.close()
+    for key, where in latest.items():
+        if where is not None:
+            account, folder, uidvalidity, uid = where
+            indexes[account].register(key, folder, uidvalidity, uid)
     log.info(
         "imap index: %d events read from %s in %.1fs (%s)",
         records,
@@ -167,18 +161,22 @@ def load_indexes(
     return indexes
 
 
-def _apply(
-    indexes: dict[str, AccountIndex], key: bytes | None, value: bytes | None, serde: AvroSerde
+def _collect(
+    latest: dict[str, tuple[str, str, int | None, int | None] | None],
+    indexes: dict[str, AccountIndex],
+    key: bytes | None,
+    value: bytes | None,
+    serde: AvroSerde,
 ) -> None:
+    """Keep the newest location per key (the compacted topic's meaning); None = tombstone."""
     if key is None:
         return
     text = key.decode("utf-8", "replace")
     account = text.split("/", 1)[0]
-    index = indexes.get(account)
-    if index is None:
+    if account not in indexes:
         return
     if value is None:
-        index.forget(text)
+        latest[text] = None
         return
     try:
         event = serde.decode(value)
@@ -187,11 +185,4 @@ def _apply(
     source = event.get("source") or {}
     if source.get("kind") != "IMAP":
         return
-    index.forget(text)  # the newest event says where the mail is now
-    index.register(
-        text,
-        source["folder"],
-        source.get("uidvalidity"),
-        source.get("uid"),
-        event.get("message_id"),
-    )
+    latest[text] = (account, source["folder"], source.get("uidvalidity"), source.get("uid"))

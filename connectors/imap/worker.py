@@ -415,16 +415,12 @@ class MailboxWorker:
 
         def change_for(mail: FetchedMail, key: str) -> ChangeKind:
             kind = change(mail)
-            known = self.index.register(key, self.folder, uidvalidity, mail.uid, None)
+            known = self.index.register(key, self.folder, uidvalidity, mail.uid)
             if kind == "ADDED" and known:
                 return "UPDATED"  # published before, in another folder: a move or a copy
             return kind
 
-        built = self.builder.build_all(mails, uidvalidity, change_for)
-        for mail, item in zip(mails, built, strict=True):
-            if item.key is not None:
-                self.index.register(item.key, self.folder, uidvalidity, mail.uid, item.message_id)
-        return built
+        return self.builder.build_all(mails, uidvalidity, change_for)
 
     def _commit_batch(self, built: list[BuiltMail], cursor: Cursor) -> None:
         records = [r for b in built for r in b.records]
@@ -491,7 +487,7 @@ class MailboxWorker:
             if record.topic != self.builder.dlq_topic:
                 records[record.key] = record
         if built.key is not None:
-            self.index.register(built.key, target, None, None, built.message_id)
+            self.index.register(built.key, target, None, None)
 
     # --- expunges --------------------------------------------------------------------------------
 

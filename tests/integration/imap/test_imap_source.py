@@ -173,3 +173,62 @@ def test_mail_appended_during_idle_arrives_without_waiting_for_a_poll(imap: Imap
         imap.append([make_mail(f"idle-{imap.unique}@example.com", "idle")])
         wait_for(lambda: imap.cursor_at(1), "the mail, via IDLE")
     assert keys_of(imap.events()) == {f"acct/mid:idle-{imap.unique}@example.com"}
+
+
+def test_starttls_that_the_server_does_not_offer_is_never_skipped(imap: ImapHarness) -> None:
+    imap.append_numbered(1)
+    with running(imap, account={"security": "starttls"}) as source:
+        worker = source.workers[0]
+        wait_for(lambda: "BACKOFF" in [s.value for s in worker.machine.history], "refusal")
+        # Refused before AUTHENTICATING: the password never crossed the wire in plaintext.
+        assert "AUTHENTICATING" not in [s.value for s in worker.machine.history]
+        assert worker.backoff.attempt >= 1
+    assert imap.events() == []
+
+
+def test_poll_mode_publishes_without_idle(imap: ImapHarness) -> None:
+    with running(imap, account={"mode": "poll"}, poll_interval_seconds=0.5) as source:
+        wait_for(lambda: imap.cursor() is not None, "start")
+        ids = imap.append_numbered(3)
+        wait_for(lambda: imap.cursor_at(3), "the polled mails")
+        history = [s.value for s in source.workers[0].machine.history]
+    assert "POLLING" in history and "IDLE" not in history
+    assert keys_of(imap.events()) == {f"acct/mid:{m}" for m in ids}
+
+
+def test_healthz_reports_sync_age_and_fails_for_a_mailbox_that_cannot_sync(
+    imap: ImapHarness,
+) -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from connectors.core.config import config_from_dict
+    from connectors.imap.source import ImapSource
+
+    raw = imap.config_dict()
+    good = dict(raw["imap"]["accounts"][0])
+    bad = {**good, "name": "down", "port": 1}  # nothing listens on port 1
+    raw["imap"]["accounts"] = [good, bad]
+    raw["health"] = {"port": 0, "max_sync_age_seconds": 1}
+    source = ImapSource.from_config(config_from_dict(raw, env={}))
+    source.start()
+    try:
+        wait_for(lambda: imap.cursor() is not None, "the good mailbox synced")
+
+        def healthz() -> tuple[int, dict[str, object]]:
+            url = f"http://127.0.0.1:{source.health_port}/healthz"
+            try:
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    return answer.status, json.loads(answer.read())
+            except urllib.error.HTTPError as error:
+                return error.code, json.loads(error.read())
+
+        status, detail = wait_for(lambda: (r := healthz())[0] == 503 and r, "stale mailbox")
+        assert "imap/down/INBOX" in detail["stale"]  # type: ignore[operator]
+        assert "imap/acct/INBOX" in detail["ages"]  # type: ignore[operator]
+        with urllib.request.urlopen(f"http://127.0.0.1:{source.health_port}/metrics") as answer:
+            text = answer.read().decode()
+        assert 'mailtap_connect_failures_total{account="down"' in text
+    finally:
+        source.close()
