@@ -224,7 +224,7 @@ def test_healthz_reports_sync_age_and_fails_for_a_mailbox_that_cannot_sync(
             except urllib.error.HTTPError as error:
                 return error.code, json.loads(error.read())
 
-        status, detail = wait_for(lambda: (r := healthz())[0] == 503 and r, "stale mailbox")
+        _, detail = wait_for(lambda: (r := healthz())[0] == 503 and r, "stale mailbox")
         assert "imap/down/INBOX" in detail["stale"]  # type: ignore[operator]
         assert "imap/acct/INBOX" in detail["ages"]  # type: ignore[operator]
         with urllib.request.urlopen(f"http://127.0.0.1:{source.health_port}/metrics") as answer:
