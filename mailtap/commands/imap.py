@@ -18,6 +18,11 @@ EXIT_FENCED = 3
 
 
 def run_imap_source(config_path: str) -> None:
+    # A long-running service: state transitions and backfill progress belong on the console
+    # even when the CLI's default level is WARNING (-v/-vv or MAILTAP_LOG_LEVEL go further).
+    for name in ("connectors.imap", "connectors.core.contract"):
+        if logging.getLogger(name).getEffectiveLevel() > logging.INFO:
+            logging.getLogger(name).setLevel(logging.INFO)
     config = load_config(config_path)
     source = ImapSource.from_config(config)
 
