@@ -33,11 +33,9 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
-from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka import consumer_config, ensure_topics, producer_config
@@ -51,19 +49,11 @@ from connectors.smtp.classify import (
 )
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.errors import RenderError, SmtpAuthError, SmtpTlsError, SmtpTransportError
-from connectors.smtp.identity import message_id_for
 from connectors.smtp.ratelimit import SendRateLimiter
-from connectors.smtp.render import BlobFetcher, RenderedMessage, render
-from connectors.smtp.retry import (
-    DueGate,
-    GiveUp,
-    Retry,
-    RetryInfo,
-    dlq_headers,
-    expired,
-    plan_next,
-)
-from connectors.smtp.state import CommandState, ensure_state_topic, read_state
+from connectors.smtp.recorder import DeliveryRecorder, Work, all_recipients, now_utc, to_ms
+from connectors.smtp.render import BlobFetcher, render
+from connectors.smtp.retry import DueGate, RetryInfo, expired
+from connectors.smtp.state import ensure_state_topic, read_state
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
@@ -72,39 +62,6 @@ TEST_HOOK_ENV = "MAILTAP_SMTP_SINK_TEST_HOOK"
 #: Poll timeout: short, so due retries are resumed and a stop request is seen promptly.
 POLL_TIMEOUT_S = 0.2
 PRODUCER_COMPRESSION = "lz4"
-#: Attempts to commit a transaction that failed with a retriable error.
-COMMIT_RETRIES = 5
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _ms(when: datetime) -> int:
-    return int(when.timestamp() * 1000)
-
-
-@dataclass
-class Work:
-    """One command to act on in this batch."""
-
-    record: Message
-    command: dict[str, Any]
-    attempt: int
-    recipients: tuple[str, ...] | None
-    message_id: str | None = None
-    rendered: RenderedMessage | None = None
-    outcomes: list[RecipientOutcome] = field(default_factory=list)
-    recovered: bool = False
-    """True when this is an INTENT left by a dead process: no send, outcome UNKNOWN."""
-    last_error: str | None = None
-    """Diagnostic of the previous attempt (from the retry record's headers)."""
-    given_up: str | None = None
-    """Why the command was given up before this attempt (max lifetime): FAILED + DLQ."""
-
-    @property
-    def command_id(self) -> str:
-        return str(self.command["command_id"])
 
 
 class SmtpSink:
@@ -116,7 +73,7 @@ class SmtpSink:
         settings: SmtpSinkSettings,
         *,
         fetch_blob: BlobFetcher | None = None,
-        clock: Callable[[], datetime] = _now,
+        clock: Callable[[], datetime] = now_utc,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -132,14 +89,23 @@ class SmtpSink:
         self.pool = SmtpConnectionPool(settings)
         self.limiter = SendRateLimiter(settings.rate, settings.domain_rates)
         self.gate = DueGate()
-        self.states: dict[str, CommandState] = {}
         self.instance_id = settings.instance_id or socket.gethostname()
         self.sent_total = 0
         self.records_total = 0
-        self.events_total = 0
         self._hook = os.environ.get(TEST_HOOK_ENV, "")
-        self._producer: Producer | None = None
+        self._recorder: DeliveryRecorder | None = None
+        self._events_closed = 0
         self._consumer: Consumer | None = None
+
+    @property
+    def recorder(self) -> DeliveryRecorder:
+        if self._recorder is None:
+            raise RuntimeError("the sink is not started")
+        return self._recorder
+
+    @property
+    def events_total(self) -> int:
+        return self._recorder.events_total if self._recorder else self._events_closed
 
     # --- start / stop -------------------------------------------------------------------------
 
@@ -157,8 +123,9 @@ class SmtpSink:
             )
         )
         producer.init_transactions(60)
-        self._producer = producer
-        self.states = read_state(self.kafka, self.settings.state_topic)
+        self._recorder = DeliveryRecorder(
+            producer, self.settings, self.topics, self.delivery_serde, self.clock
+        )
         consumer = Consumer(
             consumer_config(
                 self.kafka,
@@ -182,13 +149,12 @@ class SmtpSink:
             self.settings.host,
             self.settings.port,
             ",".join(self.settings.retry_tiers),
-            len(self.states),
+            len(self.recorder.states),
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Another instance may have finished commands of these partitions: read the state again.
-        if self._producer is not None and self.states is not None:
-            self.states = read_state(self.kafka, self.settings.state_topic)
+        self.recorder.states = read_state(self.kafka, self.settings.state_topic)
         log.info("assigned %s", sorted((p.topic, p.partition) for p in partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -200,9 +166,10 @@ class SmtpSink:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
+        if self._recorder is not None:
+            self._recorder.producer.flush(10)
+            self._events_closed += self._recorder.events_total
+            self._recorder = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; always closes."""
@@ -227,7 +194,7 @@ class SmtpSink:
 
     def _resume_due(self) -> None:
         assert self._consumer is not None
-        due = self.gate.release_due(_ms(self.clock()))
+        due = self.gate.release_due(to_ms(self.clock()))
         if due:
             self._consumer.resume([TopicPartition(t, p) for t, p in due])
             log.debug("resumed %s", due)
@@ -252,7 +219,7 @@ class SmtpSink:
             if tp in held:
                 continue
             info = RetryInfo.from_headers(record.headers()) if topic in self.retry_topics else None
-            if info is not None and info.due_ms > _ms(now):
+            if info is not None and info.due_ms > to_ms(now):
                 # Not due: park the partition at this record; later ones are due later still.
                 held.add(tp)
                 offsets[tp] = offset
@@ -267,11 +234,13 @@ class SmtpSink:
 
         to_send = [w for w in work if not w.recovered and self._prepare(w, now)]
         if to_send:
-            self._transaction(lambda: self._write_intents(to_send), offsets=None)
+            self.recorder.transaction(lambda: self.recorder.write_intents(to_send))
             self._test_hook("kill_after_intent")
             await asyncio.gather(*(self._send(w) for w in to_send))
             self._test_hook("kill_after_send")
-        self._transaction(lambda: self._write_outcomes(work, dead, now), offsets=offsets)
+        self.recorder.transaction(
+            lambda: self.recorder.write_outcomes(work, dead, now), offsets, self._consumer
+        )
 
     def _admit(
         self,
@@ -289,7 +258,7 @@ class SmtpSink:
         cid = str(command["command_id"])
         if cid in claimed:
             return None
-        state = self.states.get(cid)
+        state = self.recorder.states.get(cid)
         attempt = info.attempt if info is not None else 1
         if state is None:
             # A retry record without state only happens when the state topic was lost: send.
@@ -343,7 +312,7 @@ class SmtpSink:
             diagnostic = f"{item.given_up}; last: {item.last_error}"[:MAX_DIAGNOSTIC]
             item.outcomes = [
                 RecipientOutcome(r, DeliveryStatus.FAILED, diagnostic=diagnostic)
-                for r in item.recipients or self._all_recipients(item.command)
+                for r in item.recipients or all_recipients(item.command)
             ]
             return False
         try:
@@ -373,14 +342,6 @@ class SmtpSink:
         item.message_id = item.rendered.message_id
         return True
 
-    @staticmethod
-    def _all_recipients(command: dict[str, Any]) -> list[str]:
-        seen: dict[str, None] = {}
-        for field_name in ("to", "cc", "bcc"):
-            for addr in command.get(field_name) or []:
-                seen.setdefault(str(addr["address"]), None)
-        return list(seen)
-
     async def _send(self, item: Work) -> None:
         rendered = item.rendered
         assert rendered is not None
@@ -399,202 +360,6 @@ class SmtpSink:
             item.attempt,
             ",".join(f"{o.recipient}:{o.status.value}" for o in item.outcomes),
         )
-
-    # --- Kafka writes -------------------------------------------------------------------------
-
-    def _transaction(
-        self, write: Callable[[], None], offsets: dict[tuple[str, int], int] | None
-    ) -> None:
-        producer, consumer = self._producer, self._consumer
-        assert producer is not None and consumer is not None
-        producer.begin_transaction()
-        try:
-            write()
-            if offsets:
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                    consumer.consumer_group_metadata(),
-                )
-            for attempt in range(COMMIT_RETRIES):
-                try:
-                    producer.commit_transaction()
-                    return
-                except KafkaException as exc:
-                    if not exc.args[0].retriable() or attempt == COMMIT_RETRIES - 1:
-                        raise
-        except KafkaException as exc:
-            # Abort and stop: on restart the records are consumed again and any INTENT written
-            # before is reported UNKNOWN (never silently lost, never silently duplicated).
-            if exc.args[0].txn_requires_abort():
-                producer.abort_transaction()
-            raise
-
-    def _put_state(self, cid: str, state: CommandState) -> None:
-        assert self._producer is not None
-        self._produce(self.settings.state_topic, cid, state.to_bytes(), None)
-        self.states[cid] = state
-
-    def _write_intents(self, items: Sequence[Work]) -> None:
-        now_ms = _ms(self.clock())
-        for item in items:
-            assert item.rendered is not None
-            self._put_state(
-                item.command_id,
-                CommandState(
-                    "INTENT",
-                    item.attempt,
-                    item.rendered.message_id,
-                    item.rendered.recipients,
-                    now_ms,
-                ),
-            )
-
-    def _write_outcomes(
-        self, items: Sequence[Work], dead: Sequence[tuple[Message, str, str]], now: datetime
-    ) -> None:
-        for record, reason, error_class in dead:
-            self._dead_letter(record, reason, error_class)
-        for item in items:
-            if item.recovered:
-                item.outcomes = [
-                    RecipientOutcome(
-                        r,
-                        DeliveryStatus.UNKNOWN,
-                        diagnostic="the sink stopped between intent and outcome; "
-                        "the relay may have accepted the message",
-                    )
-                    for r in item.recipients or self._all_recipients(item.command)
-                ]
-            self._write_item(item, now)
-
-    def _write_item(self, item: Work, now: datetime) -> None:
-        cid = item.command_id
-        message_id = item.message_id or self._derived_message_id(item.command)
-        pending = tuple(o.recipient for o in item.outcomes if not o.status.final and o.recipient)
-        next_at: datetime | None = None
-        outcomes = item.outcomes
-        if pending:
-            created = item.command.get("created_at")
-            plan = plan_next(
-                failed_attempt=item.attempt,
-                created_at=created if isinstance(created, datetime) else now,
-                now=now,
-                tiers=self.settings.tier_delays,
-                max_lifetime=self.settings.max_lifetime_seconds,
-                max_attempts=self.settings.max_attempts,
-            )
-            last_error = next((o.diagnostic for o in outcomes if o.recipient in pending), None)
-            if isinstance(plan, Retry):
-                next_at = plan.due
-                self._produce(
-                    f"{self.topics.retry_prefix}.{plan.tier}",
-                    cid,
-                    item.record.value(),
-                    RetryInfo(plan.attempt, _ms(plan.due), pending, last_error).to_headers(),
-                )
-                self._put_state(
-                    cid, CommandState("SCHEDULED", item.attempt, message_id, pending, _ms(now))
-                )
-            else:
-                assert isinstance(plan, GiveUp)
-                outcomes = [self._given_up(o, plan.reason) for o in outcomes]
-                self._dead_letter(item.record, f"{plan.reason}; last: {last_error}", "GiveUp")
-                self._put_state(cid, CommandState("DONE", item.attempt, message_id, (), _ms(now)))
-        else:
-            if item.given_up:
-                reason = f"{item.given_up}; last: {item.last_error}"
-                self._dead_letter(item.record, reason, "GiveUp")
-            self._put_state(cid, CommandState("DONE", item.attempt, message_id, (), _ms(now)))
-        for outcome in outcomes:
-            self._emit(
-                item, outcome, message_id, next_at if not outcome.status.final else None, now
-            )
-
-    @staticmethod
-    def _given_up(outcome: RecipientOutcome, reason: str) -> RecipientOutcome:
-        if outcome.status.final:
-            return outcome
-        return RecipientOutcome(
-            outcome.recipient,
-            DeliveryStatus.FAILED,
-            outcome.smtp_code,
-            outcome.enhanced_status,
-            f"{reason}; last: {outcome.diagnostic}"[:MAX_DIAGNOSTIC],
-        )
-
-    def _derived_message_id(self, command: dict[str, Any]) -> str | None:
-        sender = str((command.get("from") or {}).get("address", ""))
-        domain = sender.rpartition("@")[2]
-        return message_id_for(str(command["command_id"]), domain) if domain else None
-
-    def _emit(
-        self,
-        item: Work,
-        outcome: RecipientOutcome,
-        message_id: str | None,
-        next_at: datetime | None,
-        now: datetime,
-    ) -> None:
-        event = {
-            "schema_version": 1,
-            "command_id": item.command_id,
-            "message_id": message_id,
-            "recipient": outcome.recipient,
-            "status": outcome.status.value,
-            "smtp_code": outcome.smtp_code,
-            "enhanced_status": outcome.enhanced_status,
-            "diagnostic": outcome.diagnostic,
-            "bounce_type": None,
-            "attempt": item.attempt,
-            "next_attempt_at": next_at,
-            "workflow": item.command.get("workflow"),
-            "event_key": item.command.get("event_key"),
-            "occurred_at": now,
-        }
-        self._produce(
-            self.topics.delivery,
-            item.command_id,
-            self.delivery_serde.encode(event, self.topics.delivery),
-            None,
-        )
-        self.events_total += 1
-
-    def _dead_letter(self, record: Message, reason: str, error_class: str) -> None:
-        key = record.key()
-        self._produce(
-            self.topics.dlq,
-            key.decode("utf-8", "replace") if key else None,
-            record.value(),
-            dlq_headers(
-                record.headers(),
-                reason=reason,
-                error_class=error_class,
-                topic=record.topic() or "",
-                partition=record.partition() or 0,
-                offset=record.offset() or 0,
-            ),
-        )
-        log.warning("dead-lettered key=%s reason=%s", key, reason)
-
-    def _produce(
-        self,
-        topic: str,
-        key: str | None,
-        value: bytes | None,
-        headers: Sequence[tuple[str, bytes]] | None,
-    ) -> None:
-        assert self._producer is not None
-        while True:
-            try:
-                self._producer.produce(
-                    topic,
-                    key=key.encode() if key else None,
-                    value=value,
-                    headers=list(headers) if headers else None,
-                )
-                return
-            except BufferError:
-                self._producer.poll(0.1)
 
     def _test_hook(self, point: str) -> None:
         if self._hook == point:

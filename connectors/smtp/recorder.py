@@ -1,0 +1,288 @@
+"""Everything the sink writes to Kafka: state, delivery events, retry and dead-letter records.
+
+The sink decides; this module records. Two kinds of transactions (see :mod:`connectors.smtp.sink`):
+
+- :meth:`DeliveryRecorder.write_intents`: one ``INTENT`` state record per command about to be sent;
+- :meth:`DeliveryRecorder.write_outcomes`: per command, one DeliveryEvent per recipient (keyed by
+  command id on ``mail.delivery``), then either a retry record on the tier topic plus state
+  ``SCHEDULED``, or state ``DONE`` (with a dead-letter record when the command was given up).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
+
+from connectors.core.config import TopicNames
+from connectors.core.serde import AvroSerde
+from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
+from connectors.smtp.config import SmtpSinkSettings
+from connectors.smtp.identity import message_id_for
+from connectors.smtp.render import RenderedMessage
+from connectors.smtp.retry import GiveUp, Retry, RetryInfo, dlq_headers, plan_next
+from connectors.smtp.state import CommandState
+
+#: Attempts to commit a transaction that failed with a retriable error.
+COMMIT_RETRIES = 5
+
+log = logging.getLogger(__name__)
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def to_ms(when: datetime) -> int:
+    return int(when.timestamp() * 1000)
+
+
+def all_recipients(command: dict[str, Any]) -> list[str]:
+    """to + cc + bcc addresses of a command, first occurrence kept."""
+    seen: dict[str, None] = {}
+    for field_name in ("to", "cc", "bcc"):
+        for addr in command.get(field_name) or []:
+            seen.setdefault(str(addr["address"]), None)
+    return list(seen)
+
+
+@dataclass
+class Work:
+    """One command to act on in this batch."""
+
+    record: Message
+    command: dict[str, Any]
+    attempt: int
+    recipients: tuple[str, ...] | None
+    message_id: str | None = None
+    rendered: RenderedMessage | None = None
+    outcomes: list[RecipientOutcome] = field(default_factory=list)
+    recovered: bool = False
+    """True when this is an INTENT left by a dead process: no send, outcome UNKNOWN."""
+    last_error: str | None = None
+    """Diagnostic of the previous attempt (from the retry record's headers)."""
+    given_up: str | None = None
+    """Why the command was given up before this attempt (max lifetime): FAILED + DLQ."""
+
+    @property
+    def command_id(self) -> str:
+        return str(self.command["command_id"])
+
+
+class DeliveryRecorder:
+    """Writes through one transactional producer; keeps the in-memory copy of the state topic."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        settings: SmtpSinkSettings,
+        topics: TopicNames,
+        delivery_serde: AvroSerde,
+        clock: Callable[[], datetime] = now_utc,
+    ) -> None:
+        self.producer = producer
+        self.settings = settings
+        self.topics = topics
+        self.delivery_serde = delivery_serde
+        self.clock = clock
+        self.states: dict[str, CommandState] = {}
+        self.events_total = 0
+
+    def transaction(
+        self,
+        write: Callable[[], None],
+        offsets: dict[tuple[str, int], int] | None = None,
+        consumer: Consumer | None = None,
+    ) -> None:
+        """Run ``write`` (and commit ``offsets`` for ``consumer``) in one Kafka transaction."""
+        producer = self.producer
+        producer.begin_transaction()
+        try:
+            write()
+            if offsets:
+                producer.send_offsets_to_transaction(
+                    [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                    consumer.consumer_group_metadata() if consumer else None,
+                )
+            for attempt in range(COMMIT_RETRIES):
+                try:
+                    producer.commit_transaction()
+                    return
+                except KafkaException as exc:
+                    if not exc.args[0].retriable() or attempt == COMMIT_RETRIES - 1:
+                        raise
+        except KafkaException as exc:
+            # Abort and stop: on restart the records are consumed again and any INTENT written
+            # before is reported UNKNOWN (never silently lost, never silently duplicated).
+            if exc.args[0].txn_requires_abort():
+                producer.abort_transaction()
+            raise
+
+    def put_state(self, cid: str, state: CommandState) -> None:
+        self._produce(self.settings.state_topic, cid, state.to_bytes(), None)
+        self.states[cid] = state
+
+    def write_intents(self, items: Sequence[Work]) -> None:
+        now_ms = to_ms(self.clock())
+        for item in items:
+            assert item.rendered is not None
+            self.put_state(
+                item.command_id,
+                CommandState(
+                    "INTENT",
+                    item.attempt,
+                    item.rendered.message_id,
+                    item.rendered.recipients,
+                    now_ms,
+                ),
+            )
+
+    def write_outcomes(
+        self, items: Sequence[Work], dead: Sequence[tuple[Message, str, str]], now: datetime
+    ) -> None:
+        for record, reason, error_class in dead:
+            self.dead_letter(record, reason, error_class)
+        for item in items:
+            if item.recovered:
+                item.outcomes = [
+                    RecipientOutcome(
+                        r,
+                        DeliveryStatus.UNKNOWN,
+                        diagnostic="the sink stopped between intent and outcome; "
+                        "the relay may have accepted the message",
+                    )
+                    for r in item.recipients or all_recipients(item.command)
+                ]
+            self._write_item(item, now)
+
+    def _write_item(self, item: Work, now: datetime) -> None:
+        cid = item.command_id
+        message_id = item.message_id or self._derived_message_id(item.command)
+        pending = tuple(o.recipient for o in item.outcomes if not o.status.final and o.recipient)
+        next_at: datetime | None = None
+        outcomes = item.outcomes
+        if pending:
+            created = item.command.get("created_at")
+            plan = plan_next(
+                failed_attempt=item.attempt,
+                created_at=created if isinstance(created, datetime) else now,
+                now=now,
+                tiers=self.settings.tier_delays,
+                max_lifetime=self.settings.max_lifetime_seconds,
+                max_attempts=self.settings.max_attempts,
+            )
+            last_error = next((o.diagnostic for o in outcomes if o.recipient in pending), None)
+            if isinstance(plan, Retry):
+                next_at = plan.due
+                self._produce(
+                    f"{self.topics.retry_prefix}.{plan.tier}",
+                    cid,
+                    item.record.value(),
+                    RetryInfo(plan.attempt, to_ms(plan.due), pending, last_error).to_headers(),
+                )
+                self.put_state(
+                    cid, CommandState("SCHEDULED", item.attempt, message_id, pending, to_ms(now))
+                )
+            else:
+                assert isinstance(plan, GiveUp)
+                outcomes = [self._given_up(o, plan.reason) for o in outcomes]
+                self.dead_letter(item.record, f"{plan.reason}; last: {last_error}", "GiveUp")
+                self.put_state(cid, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
+        else:
+            if item.given_up:
+                reason = f"{item.given_up}; last: {item.last_error}"
+                self.dead_letter(item.record, reason, "GiveUp")
+            self.put_state(cid, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
+        for outcome in outcomes:
+            self._emit(
+                item, outcome, message_id, next_at if not outcome.status.final else None, now
+            )
+
+    @staticmethod
+    def _given_up(outcome: RecipientOutcome, reason: str) -> RecipientOutcome:
+        if outcome.status.final:
+            return outcome
+        return RecipientOutcome(
+            outcome.recipient,
+            DeliveryStatus.FAILED,
+            outcome.smtp_code,
+            outcome.enhanced_status,
+            f"{reason}; last: {outcome.diagnostic}"[:MAX_DIAGNOSTIC],
+        )
+
+    def _derived_message_id(self, command: dict[str, Any]) -> str | None:
+        sender = str((command.get("from") or {}).get("address", ""))
+        domain = sender.rpartition("@")[2]
+        return message_id_for(str(command["command_id"]), domain) if domain else None
+
+    def _emit(
+        self,
+        item: Work,
+        outcome: RecipientOutcome,
+        message_id: str | None,
+        next_at: datetime | None,
+        now: datetime,
+    ) -> None:
+        event = {
+            "schema_version": 1,
+            "command_id": item.command_id,
+            "message_id": message_id,
+            "recipient": outcome.recipient,
+            "status": outcome.status.value,
+            "smtp_code": outcome.smtp_code,
+            "enhanced_status": outcome.enhanced_status,
+            "diagnostic": outcome.diagnostic,
+            "bounce_type": None,
+            "attempt": item.attempt,
+            "next_attempt_at": next_at,
+            "workflow": item.command.get("workflow"),
+            "event_key": item.command.get("event_key"),
+            "occurred_at": now,
+        }
+        self._produce(
+            self.topics.delivery,
+            item.command_id,
+            self.delivery_serde.encode(event, self.topics.delivery),
+            None,
+        )
+        self.events_total += 1
+
+    def dead_letter(self, record: Message, reason: str, error_class: str) -> None:
+        key = record.key()
+        self._produce(
+            self.topics.dlq,
+            key.decode("utf-8", "replace") if key else None,
+            record.value(),
+            dlq_headers(
+                record.headers(),
+                reason=reason,
+                error_class=error_class,
+                topic=record.topic() or "",
+                partition=record.partition() or 0,
+                offset=record.offset() or 0,
+            ),
+        )
+        log.warning("dead-lettered key=%s reason=%s", key, reason)
+
+    def _produce(
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]] | None,
+    ) -> None:
+        while True:
+            try:
+                self.producer.produce(
+                    topic,
+                    key=key.encode() if key else None,
+                    value=value,
+                    headers=list(headers) if headers else None,
+                )
+                return
+            except BufferError:
+                self.producer.poll(0.1)
