@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from connectors.core.serde import AvroSerde
 from connectors.smtp.bounce import BounceType, parse_bounce
+from connectors.smtp.bounce_reader import bounce_event
 from connectors.smtp.identity import message_id_for
 
 pytestmark = pytest.mark.unit
@@ -112,3 +115,19 @@ def test_ordinary_mail_is_not_a_bounce() -> None:
         b"In-Reply-To: <mailtap.a1b2c3d4e5f6@example.com>\r\n\r\nThanks, that helped.\r\n"
     )
     assert parse_bounce(raw) == []
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bounce_event_is_a_valid_delivery_event(name: str) -> None:
+    (bounce,) = parse_bounce((FIXTURES / name).read_bytes(), verp_domain=VERP)
+    event = bounce_event(bounce, datetime(2026, 11, 29, tzinfo=UTC))
+    serde = AvroSerde.for_schema("DeliveryEvent")
+    decoded = serde.decode(serde.encode(event, "mail.delivery"))
+    recipient, kind, command_id, status, code, _ = CASES[name]
+    assert decoded["status"] == "BOUNCED"
+    assert (decoded["command_id"], decoded["recipient"], decoded["bounce_type"]) == (
+        command_id,
+        recipient,
+        kind.value,
+    )
+    assert (decoded["enhanced_status"], decoded["smtp_code"]) == (status, code)

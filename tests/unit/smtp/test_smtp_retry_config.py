@@ -10,14 +10,14 @@ from hypothesis import strategies as st
 
 from connectors.core.config import config_from_dict
 from connectors.core.errors import ConfigError
-from connectors.smtp.config import SmtpSinkSettings, parse_duration
+from connectors.smtp.config import RateLimit, SmtpSinkSettings, parse_duration
 from connectors.smtp.identity import (
     command_id_from_message_id,
     command_id_from_verp,
     message_id_for,
     verp_address,
 )
-from connectors.smtp.ratelimit import TokenBucket
+from connectors.smtp.ratelimit import SendRateLimiter, TokenBucket
 from connectors.smtp.retry import (
     HEADER_ERROR_OFFSET,
     HEADER_ERROR_REASON,
@@ -164,3 +164,21 @@ def test_password_is_secret() -> None:
     assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
     with pytest.raises(ValueError, match="username is required"):
         SmtpSinkSettings(host="relay", from_address="a@example.com", password="x")
+
+
+async def test_rate_limiter_per_domain_and_relay(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    monkeypatch.setattr("connectors.smtp.ratelimit.asyncio.sleep", fake_sleep)
+    limiter = SendRateLimiter(
+        RateLimit(per_minute=600, burst=100),
+        {"slow.example": RateLimit(per_minute=60, burst=1)},
+    )
+    await limiter.acquire(["a@slow.example"])
+    await limiter.acquire(["b@fast.example", "c@fast.example"])
+    assert waits == []
+    await limiter.acquire(["d@SLOW.example"])
+    assert len(waits) == 1 and 0.9 < waits[0] <= 1.0  # one token per second for slow.example
