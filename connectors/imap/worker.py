@@ -117,6 +117,7 @@ class MailboxWorker:
         self.backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds)
         self.cursor: Cursor | None = None
         self.fenced = False
+        self.last_error: Exception | None = None
         self._writer: Writer | None = None
         self._conn: ImapConnection | None = None
         self._reload_cursor = True
@@ -154,6 +155,7 @@ class MailboxWorker:
             self.machine.to(S.STOPPED)
 
     def _back_off(self, exc: Exception) -> None:
+        self.last_error = exc
         self._drop_connection()
         disposition = classify(exc)
         if isinstance(exc, TransactionAborted):

@@ -8,6 +8,9 @@
         proxy.delay = 0.2  # seconds added before forwarding each chunk
         proxy.refuse = True  # close new connections at once
 
+``TcpProxy(host, port, tls=server_context)`` terminates TLS (implicit TLS, as on port 993) in
+front of a plaintext server: a TLS endpoint with a test certificate (trustme).
+
 Threaded: one accept thread, two pump threads per connection. A stalled pump does not read, so
 the bytes wait in the kernel's buffers exactly as they would behind a dead middlebox.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -27,8 +31,16 @@ _CHUNK = 65536
 
 
 class TcpProxy:
-    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        target_host: str,
+        target_port: int,
+        listen_host: str = "127.0.0.1",
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.target = (target_host, target_port)
+        self.tls = tls
+        self.handshake_failures = 0
         self._server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._server.bind((listen_host, 0))
@@ -108,6 +120,15 @@ class TcpProxy:
             if self.refuse:
                 _reset(client)
                 continue
+            if self.tls is not None:
+                try:
+                    client.settimeout(5)
+                    client = self.tls.wrap_socket(client, server_side=True)
+                    client.settimeout(None)
+                except (OSError, ssl.SSLError):
+                    self.handshake_failures += 1
+                    _reset(client)
+                    continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
@@ -127,9 +148,11 @@ class TcpProxy:
                 if self._stalled.is_set():
                     time.sleep(_POLL_S)
                     continue
-                readable, _, _ = select.select([src], [], [], _POLL_S)
-                if not readable:
-                    continue
+                buffered = isinstance(src, ssl.SSLSocket) and src.pending() > 0
+                if not buffered:
+                    readable, _, _ = select.select([src], [], [], _POLL_S)
+                    if not readable:
+                        continue
                 data = src.recv(_CHUNK)
                 if not data:
                     break
