@@ -99,6 +99,20 @@ def is_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (proc(5) field 22); None if gone.
+
+    Recorded with each pid so that a pid the kernel reused after a reboot is never mistaken for
+    (and never signalled as) a service we started.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Fields after the command name start at field 3 (state); field 22 is at index 19.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
 def group_members(pgid: int) -> list[int]:
     """Process ids of every live (non-zombie) process in process group ``pgid`` (from /proc)."""
     members: list[int] = []
@@ -116,13 +130,18 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def stop_group(pgid: int, timeout: float = STOP_TIMEOUT_S) -> bool:
+def stop_group(
+    pgid: int, timeout: float = STOP_TIMEOUT_S, expected_start: int | None = None
+) -> bool:
     """SIGTERM the process group ``pgid``; SIGKILL what is left after ``timeout`` seconds.
 
-    Returns True when the group was running. Only the group's own members are signalled, so a
-    stale pid that the kernel reused for another session's process is never hit.
+    Returns True when the group was running. With ``expected_start`` (see `start_time`), a live
+    group leader that started at another time is a stranger that reuses the pid: left alone.
     """
     if not group_members(pgid) and not is_alive(pgid):
+        return False
+    leader_start = start_time(pgid)
+    if expected_start is not None and leader_start is not None and leader_start != expected_start:
         return False
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGTERM)

@@ -1,9 +1,9 @@
 """Bring the local services up and down together, and describe them.
 
 ``up(state_dir)`` starts Kafka (unless ``MAILTAP_KAFKA_BOOTSTRAP`` names a cluster), Dovecot and
-the recording SMTP server, waits until each answers, writes ``<state>/state.json`` (pids, ports)
-and a ready-to-use ``<state>/mailtap.yaml``, and returns a `DevServices`. ``down(state_dir)``
-stops exactly the process groups recorded in the state file.
+the recording SMTP server, waits until each answers, writes ``<state>/state.json`` (pids with
+their start times, connection details) and a ready-to-use ``<state>/mailtap.yaml``, and returns a
+`DevServices`. ``down(state_dir)`` stops exactly the process groups recorded in the state file.
 """
 
 from __future__ import annotations
@@ -196,11 +196,18 @@ def resolve_state_dir(state_dir: Path | str | None) -> Path:
     return Path(state_dir).resolve() if state_dir else DEFAULT_STATE_DIR
 
 
+def _recorded(state: dict[str, Any]) -> list[tuple[int, int | None]]:
+    """(pid, start time) of every process group the state file records."""
+    return [(int(p["pid"]), p.get("start_time")) for p in state.get("processes", [])]
+
+
 def status(state_dir: Path | str | None = None) -> DevServices | None:
     """The running services of ``state_dir`` when every one of them answers, else None."""
     state = _read_state(resolve_state_dir(state_dir))
     if state is None or "services" not in state:
         return None
+    if any(process.start_time(pid) != started for pid, started in _recorded(state)):
+        return None  # one has exited, or its pid now belongs to another process
     info = DevServices.from_json(state["services"])
     return info if healthy(info) else None
 
@@ -228,16 +235,15 @@ def up(state_dir: Path | str | None = None) -> DevServices:
         return running
     down(root)  # a partial or dead earlier set: clear it before starting afresh
     root.mkdir(parents=True, exist_ok=True)
-    started: dict[str, Any] = {"pids": []}
+    started: dict[str, Any] = {"processes": []}
     _write_state(root, started)
     try:
         info = _start_all(root, started)
     except BaseException:
         down(root)
         raise
-    _write_state(
-        root, {"pids": info.pids, "services": {**info.to_json(), "started_at": time.time()}}
-    )
+    started["services"] = {**info.to_json(), "started_at": time.time()}
+    _write_state(root, started)
     write_config(info)
     return info
 
@@ -248,7 +254,7 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
     ports = _pick_ports(root, names)
 
     def record(pid: int) -> None:
-        started["pids"].append(pid)
+        started["processes"].append({"pid": pid, "start_time": process.start_time(pid)})
         _write_state(root, started)
 
     # Kafka's JVM takes seconds; start it first and wait for it last.
@@ -347,7 +353,9 @@ def down(state_dir: Path | str | None = None) -> list[int]:
     state = _read_state(root)
     if state is None:
         return []
-    stopped = [pid for pid in state.get("pids", []) if process.stop_group(pid)]
+    stopped = [
+        pid for pid, started in _recorded(state) if process.stop_group(pid, expected_start=started)
+    ]
     _state_path(root).unlink(missing_ok=True)
     return stopped
 

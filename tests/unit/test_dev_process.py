@@ -82,3 +82,16 @@ def test_stop_group_stops_children_and_escalates_to_sigkill(tmp_path: Path) -> N
     assert process.group_members(pid) == []
     assert not process.is_alive(pid)
     assert process.stop_group(pid) is False
+
+
+def test_stop_group_leaves_a_reused_pid_alone(tmp_path: Path) -> None:
+    pid = process.spawn(["sleep", "30"], tmp_path / "other.log")
+    try:
+        started = process.start_time(pid)
+        assert started is not None
+        assert process.stop_group(pid, expected_start=started + 1) is False
+        assert process.is_alive(pid)
+        assert process.stop_group(pid, expected_start=started) is True
+        assert not process.is_alive(pid)
+    finally:
+        process.stop_group(pid)
