@@ -4,7 +4,7 @@ Stored in the offsets topic under the source partition ``{"source":"imap","accou
 and written in the same Kafka transaction as the events it covers. Wire sample (the value)::
 
     {"epoch":2,"fresh":[[43,19]],"highestmodseq":17,"last_uid":42,"pending":null,
-     "rescan_until":0,"uidvalidity":1700000000}
+     "floor_uid":0,"rescan_until":0,"uidvalidity":1700000000}
 
 Meaning (the invariant every write keeps):
 
@@ -58,6 +58,9 @@ class Cursor:
     pending: PendingSideEffect | None = None
     #: After a UIDVALIDITY change, mails below this UID are re-publications (RESCANNED).
     rescan_until: int = 0
+    #: Mails up to this UID predate the start position (latest/since) and were never published:
+    #: their flag changes are not published either.
+    floor_uid: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +71,7 @@ class Cursor:
             "fresh": [list(pair) for pair in self.fresh],
             "pending": self.pending.to_json() if self.pending else None,
             "rescan_until": self.rescan_until,
+            "floor_uid": self.floor_uid,
         }
 
     @classmethod
@@ -89,6 +93,7 @@ class Cursor:
                 else None
             ),
             rescan_until=int(data.get("rescan_until") or 0),
+            floor_uid=int(data.get("floor_uid") or 0),
         )
 
     def advanced(self, last_uid: int, fresh: tuple[tuple[int, int], ...] = ()) -> Cursor:
@@ -142,7 +147,7 @@ def on_select(
         last = max(uidnext - 1, 0)
     else:
         last = (first_uid_since - 1) if first_uid_since is not None else max(uidnext - 1, 0)
-    return StartDecision(Cursor(uidvalidity, last, hms), new=True)
+    return StartDecision(Cursor(uidvalidity, last, hms, floor_uid=last), new=True)
 
 
 def since_date(start: str) -> dt.date | None:

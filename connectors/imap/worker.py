@@ -318,7 +318,9 @@ class MailboxWorker:
             self.cursor = replace(cursor, highestmodseq=hms, fresh=())
             return 0
         candidates = [
-            u for u in conn.uids_changed_since(cursor.highestmodseq) if u <= cursor.last_uid
+            u
+            for u in conn.uids_changed_since(cursor.highestmodseq)
+            if cursor.floor_uid < u <= cursor.last_uid
         ]
         states = [
             s for s in conn.flags(candidates) if not skip_unchanged(cursor.fresh, s.uid, s.modseq)

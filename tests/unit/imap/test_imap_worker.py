@@ -264,3 +264,14 @@ def test_an_unfinished_move_is_repaired_at_start(already_moved: bool) -> None:
     assert repaired_offsets[0]["pending"] is None
     assert sorted(json.loads(r.value)["source"]["folder"] for r in repaired_records) == ["Done"] * 2
     assert server.folders["INBOX"] == {} and len(server.folders["Done"]) == 2
+
+
+def test_flag_changes_of_mail_before_the_start_position_are_not_published() -> None:
+    server = filled(3)
+    first, writer, _ = make_worker(server, start="latest")
+    first.run()
+    server.flag(1, "\\Seen")  # never published: start=latest skipped it
+    server.append(b"m-new\r\n\r\nx")
+    second, again, _ = make_worker(server, stored=Cursor.from_json(dict(writer.last_offset)))
+    second.run()
+    assert [(e["change"], e["source"]["uid"]) for e in events(again)] == [("ADDED", 4)]
