@@ -29,8 +29,10 @@ Pitfalls handled here (PITFALLS.md, exchangelib 5.6):
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
+import socket
 import ssl
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -144,6 +146,7 @@ class EwsConnection:
         self._folder_name = folder
         self._account: Account | None = None
         self._folder: BaseFolder | None = None
+        self._streaming: GetStreamingEvents | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -199,6 +202,7 @@ class EwsConnection:
         # call() set svc.timeout to ConnectionTimeout + 1 min; the request is sent lazily on the
         # first next(), so this is the read timeout requests applies to the stream.
         svc.timeout = self._settings.stream_read_timeout_seconds
+        self._streaming = svc
         try:
             while True:
                 with _translated(self._account_settings.service_endpoint):
@@ -207,11 +211,27 @@ class EwsConnection:
                     break
                 yield _arrivals(notification, folder.id)
         finally:
+            self._streaming = None
             notifications.close()
             if svc.streaming:
                 svc.stop_streaming()
         if svc.connection_status != GetStreamingEvents.CLOSED:
             raise ConnectionLost("the event stream ended without ConnectionStatus=Closed")
+
+    def interrupt(self) -> None:
+        """From another thread: end a blocked stream read now (a stop was requested).
+
+        exchangelib does not yield keep-alives, so a quiet stream blocks its reader until the next
+        notification or ConnectionStatus=Closed; shutting the socket down ends the read at once
+        (the reader sees a :class:`ConnectionLost`). exchangelib keeps the response in a private
+        attribute; if that ever changes, this does nothing and stop() waits for its join timeout.
+        """
+        response = getattr(self._streaming, "_streaming_response", None)
+        raw = getattr(response, "raw", None)
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     # -- items -------------------------------------------------------------------------------
 

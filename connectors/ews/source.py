@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 TRANSACTIONAL_ID_PREFIX = "mailtap-ews"
 CRASH_ENV = "MAILTAP_TEST_CRASH_AT"
 CRASH_EXIT_CODE = 137  # what a SIGKILL looks like to a parent process
-#: How long stop() waits for a worker: a stream read returns at the next keep-alive at the latest.
+#: How long stop() waits for a worker. An interrupted stream read returns at once; a GetItem or a
+#: Kafka commit in flight finishes first (request_timeout_seconds bounds the former).
 STOP_JOIN_S = 10.0
 
 
@@ -119,9 +120,11 @@ class EwsSource:
             self._threads.append(thread)
 
     def stop(self, timeout: float = STOP_JOIN_S) -> None:
-        """Ask every worker to stop and wait for them. A worker blocked in a stream read is left
-        behind after ``timeout`` (daemon thread): its last batch is committed or not at all."""
+        """Stop every worker (interrupting stream reads) and wait for them. A worker still busy
+        after ``timeout`` is left behind (daemon thread): its batch is committed or not at all."""
         self.stop_event.set()
+        for worker in self.workers:
+            worker.interrupt()
         for thread in self._threads:
             thread.join(timeout)
         if self._health is not None:

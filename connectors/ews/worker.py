@@ -144,6 +144,8 @@ class EwsFolderWorker:
                     )
                     return
                 except Exception as exc:
+                    if self.stop.is_set():
+                        break  # interrupted on purpose (see interrupt()); nothing to report
                     self._back_off(exc)
         finally:
             self._drop_connection()
@@ -197,6 +199,12 @@ class EwsFolderWorker:
                 )
         self._to(S.BACKOFF, f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s")
         self.stop.wait(delay)
+
+    def interrupt(self) -> None:
+        """From another thread, after ``stop`` is set: unblock a stream read."""
+        conn = self._conn
+        if conn is not None:
+            conn.interrupt()
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

@@ -28,7 +28,7 @@ from connectors.ews import connection as ews_connection
 from connectors.ews.config import EwsSourceSettings
 from connectors.ews.connection import EwsConnection, FetchedItem, ItemRef
 from connectors.ews.records import EwsRecordBuilder
-from connectors.ews.worker import EwsFolderWorker
+from connectors.ews.worker import EwsFolderWorker, WorkerState
 from tests.ews_server import EwsTestServer
 from tests.ews_server.fixture import PASSWORD, USER, fast_server
 
@@ -57,7 +57,9 @@ def mime(n: int) -> bytes:
     ).encode()
 
 
-def settings_for(ews: EwsTestServer, batch_size: int = 100, **account: Any) -> EwsSourceSettings:
+def settings_for(
+    ews: EwsTestServer, batch_size: int = 100, read_timeout: float = 5.0, **account: Any
+) -> EwsSourceSettings:
     base = {
         "name": "ops",
         "service_endpoint": ews.url,
@@ -72,7 +74,7 @@ def settings_for(ews: EwsTestServer, batch_size: int = 100, **account: Any) -> E
             "accounts": [base],
             "batch_size": batch_size,
             "connection_timeout_minutes": 1,
-            "stream_read_timeout_seconds": 5,
+            "stream_read_timeout_seconds": read_timeout,
             "backoff_initial_seconds": 0.05,
             "backoff_cap_seconds": 0.2,
         }
@@ -205,6 +207,20 @@ def test_no_source_file_mentions_sync_items_in_code() -> None:
             if name is not None and name.rsplit(".", 1)[-1] in _SYNC_NAMES:
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert offenders == []
+
+
+def test_stop_interrupts_a_quiet_stream() -> None:
+    # Keep-alives every 10 minutes and a 30 "minute" stream: only interrupt() can end the read.
+    with fast_server(seconds_per_minute=60.0, keepalive_seconds=600.0) as quiet:
+        run = Running(quiet, settings_for(quiet, read_timeout=600.0))
+        with run:
+            assert quiet.wait_until(lambda: quiet.open_streams() == 1, WAIT_S)
+            run.stop.set()
+            run.worker.interrupt()
+            run.thread.join(10)
+            assert not run.thread.is_alive()
+        assert run.worker.state is WorkerState.STOPPED
+        assert run.worker.backoff.attempt == 0  # a stop is not a failure
 
 
 # --- catch-up paging --------------------------------------------------------------------------
