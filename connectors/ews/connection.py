@@ -34,6 +34,7 @@ import datetime as dt
 import logging
 import socket
 import ssl
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,8 @@ log = logging.getLogger(__name__)
 #: ParentFolderId is the watched folder (a move *out* of it is reported to its subscription too).
 EVENT_TYPES = ("NewMailEvent", "CreatedEvent", "MovedEvent", "CopiedEvent")
 _ARRIVALS = ("NewMailEvent", "CreatedEvent")
+#: interrupt() waits at most this long for a stream that is starting to have its socket.
+INTERRUPT_WAIT_S = 2.0
 #: GetItem properties: the MIME for the shared parser, the receive time for the watermark, and the
 #: read state (published as the \\Seen flag, like the IMAP source does).
 _FETCH_FIELDS = ["mime_content", "datetime_received", "is_read"]
@@ -147,6 +150,7 @@ class EwsConnection:
         self._account: Account | None = None
         self._folder: BaseFolder | None = None
         self._streaming: GetStreamingEvents | None = None
+        self._interrupted = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -203,6 +207,9 @@ class EwsConnection:
         # first next(), so this is the read timeout requests applies to the stream.
         svc.timeout = self._settings.stream_read_timeout_seconds
         self._streaming = svc
+        if self._interrupted:  # interrupt() may have looked before _streaming was set
+            self._streaming = None
+            raise ConnectionLost("interrupted")
         try:
             while True:
                 with _translated(self._account_settings.service_endpoint):
@@ -218,20 +225,30 @@ class EwsConnection:
         if svc.connection_status != GetStreamingEvents.CLOSED:
             raise ConnectionLost("the event stream ended without ConnectionStatus=Closed")
 
-    def interrupt(self) -> None:
+    def interrupt(self, wait: float = INTERRUPT_WAIT_S) -> None:
         """From another thread: end a blocked stream read now (a stop was requested).
 
         exchangelib does not yield keep-alives, so a quiet stream blocks its reader until the next
         notification or ConnectionStatus=Closed; shutting the socket down ends the read at once
-        (the reader sees a :class:`ConnectionLost`). exchangelib keeps the response in a private
-        attribute; if that ever changes, this does nothing and stop() waits for its join timeout.
+        (the reader sees a :class:`ConnectionLost`). A stream that is about to start sees the flag
+        and does not start. exchangelib keeps the response in a private attribute; if that ever
+        changes, this does nothing and the reader ends at its read timeout.
         """
-        response = getattr(self._streaming, "_streaming_response", None)
-        raw = getattr(response, "raw", None)
-        sock = getattr(getattr(raw, "connection", None), "sock", None)
-        if isinstance(sock, socket.socket):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+        self._interrupted = True
+        deadline = time.monotonic() + wait
+        while (svc := self._streaming) is not None:
+            # The response exists once the server's headers are in; until then, wait a little.
+            response = getattr(svc, "_streaming_response", None)
+            sock = getattr(
+                getattr(getattr(response, "raw", None), "connection", None), "sock", None
+            )
+            if isinstance(sock, socket.socket):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                return
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
     # -- items -------------------------------------------------------------------------------
 
