@@ -107,6 +107,11 @@ class EwsSource:
             before_commit=lambda: crash.reached("before_write"),
         )
 
+    @property
+    def health_port(self) -> int | None:
+        """The port of /healthz and /metrics once started (``health.port: 0`` picks one)."""
+        return self._health.port if self._health is not None else None
+
     def start(self) -> None:
         if self._serve_health:
             h = self.cfg.health

@@ -197,15 +197,17 @@ class EwsTestServer:
             return sum(1 for st in self._streams.values() if sub_id is None or sub_id in st.sub_ids)
 
     def wait_until(self, predicate: Any, timeout: float = 30.0) -> bool:
-        """Wait (on the store's condition) until ``predicate()`` is true; returns its last value."""
+        """Wait until ``predicate()`` is true, re-checking after every server event (and at
+        least every 0.1 s). The predicate runs without the server's lock held, so it may be
+        slow (a Kafka read) without stalling the server."""
         deadline = time.monotonic() + timeout
-        with self.store.cond:
-            while not predicate():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
+        while not predicate():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self.store.cond:
                 self.store.cond.wait(min(remaining, 0.1))
-            return True
+        return True
 
     # -- fault injection ----------------------------------------------------------------------
 
@@ -237,6 +239,11 @@ class EwsTestServer:
     ) -> None:
         with self.store.cond:
             self._failures.append(_HttpFailure(count, status, operation, retry_after, soap_code))
+
+    def clear_failures(self) -> None:
+        """Forget the failures ``fail_requests`` still had to inject."""
+        with self.store.cond:
+            self._failures.clear()
 
     def stall_streams(self, stalled: bool = True) -> None:
         """Stop (or resume) writing on open streams and on streams opened from now on."""

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -274,3 +278,35 @@ def test_first_start_latest_skips_existing_mail(
     assert sorted(k for k, _ in read_events(kafka)) == sorted(
         [imap_key(mime(1)), imap_key(mime(2))]
     )
+
+
+def healthz(port: int) -> tuple[int, dict[str, Any]]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def test_health_is_the_age_of_the_last_successful_sync(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    raw = source_config(kafka, ews, tmp_path / "claims")
+    raw["health"] = {"port": 0, "max_sync_age_seconds": 1.0}
+    src = EwsSource.from_config(config_from_dict(raw))
+    src.start()
+    try:
+        assert src.health_port is not None
+        port = src.health_port
+        # Healthy: every ConnectionStatus=Closed (each second here) is a successful sync.
+        assert ews.wait_until(lambda: healthz(port)[0] == 200, WAIT_S)
+        assert "ews/ops/inbox" in healthz(port)[1]["ages"]
+        # Exchange answers 503 to everything: the process lives, the mailbox does not sync.
+        ews.fail_requests(10**6, status=503)
+        ews.drop_streams()
+        assert ews.wait_until(lambda: healthz(port)[0] == 503, WAIT_S)
+        assert "ews/ops/inbox" in healthz(port)[1]["stale"]
+        ews.clear_failures()
+        assert ews.wait_until(lambda: healthz(port)[0] == 200, WAIT_S)
+    finally:
+        src.stop()
