@@ -120,3 +120,51 @@ def test_stop_request_ends_idle_with_done() -> None:
     client = FakeClient([])
     connection(client).idle_until(time.monotonic() + 60, lambda: True, 5.0)
     assert client.calls == ["idle", "idle_done"]
+
+
+class LoginClient:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple[str, str, str]] = []
+
+    def login(self, user: str, password: str) -> None:
+        self.calls.append(("login", user, password))
+        if self.refuse:
+            raise imap_exc.LoginError("b'[AUTHENTICATIONFAILED] Authentication failed.'")
+
+    def oauth2_login(self, user: str, token: str) -> None:
+        self.calls.append(("xoauth2", user, token))
+        if self.refuse:
+            raise imap_exc.IMAPClientError("AUTHENTICATE failed")
+
+    def capabilities(self) -> tuple[bytes, ...]:
+        return (b"IMAP4rev1", b"IDLE", b"CONDSTORE", b"MOVE")
+
+    def enable(self, *caps: str) -> None:
+        self.calls.append(("enable", *caps, ""))  # type: ignore[arg-type]
+
+
+def login_connection(client: LoginClient, **account: Any) -> ImapConnection:
+    settings = ImapAccountSettings.model_validate(
+        {"name": "a", "host": "h", "username": "u@example.com", **account}
+    )
+    conn = ImapConnection(settings, connect_timeout=1, read_timeout=1)
+    conn._client = client  # type: ignore[assignment]
+    return conn
+
+
+def test_xoauth2_login_uses_the_token_and_reads_capabilities_after_login() -> None:
+    client = LoginClient()
+    conn = login_connection(client, oauth2_access_token="tok")
+    conn.login()
+    assert client.calls == [("xoauth2", "u@example.com", "tok")]
+    assert conn.supports_idle and conn.enable_condstore()
+
+
+@pytest.mark.parametrize("account", [{"password": "p"}, {"oauth2_access_token": "tok"}])
+def test_a_refused_login_is_an_authentication_error(account: dict[str, str]) -> None:
+    conn = login_connection(LoginClient(refuse=True), **account)
+    with pytest.raises(AuthenticationError) as caught:
+        conn.login()
+    assert classify(caught.value) is Disposition.PERMANENT
+    assert "tok" not in str(caught.value) and "'p'" not in str(caught.value)
