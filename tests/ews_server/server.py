@@ -5,6 +5,9 @@ sends to an Exchange Server 2016 endpoint: GetFolder, Subscribe (streaming), Get
 GetItem, FindItem, Unsubscribe. Any other operation (``SyncFolderItems`` included) is recorded in
 ``requests`` and answered with an ``ErrorInvalidOperation`` SOAP fault.
 
+Authentication: Basic and ``Bearer`` (OAuth2, ``add_token``) per request; NTLM per connection as
+IIS does it (``ntlm_user_file``, see ``ntlm.py``). ``tls=`` serves HTTPS.
+
 ``GetStreamingEvents`` is a long-lived chunked response: one complete SOAP envelope per chunk —
 notifications as they happen, ``ConnectionStatus`` ``OK`` keep-alives every ``keepalive_seconds``,
 and a final ``ConnectionStatus`` ``Closed`` once ``ConnectionTimeout`` minutes have passed. Test time
@@ -44,9 +47,11 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from .mailbox import Event, ExchangeStore, Item, Mailbox, Subscription
+from .ntlm import NtlmAcceptor, NtlmFailed, write_user_file
 from .operations import OPERATIONS
 from .soap import (
     ResponseError,
@@ -66,6 +71,7 @@ from .soap import (
 log = logging.getLogger(__name__)
 
 ENDPOINT_PATH = "/EWS/Exchange.asmx"
+_CHALLENGE_SENT = "<ntlm challenge sent>"
 
 
 @dataclass
@@ -108,12 +114,15 @@ class EwsTestServer:
         host: str = "127.0.0.1",
         port: int = 0,
         tls: ssl.SSLContext | None = None,
+        ntlm_user_file: Path | None = None,
     ) -> None:
         self.store = ExchangeStore(subscription_idle_seconds=subscription_idle_seconds)
         self.seconds_per_minute = seconds_per_minute
         self.keepalive_seconds = keepalive_seconds
         self.requests: list[RequestRecord] = []
         self._tokens: dict[str, str] = {}
+        self._passwords: dict[str, str] = {}
+        self.ntlm_user_file = ntlm_user_file
         self._failures: list[_HttpFailure] = []
         self._streams: dict[int, _Stream] = {}
         self._stream_ids = itertools.count(1)
@@ -162,7 +171,11 @@ class EwsTestServer:
     # -- state -------------------------------------------------------------------------------
 
     def add_mailbox(self, address: str, password: str) -> Mailbox:
-        return self.store.add_mailbox(address, password)
+        mailbox = self.store.add_mailbox(address, password)
+        if self.ntlm_user_file is not None:
+            self._passwords[mailbox.address] = password
+            write_user_file(self.ntlm_user_file, self._passwords.items())
+        return mailbox
 
     def add_token(self, token: str, address: str) -> None:
         """Accept ``Authorization: Bearer <token>`` (OAuth2) for ``address``."""
@@ -279,6 +292,14 @@ class EwsTestServer:
         mailbox = self.store.mailboxes.get(user)
         return user if mailbox is not None and mailbox.password == password else None
 
+    def _mailbox_of_principal(self, principal: str) -> str | None:
+        """``\\user@example.com`` or ``EXAMPLE\\user`` (what NTLM authenticated) -> address."""
+        name = principal.rsplit("\\", 1)[-1].lower()
+        for address in self.store.mailboxes:
+            if name in (address, address.split("@")[0]):
+                return address
+        return None
+
     def _record(self, operation: str, address: str | None, status: int, body: bytes) -> None:
         with self.store.cond:
             self.requests.append(RequestRecord(operation, address, status, body))
@@ -303,7 +324,9 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?")[0].lower() != ENDPOINT_PATH.lower():
             self._send(404, b"Not Found", "text/plain")
             return
-        address = self.ews._authenticate(self.headers.get("Authorization"))
+        address = self._authenticated_address()
+        if address is _CHALLENGE_SENT:
+            return
         try:
             request = ET.fromstring(raw)
             body = request.find(s("Body"))
@@ -313,7 +336,7 @@ class _Handler(BaseHTTPRequestHandler):
         operation = operation_elem.tag.rsplit("}", 1)[-1] if operation_elem is not None else "?"
         if address is None:
             self.ews._record(operation, None, 401, raw)
-            self._send(401, b"", "text/plain", {"WWW-Authenticate": 'Basic realm="ews"'})
+            self._send(401, b"", "text/plain", self._auth_offers())
             return
         failure = self.ews._take_failure(operation)
         if failure is not None:
@@ -345,19 +368,52 @@ class _Handler(BaseHTTPRequestHandler):
         except ResponseError as e:
             response = operation_response(operation, [error_message(operation, e.code, e.text)])
         self.ews._record(operation, address, 200, raw)
-        headers = {}
+        headers = []
         if operation == "Subscribe":
             # Exchange pins a subscription to its mailbox server with this cookie.
-            headers["Set-Cookie"] = "X-BackEndOverrideCookie=EXCH01~1942050431; path=/"
+            headers.append(("Set-Cookie", "X-BackEndOverrideCookie=EXCH01~1942050431; path=/"))
         self._send(200, envelope(response), "text/xml; charset=utf-8", headers)
 
+    def _authenticated_address(self) -> str | None:
+        """The mailbox of this request: Basic or Bearer per request, NTLM per connection.
+
+        Returns ``_CHALLENGE_SENT`` when this request was an NTLM NEGOTIATE, answered with the
+        401 challenge (the handler instance lives as long as the connection)."""
+        header = self.headers.get("Authorization")
+        scheme = (header or "").split(" ", 1)[0].lower()
+        if scheme in ("ntlm", "negotiate") and self.ews.ntlm_user_file is not None:
+            acceptor = getattr(self, "_ntlm", None) or NtlmAcceptor(self.ews.ntlm_user_file)
+            self._ntlm = acceptor
+            try:
+                challenge, principal = acceptor.step(header or "")
+            except NtlmFailed:
+                return None
+            if challenge is not None:
+                self._send(401, b"", "text/plain", [("WWW-Authenticate", challenge)])
+                return _CHALLENGE_SENT
+            self._connection_address = self.ews._mailbox_of_principal(principal or "")
+            return self._connection_address
+        if header:
+            return self.ews._authenticate(header)
+        return getattr(self, "_connection_address", None)
+
+    def _auth_offers(self) -> list[tuple[str, str]]:
+        offers = [("WWW-Authenticate", 'Basic realm="ews"')]
+        if self.ews.ntlm_user_file is not None:
+            offers[:0] = [("WWW-Authenticate", "NTLM"), ("WWW-Authenticate", "Negotiate")]
+        return offers
+
     def _send(
-        self, status: int, payload: bytes, content_type: str, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        payload: bytes,
+        content_type: str,
+        headers: list[tuple[str, str]] | None = None,
     ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
-        for name, value in (headers or {}).items():
+        for name, value in headers or []:
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(payload)
@@ -369,9 +425,9 @@ class _Handler(BaseHTTPRequestHandler):
         if failure.soap_code is not None:
             self._send_fault(SoapFault(failure.soap_code, "Injected fault."))
             return
-        headers = {}
+        headers = []
         if failure.retry_after is not None:
-            headers["Retry-After"] = str(failure.retry_after)
+            headers.append(("Retry-After", str(failure.retry_after)))
         page = b"<html><body><h1>Service Unavailable</h1></body></html>"
         self._send(failure.status, page, "text/html", headers)
 

@@ -265,6 +265,33 @@ def test_deleting_mail_during_catch_up_skips_nothing(ews: EwsTestServer) -> None
 # --- credentials and TLS --------------------------------------------------------------------------
 
 
+@pytest.fixture
+def ntlm_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EwsTestServer]:
+    users = tmp_path / "ntlm-users"
+    monkeypatch.setenv("NTLM_USER_FILE", str(users))
+    with fast_server(ntlm_user_file=users) as server:
+        yield server
+
+
+@pytest.mark.parametrize("login", [None, "EXAMPLE\\user"], ids=["email", "domain"])
+def test_ntlm_handshake_per_connection_streams_and_fetches(
+    ntlm_server: EwsTestServer, login: str | None
+) -> None:
+    with Running(ntlm_server, settings_for(ntlm_server, auth="ntlm", username=login)) as run:
+        assert ntlm_server.wait_until(lambda: ntlm_server.open_streams() == 1, WAIT_S)
+        ntlm_server.deliver(USER, mime(1))
+        assert ntlm_server.wait_until(lambda: run.worker.events_published == 1, WAIT_S)
+    statuses = [(r.operation, r.status) for r in ntlm_server.requests]
+    assert ("GetStreamingEvents", 200) in statuses and ("GetItem", 200) in statuses
+    assert ("Subscribe", 401) in statuses or ("ConvertId", 401) in statuses  # the handshake
+
+
+def test_ntlm_wrong_password_is_an_authentication_error(ntlm_server: EwsTestServer) -> None:
+    settings = settings_for(ntlm_server, auth="ntlm", password="wrong")
+    with pytest.raises(AuthenticationError):
+        EwsConnection(settings.accounts[0], settings, "inbox").open()
+
+
 def test_wrong_password_is_an_authentication_error(ews: EwsTestServer) -> None:
     settings = settings_for(ews, password="wrong")
     with pytest.raises(AuthenticationError):
