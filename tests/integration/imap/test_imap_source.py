@@ -33,7 +33,13 @@ def test_n_appended_mails_give_n_events_n_keys_and_the_cursor_at_the_last_uid(
     assert by_uid[1]["subject"] == "m 0" and by_uid[1]["source"]["folder"] == "INBOX"
     cursor = imap.cursor()
     assert cursor is not None and cursor["last_uid"] == 38 and cursor["pending"] is None
-    assert metrics.events_produced.labels("imap", "acct", "INBOX")._value.get() == 38
+    assert (
+        metrics.registry.get_sample_value(
+            "mailtap_events_produced_total",
+            {"source": "imap", "account": "acct", "folder": "INBOX"},
+        )
+        == 38
+    )
 
 
 def test_start_latest_skips_existing_mail_and_since_starts_at_the_date(imap: ImapHarness) -> None:
@@ -75,7 +81,10 @@ def test_uidvalidity_change_rescans_without_new_keys(imap: ImapHarness) -> None:
             lambda: (c := imap.cursor()) is not None and c["epoch"] == 1 and c["last_uid"] >= 12,
             "rescan in the new epoch",
         )
-        rescans = source.metrics.uidvalidity_changes.labels("imap", "acct", "INBOX")._value.get()
+        rescans = source.metrics.registry.get_sample_value(
+            "mailtap_uidvalidity_changes_total",
+            {"source": "imap", "account": "acct", "folder": "INBOX"},
+        )
     events = imap.events()
     assert len(keys_of(events)) == 12
     assert changes(events).count("ADDED") == 12
@@ -158,8 +167,17 @@ def test_bad_password_backs_off_to_the_cap_and_counts_auth_failures(imap: ImapHa
     with running(
         imap, account={"password": "wrong"}, backoff_initial_seconds=0.1, backoff_cap_seconds=1
     ) as source:
-        counter = source.metrics.auth_failures.labels("imap", "acct", "INBOX")
-        wait_for(lambda: counter._value.get() >= 2, "two auth failures")
+        labels = {"source": "imap", "account": "acct", "folder": "INBOX"}
+        wait_for(
+            lambda: (
+                (
+                    source.metrics.registry.get_sample_value("mailtap_auth_failures_total", labels)
+                    or 0
+                )
+                >= 2
+            ),
+            "two auth failures",
+        )
         worker = source.workers[0]
         # Permanent errors wait the cap each time: no spinning on a wrong password.
         assert worker.backoff.attempt >= 2

@@ -169,7 +169,13 @@ def test_uidvalidity_change_rescans_every_mail_in_a_new_epoch() -> None:
     worker.run()
     assert [e["change"] for e in events(writer)] == ["RESCANNED"] * 4
     assert writer.last_offset["epoch"] == 4 and writer.last_offset["uidvalidity"] == 100
-    assert metrics.uidvalidity_changes.labels("imap", "a", "INBOX")._value.get() == 1
+    assert (
+        metrics.registry.get_sample_value(
+            "mailtap_uidvalidity_changes_total",
+            {"source": "imap", "account": "a", "folder": "INBOX"},
+        )
+        == 1
+    )
 
 
 def test_bad_mail_gives_event_plus_dlq_and_a_parser_crash_gives_dlq_only_cursor_moves_on() -> None:
@@ -195,7 +201,12 @@ def test_authentication_failure_backs_off_at_the_cap_every_time() -> None:
     worker, writer, stop = make_worker(server, stop=CountingStop(limit=3), metrics=metrics)
     worker.run()
     assert stop.delays == [0.05, 0.05, 0.05]
-    assert metrics.auth_failures.labels("imap", "a", "INBOX")._value.get() == 3
+    assert (
+        metrics.registry.get_sample_value(
+            "mailtap_auth_failures_total", {"source": "imap", "account": "a", "folder": "INBOX"}
+        )
+        == 3
+    )
     assert writer.records == [] and worker.machine.history.count(S.BACKOFF) == 3
 
 
