@@ -143,10 +143,11 @@ class Arrivals:
                     err = msg.error()
                     if err is not None and err.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(str(err))
-                    if err is None and msg.key() is not None:
+                    key = msg.key()
+                    if err is None and key is not None:
                         now = time.monotonic()
                         with self.lock:
-                            self.times[msg.key().decode()] = now
+                            self.times[key.decode()] = now
                             self.first = self.first or now
                             self.last = now
         finally:
