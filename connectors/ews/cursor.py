@@ -12,6 +12,11 @@ Wire sample (value of the offsets record; key ``{"account":"ops","folder":"inbox
   DateTimeReceived as Unix seconds. A catch-up reads from ``watermark - margin`` and skips these,
   so the overlap the margin buys never emits an item twice.
 
+``recent`` is capped at :data:`MAX_RECENT` ids (the newest kept): the offsets record must stay
+well under Kafka's 1 MB record limit (an Exchange item id is ~150 characters). A mailbox receiving
+more than that within the margin may see a few items published twice after a catch-up (the same
+keys, absorbed downstream), never a gap.
+
 Streaming watermarks of EWS itself are not stored: a streaming subscription cannot be resumed
 from a watermark (only pull subscriptions can), and we never use SyncFolderItems.
 """
@@ -28,6 +33,8 @@ WATERMARK = "watermark"
 RECENT = "recent"
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+#: ~2,000 x ~170 bytes: a few hundred KB of offsets record at most.
+MAX_RECENT = 2_000
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,9 @@ class EwsCursor:
             watermark = max(watermark, received)
         floor = (watermark - margin).timestamp()
         kept = {i: t for i, t in recent.items() if t >= floor}
+        if len(kept) > MAX_RECENT:
+            newest = sorted(kept.items(), key=lambda entry: entry[1])[-MAX_RECENT:]
+            kept = dict(newest)
         return EwsCursor(self.subscription_id, watermark, kept)
 
     def to_offset(self) -> dict[str, Any]:

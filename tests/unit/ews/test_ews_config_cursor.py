@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from connectors.core.config import config_from_dict
 from connectors.core.errors import ConfigError
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
-from connectors.ews.cursor import EPOCH, EwsCursor
+from connectors.ews.cursor import EPOCH, MAX_RECENT, EwsCursor
 
 T0 = dt.datetime(2026, 11, 29, 16, 0, tzinfo=dt.UTC)
 MARGIN = dt.timedelta(minutes=5)
@@ -177,3 +177,10 @@ def test_catchup_never_starts_before_the_epoch() -> None:
 def test_subscription_change_keeps_watermark_and_recent() -> None:
     cursor = EwsCursor("s", T0, {"a": 1}).with_subscription(None)
     assert cursor == EwsCursor(None, T0, {"a": 1})
+
+
+def test_recent_is_capped_keeping_the_newest() -> None:
+    items = [(f"id-{n}", T0 + dt.timedelta(milliseconds=50 * n)) for n in range(MAX_RECENT + 10)]
+    cursor = EwsCursor("s", T0).advanced(items, MARGIN)
+    assert len(cursor.recent) == MAX_RECENT
+    assert cursor.knows(f"id-{MAX_RECENT + 9}") and not cursor.knows("id-0")
