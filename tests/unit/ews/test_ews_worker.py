@@ -209,6 +209,18 @@ def test_no_source_file_mentions_sync_items_in_code() -> None:
     assert offenders == []
 
 
+def test_closed_stream_reconnects_to_the_same_subscription_without_catch_up(
+    ews: EwsTestServer,
+) -> None:
+    with Running(ews, settings_for(ews)):
+        # Each stream lives one (fast) minute and ends with ConnectionStatus=Closed.
+        assert ews.wait_until(lambda: ews.operations().count("GetStreamingEvents") >= 3, WAIT_S)
+    operations = ews.operations()
+    assert operations.count("Subscribe") == 1
+    assert operations.count("FindItem") == 1  # the catch-up at start only
+    assert len(ews.subscription_ids(USER)) == 1
+
+
 def test_stop_interrupts_a_quiet_stream() -> None:
     # Keep-alives every 10 minutes and a 30 "minute" stream: only interrupt() can end the read.
     with fast_server(seconds_per_minute=60.0, keepalive_seconds=600.0) as quiet:
