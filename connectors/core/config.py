@@ -161,9 +161,10 @@ def _describe(exc: ValidationError, *, prefix: str, where: str) -> str:
                 else str(part)
             )
         got = err.get("input")
-        shown = "" if isinstance(got, Mapping) or got is None else f" (got {got!r})"
-        if "password" in path or "secret" in path or "token" in path:
-            shown = ""
+        # Only scalars are echoed: a list or mapping may carry a password (an accounts list).
+        scalar = isinstance(got, (str, int, float, bool)) and len(repr(got)) < 200
+        secret = any(word in path for word in ("password", "secret", "token", "key"))
+        shown = f" (got {got!r})" if scalar and not secret else ""
         lines.append(f"{path}: {err['msg']}{shown}")
     return f"{where}: invalid configuration:\n  " + "\n  ".join(lines)
 

@@ -89,3 +89,24 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 
 def test_env_override_creates_missing_sections() -> None:
     assert apply_env_overrides({}, {"MAILTAP__HEALTH__PORT": "0"}) == {"health": {"port": 0}}
+
+
+def test_lists_of_mappings_are_not_echoed_in_errors() -> None:
+    from pydantic import Field
+
+    class Account(BaseModel):
+        password: str
+        port: int
+
+    class Section(BaseModel):
+        accounts: list[Account] = Field(min_length=2)
+
+    cfg = config_from_dict(
+        {
+            "kafka": {"bootstrap_servers": "a:1"},
+            "x": {"accounts": [{"password": "hunter2", "port": 1}]},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"x\.accounts") as info:
+        cfg.section("x", Section)
+    assert "hunter2" not in str(info.value)
