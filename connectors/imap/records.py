@@ -21,13 +21,13 @@ import functools
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from connectors.core.claimcheck import ClaimCheckError
 from connectors.core.contract import SourceRecord
 from connectors.core.serde import AvroSerde
+from connectors.imap.blobs import PrefetchingClaimCheck
 from connectors.imap.connection import FetchedMail
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class RecordBuilder:
         events_topic: str,
         dlq_topic: str,
         max_record_bytes: int,
-        parse_threads: int = 0,
+        blobs: PrefetchingClaimCheck | None = None,
     ) -> None:
         self.account = account
         self.folder = folder
@@ -76,11 +76,8 @@ class RecordBuilder:
         self._events_topic = events_topic
         self._dlq_topic = dlq_topic
         self._max_record_bytes = max_record_bytes
-        self._pool = (
-            ThreadPoolExecutor(parse_threads, thread_name_prefix=f"parse-{account}")
-            if parse_threads > 1
-            else None
-        )
+        #: The store the parser writes to, when it can start writes early (blobs.py).
+        self._blobs = blobs
 
     @property
     def dlq_topic(self) -> str:
@@ -105,21 +102,20 @@ class RecordBuilder:
         uidvalidity: int,
         change_for: Callable[[FetchedMail, str], ChangeKind],
     ) -> list[BuiltMail]:
-        """``build`` for a batch: parsing (and the claim-check writes, which wait on fsync) runs
-        on a thread pool; keys, change kinds and encoding follow in UID order on this thread."""
-        parsed = (
-            list(self._pool.map(lambda m: self.parse(m, uidvalidity), mails))
-            if self._pool is not None and len(mails) > 1
-            else [self.parse(m, uidvalidity) for m in mails]
-        )
+        """``build`` for a batch, in UID order. The raw MIME of the whole batch starts going to
+        the claim-check store first, so its fsyncs overlap the parsing."""
+        if self._blobs is not None:
+            for mail in mails:
+                self._blobs.prefetch(mail.raw)
+        try:
+            parsed = [self.parse(m, uidvalidity) for m in mails]
+        finally:
+            if self._blobs is not None:
+                self._blobs.settle(m.raw for m in mails)
         return [
             self.finish(m, uidvalidity, p, functools.partial(change_for, m))
             for m, p in zip(mails, parsed, strict=True)
         ]
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
 
     def parse(self, mail: FetchedMail, uidvalidity: int, folder: str | None = None) -> Any:
         """The parser's result, or the exception a parser bug raised (never for bad input)."""

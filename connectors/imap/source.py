@@ -24,6 +24,7 @@ from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
+from connectors.imap.blobs import PrefetchingClaimCheck
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import source_partition
@@ -53,6 +54,7 @@ class ImapSource:
         self._threads: list[threading.Thread] = []
         self._health: HealthServer | None = None
         self._crash = CrashPoints.from_env()
+        self._blobs: PrefetchingClaimCheck | None = None
 
     @classmethod
     def from_config(cls, config: MailtapConfig) -> ImapSource:
@@ -78,7 +80,10 @@ class ImapSource:
     def build_workers(self) -> list[MailboxWorker]:
         ensure_topics(self.kafka)
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
-        store = open_claim_check(self.config.claim_check.url)
+        self._blobs = PrefetchingClaimCheck(
+            open_claim_check(self.config.claim_check.url), self.settings.claim_check_threads
+        )
+        store = self._blobs
         limits = ParseLimits(**self.settings.limits.overrides())
         parser = functools.partial(parse_mail, limits=limits, claim_check=store)
         indexes = load_indexes(self.kafka, serde, [a.name for a in self.settings.accounts])
@@ -94,7 +99,7 @@ class ImapSource:
                     events_topic=self.kafka.topics.events,
                     dlq_topic=dlq_topic,
                     max_record_bytes=self.settings.max_record_bytes,
-                    parse_threads=self.settings.parse_threads,
+                    blobs=self._blobs,
                 )
                 workers.append(
                     MailboxWorker(
@@ -154,6 +159,8 @@ class ImapSource:
         if self._health is not None:
             self._health.stop()
             self._health = None
+        if self._blobs is not None:
+            self._blobs.close()
 
     @property
     def all_fenced(self) -> bool:

@@ -191,7 +191,6 @@ class MailboxWorker:
             self._conn = None
 
     def _close(self) -> None:
-        self.builder.close()
         if self._conn is not None:
             self._conn.logout()
             self._conn = None
