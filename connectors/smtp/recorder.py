@@ -23,7 +23,6 @@ from connectors.core.serde import AvroSerde
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for
-from connectors.smtp.render import RenderedMessage
 from connectors.smtp.retry import GiveUp, Retry, RetryInfo, dlq_headers, plan_next
 from connectors.smtp.state import CommandState
 
@@ -59,7 +58,6 @@ class Work:
     attempt: int
     recipients: tuple[str, ...] | None
     message_id: str | None = None
-    rendered: RenderedMessage | None = None
     outcomes: list[RecipientOutcome] = field(default_factory=list)
     recovered: bool = False
     """True when this is an INTENT left by a dead process: no send, outcome UNKNOWN."""
@@ -129,17 +127,8 @@ class DeliveryRecorder:
     def write_intents(self, items: Sequence[Work]) -> None:
         now_ms = to_ms(self.clock())
         for item in items:
-            assert item.rendered is not None
-            self.put_state(
-                item.command_id,
-                CommandState(
-                    "INTENT",
-                    item.attempt,
-                    item.rendered.message_id,
-                    item.rendered.recipients,
-                    now_ms,
-                ),
-            )
+            state = CommandState("INTENT", item.attempt, item.message_id, item.recipients, now_ms)
+            self.put_state(item.command_id, state)
 
     def write_outcomes(
         self, items: Sequence[Work], dead: Sequence[tuple[Message, str, str]], now: datetime

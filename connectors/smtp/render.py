@@ -157,18 +157,17 @@ def _attach(
         msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=filename)
 
 
-def _fix_boundaries(msg: EmailMessage, command_id: str) -> None:
+def _fix_boundaries(msg: EmailMessage, command_id: str, texts: Sequence[str | None]) -> None:
     """Deterministic MIME boundaries, so a resend is byte-identical to the first attempt.
 
-    The generator's random boundaries are collision-checked against the content; ours are derived
-    from the command id, so we check too and keep the random one in the (adversarial) case where a
-    body already contains the line.
+    A boundary must not occur in the content. Ours contain ``=_``, which base64 and
+    quoted-printable output never do, so only bodies sent as 7bit/8bit text can hold it: we
+    check those and keep the generator's random boundary in that (adversarial) case.
     """
-    flat = msg.as_bytes(policy=SMTP_POLICY)
     seed = hashlib.sha256(command_id.encode("utf-8")).hexdigest()[:24]
     for i, part in enumerate(p for p in msg.walk() if p.is_multipart()):
         boundary = f"=_mailtap_{seed}_{i}"
-        if b"--" + boundary.encode("ascii") not in flat:
+        if not any(text and boundary in text for text in texts):
             part.set_boundary(boundary)
 
 
@@ -243,7 +242,8 @@ def render(
         msg["Auto-Submitted"] = str(auto)
     _body(msg, command.get("text_body"), command.get("html_body"))
     _attach(msg, command.get("attachments") or [], fetch_blob)
-    _fix_boundaries(msg, command_id)
+    if msg.is_multipart():
+        _fix_boundaries(msg, command_id, [command.get("text_body"), command.get("html_body")])
 
     if verp_domain:
         envelope_from = verp_address(command_id, verp_domain)
