@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import time
+import urllib.error
+import urllib.request
 
+from connectors.core.config import config_from_dict
+from connectors.imap.source import ImapSource
 from tests.integration.imap.imap_harness import (
     ImapHarness,
     changes,
@@ -42,13 +48,25 @@ def test_n_appended_mails_give_n_events_n_keys_and_the_cursor_at_the_last_uid(
     )
 
 
-def test_start_latest_skips_existing_mail_and_since_starts_at_the_date(imap: ImapHarness) -> None:
+def test_start_latest_skips_existing_mail(imap: ImapHarness) -> None:
     imap.append_numbered(5)
     with running(imap, account={"start": "latest"}):
         wait_for(lambda: imap.cursor_at(5), "cursor pinned at the latest uid")
         new = imap.append_numbered(2, start=5)
         wait_for(lambda: imap.cursor_at(7), "cursor at uid 7")
     assert keys_of(imap.events()) == {f"acct/mid:{mid}" for mid in new}
+
+
+def test_start_since_a_date_skips_older_mail(imap: ImapHarness) -> None:
+    client = imap.client(folder="")
+    old = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    for i in range(3):
+        client.append("INBOX", make_mail(f"old{i}-{imap.unique}@x", "old"), msg_time=old)
+    client.logout()
+    recent = imap.append_numbered(2, tag="new")
+    with running(imap, account={"start": "since:2025-06-01"}):
+        wait_for(lambda: imap.cursor_at(5), "the mails since the date")
+    assert keys_of(imap.events()) == {f"acct/mid:{m}" for m in recent}
 
 
 def test_flag_change_is_a_complete_updated_event(imap: ImapHarness) -> None:
@@ -217,13 +235,6 @@ def test_poll_mode_publishes_without_idle(imap: ImapHarness) -> None:
 def test_healthz_reports_sync_age_and_fails_for_a_mailbox_that_cannot_sync(
     imap: ImapHarness,
 ) -> None:
-    import json
-    import urllib.error
-    import urllib.request
-
-    from connectors.core.config import config_from_dict
-    from connectors.imap.source import ImapSource
-
     raw = imap.config_dict()
     good = dict(raw["imap"]["accounts"][0])
     bad = {**good, "name": "down", "port": 1}  # nothing listens on port 1
