@@ -6,6 +6,7 @@ consumer would see it.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -215,6 +216,14 @@ class ImapHarness:
     def cursor(self, folder: str = "INBOX") -> dict[str, Any] | None:
         offsets = OffsetStore(self.kafka).read_all()
         return offsets.get(canonical_json(source_partition(ACCOUNT, folder)))
+
+    def offsets(self) -> dict[str, dict[str, Any]]:
+        """Every IMAP cursor, as ``{"<account>/<folder>": cursor}``."""
+        found = {}
+        for key, value in OffsetStore(self.kafka).read_all().items():
+            partition = json.loads(key)
+            found[f"{partition['account']}/{partition['folder']}"] = value
+        return found
 
     def cursor_at(self, last_uid: int, folder: str = "INBOX") -> bool:
         cursor = self.cursor(folder)

@@ -8,6 +8,8 @@ import time
 import urllib.error
 import urllib.request
 
+from imapclient import IMAPClient
+
 from connectors.core.config import config_from_dict
 from connectors.imap.source import ImapSource
 from tests.integration.imap.imap_harness import (
@@ -261,3 +263,40 @@ def test_healthz_reports_sync_age_and_fails_for_a_mailbox_that_cannot_sync(
         assert 'mailtap_connect_failures_total{account="down"' in text
     finally:
         source.close()
+
+
+def test_many_accounts_and_folders_in_one_process_each_mail_once(imap: ImapHarness) -> None:
+    client = imap.client(folder="")
+    client.create_folder("Work")
+    client.logout()
+    other = imap.services.add_user(f"other-{imap.unique}@example.com", "pw-other")
+    inbox = imap.append_numbered(7, tag="inbox")
+    work = [f"work{i}-{imap.unique}@x" for i in range(4)]
+    imap.append((make_mail(m, "work") for m in work), folder="Work")
+    theirs = [f"theirs{i}-{imap.unique}@x" for i in range(5)]
+    peer = IMAPClient(imap.host, port=imap.port, ssl=False)
+    peer.login(other.username, other.password)
+    peer.multiappend("INBOX", [make_mail(m, "theirs") for m in theirs])
+    peer.logout()
+    raw = imap.config_dict(account={"folders": ["INBOX", "Work"]})
+    second = {**raw["imap"]["accounts"][0], "name": "peer", "folders": ["INBOX"]}
+    second.update(username=other.username, password=other.password)
+    raw["imap"]["accounts"].append(second)
+    source = ImapSource.from_config(config_from_dict(raw, env={}))
+    source.start()
+    try:
+        wait_for(
+            lambda: (
+                imap.cursor_at(7)
+                and imap.cursor_at(4, folder="Work")
+                and ((c := imap.offsets().get("peer/INBOX")) is not None and c["last_uid"] >= 5)
+            ),
+            "three mailboxes published",
+        )
+    finally:
+        source.close()
+    events = imap.events()
+    assert len(events) == 16
+    assert keys_of(events) == (
+        {f"acct/mid:{m}" for m in [*inbox, *work]} | {f"peer/mid:{m}" for m in theirs}
+    )
