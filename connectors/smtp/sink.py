@@ -187,7 +187,11 @@ class SmtpSink:
         """One poll and (if anything came) one batch; returns the number of records seen."""
         assert self._consumer is not None
         self._resume_due()
-        records = self._consumer.consume(self.settings.batch_size, timeout=POLL_TIMEOUT_S)
+        # What is already fetched, without waiting for a full batch (consume() would block until
+        # batch_size records or the timeout); only an empty queue waits.
+        records = self._consumer.consume(self.settings.batch_size, timeout=0)
+        if not records:
+            records = self._consumer.consume(self.settings.batch_size, timeout=POLL_TIMEOUT_S)
         if records:
             await self._process(records)
             self.records_total += len(records)
