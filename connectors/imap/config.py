@@ -37,14 +37,20 @@ class ParseLimitSettings(_Strict):
     Mirrors ``connectors.core.mail.limits.ParseLimits``; unset fields keep the parser's defaults.
     """
 
-    max_message_bytes: int | None = Field(default=None, gt=0)
-    max_header_bytes: int | None = Field(default=None, gt=0)
-    max_header_lines: int | None = Field(default=None, gt=0)
-    max_mime_depth: int | None = Field(default=None, gt=0)
-    max_params: int | None = Field(default=None, gt=0)
-    max_parts: int | None = Field(default=None, gt=0)
-    max_body_bytes: int | None = Field(default=None, gt=0)
-    max_attachments: int | None = Field(default=None, gt=0)
+    max_message_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_lines: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_mime_depth: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_params: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_parts: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_body_bytes: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_attachments: int | None = Field(default=None, gt=0, description="parser default when unset")
 
     def overrides(self) -> dict[str, int]:
         return {k: v for k, v in self.model_dump().items() if v is not None}
@@ -54,21 +60,25 @@ class ImapAccountSettings(_Strict):
     """One mailbox account; each folder gets its own worker, connection and cursor."""
 
     name: str = Field(min_length=1, description="account name in keys, offsets and metrics")
-    host: str = Field(min_length=1)
+    host: str = Field(min_length=1, description="IMAP server host name")
     port: int | None = Field(default=None, ge=1, le=65535, description="993 for ssl, else 143")
-    security: Literal["plain", "ssl", "starttls"] = "ssl"
-    username: str = Field(min_length=1)
-    password: SecretStr | None = None
+    security: Literal["plain", "ssl", "starttls"] = Field(
+        default="ssl", description="ssl or starttls verify certificates; plain for loopback tests"
+    )
+    username: str = Field(min_length=1, description="login name")
+    password: SecretStr | None = Field(default=None, description="LOGIN password")
     oauth2_access_token: SecretStr | None = Field(
         default=None, description="XOAUTH2 bearer token, used instead of a password"
     )
     ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
-    folders: tuple[str, ...] = ("INBOX",)
+    folders: tuple[str, ...] = Field(default=("INBOX",), description="folders to publish")
     start: str = Field(
         default="latest",
         description="where a folder without a cursor starts: all | latest | since:YYYY-MM-DD",
     )
-    mode: Literal["idle", "poll"] = "idle"
+    mode: Literal["idle", "poll"] = Field(
+        default="idle", description="idle (push, with catch-up polls) or poll only"
+    )
     after_commit: str = Field(
         default="none", description="side effect after commit: none | seen | move:<folder>"
     )
@@ -130,7 +140,9 @@ class ImapSourceSettings(_Strict):
 
     # Non-empty is checked in _unique_names: a min_length here makes pydantic add a second error
     # whose "input" is the whole account list, and the core's message would quote the passwords.
-    accounts: tuple[ImapAccountSettings, ...]
+    accounts: tuple[ImapAccountSettings, ...] = Field(
+        description="mailbox accounts; each folder of each gets its own worker"
+    )
     batch_size: int = Field(
         default=200, ge=1, le=5000, description="mails per fetch and per Kafka transaction"
     )
@@ -139,27 +151,45 @@ class ImapSourceSettings(_Strict):
     )
     #: A read blocks at most this long. It bounds how long a silent (half-open) connection goes
     #: unnoticed outside IDLE, and must exceed the slowest legitimate FETCH of one batch.
-    read_timeout_seconds: float = Field(default=60.0, gt=0)
+    read_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="longest wait for any server answer (silent peers)"
+    )
     #: RFC 2177: servers may drop an IDLE after 30 min of inactivity; imapclient's docs advise
     #: renewing every ~10 min. A renew (DONE + a new IDLE) also proves the connection is alive.
-    idle_renew_seconds: float = Field(default=540.0, gt=0, le=1500)
+    idle_renew_seconds: float = Field(
+        default=540.0, gt=0, le=1500, description="IDLE is ended and restarted at this interval"
+    )
     #: A dropped IDLE notification must not delay mail forever: a full re-sync (new mail, flag
     #: changes, expunges) at this interval even when IDLE says nothing happened.
-    catchup_poll_seconds: float = Field(default=300.0, gt=0)
+    catchup_poll_seconds: float = Field(
+        default=300.0, gt=0, description="full re-sync (incl. expunges) at least this often"
+    )
     poll_interval_seconds: float = Field(default=30.0, gt=0, description="mode: poll")
-    backoff_initial_seconds: float = Field(default=1.0, gt=0)
-    backoff_cap_seconds: float = Field(default=300.0, gt=0)
+    backoff_initial_seconds: float = Field(
+        default=1.0, gt=0, description="first reconnect delay (exponential, full jitter)"
+    )
+    backoff_cap_seconds: float = Field(
+        default=300.0, gt=0, description="longest reconnect delay; auth failures always wait it"
+    )
     dlq_topic: str | None = Field(
         default=None, description="where unparseable mails are reported; kafka.topics.dlq if unset"
     )
     #: Claim-check writes run ahead of the parser on this many threads (shared by all
     #: mailboxes): each blob waits on fsync, and overlapping those waits is most of the speed.
-    claim_check_threads: int = Field(default=8, ge=1, le=64)
+    claim_check_threads: int = Field(
+        default=8, ge=1, le=64, description="threads writing claim-check blobs ahead of parsing"
+    )
     #: Mails fetched per round trip are also capped by size, so memory stays flat with big mails.
-    max_batch_bytes: int = Field(default=32 * 1024 * 1024, gt=0)
+    max_batch_bytes: int = Field(
+        default=32 * 1024 * 1024, gt=0, description="bytes of mail per FETCH round trip"
+    )
     #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
-    max_record_bytes: int = Field(default=900_000, gt=1024)
-    limits: ParseLimitSettings = ParseLimitSettings()
+    max_record_bytes: int = Field(
+        default=900_000, gt=1024, description="largest event record; bodies dropped above it"
+    )
+    limits: ParseLimitSettings = Field(
+        default=ParseLimitSettings(), description="caps applied before parsing"
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> ImapSourceSettings:
