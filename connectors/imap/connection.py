@@ -428,7 +428,12 @@ class ImapConnection:
             else:
                 self.client.copy(list(uids), folder)
                 self.client.add_flags(list(uids), [b"\\Deleted"], silent=True)
-                self.client.uid_expunge(list(uids))
+                if b"UIDPLUS" in self._capabilities:
+                    self.client.uid_expunge(list(uids))
+                else:
+                    # Without UIDPLUS only a plain EXPUNGE exists: it also removes mail others
+                    # marked \Deleted in this folder, which they asked for anyway.
+                    self.client.expunge()
 
 
 def socket_is_timeout(exc: BaseException) -> bool:

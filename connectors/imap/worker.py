@@ -44,7 +44,7 @@ from connectors.imap.cursor import (
     source_partition,
     split_by_bytes,
 )
-from connectors.imap.errors import ConnectionLost
+from connectors.imap.errors import ConnectionLost, ImapProtocolError
 from connectors.imap.faults import CrashPoints
 from connectors.imap.index import AccountIndex
 from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
@@ -291,7 +291,12 @@ class MailboxWorker:
         # Dovecot shows other sessions' changes to the selected folder only after a command
         # completes: NOOP first, or SEARCH may miss a mail appended a moment ago.
         conn.noop()
-        status = conn.status(self.folder)
+        try:
+            status = conn.status(self.folder)
+        except ImapProtocolError:
+            # RFC 3501 6.3.10 lets a server refuse STATUS on the selected mailbox; SELECT again
+            # gives the same figures.
+            status = conn.select(self.folder, readonly=self.account.after_commit == "none")
         if status.uidvalidity != self.cursor.uidvalidity:
             raise UidValidityChanged(
                 f"UIDVALIDITY of {self.folder} changed to {status.uidvalidity} while selected"

@@ -11,6 +11,7 @@ from typing import Any
 
 from connectors.core.contract import SourceRecord
 from connectors.imap.connection import FetchedMail, FlagState, FolderStatus, IdleOutcome
+from connectors.imap.errors import ImapProtocolError
 
 
 @dataclass
@@ -31,6 +32,8 @@ class FakeServer:
     fail_login: BaseException | None = None
     sticky: bool = False
     connects: int = 0
+    #: Refuse STATUS on the selected mailbox (RFC 3501 allows it).
+    refuse_status: bool = False
 
     def append(self, raw: bytes, folder: str = "INBOX") -> int:
         uid = self.uidnext[folder]
@@ -74,9 +77,12 @@ class FakeConnection:
 
     def select(self, folder: str, readonly: bool = False) -> FolderStatus:
         self.folder = folder
-        return self.status(folder)
+        s = self.server
+        return FolderStatus(s.uidvalidity, s.uidnext[folder], s.modseq, len(s.folders[folder]))
 
     def status(self, folder: str) -> FolderStatus:
+        if self.server.refuse_status and folder == self.folder:
+            raise ImapProtocolError("status: BAD STATUS of the selected mailbox")
         s = self.server
         return FolderStatus(s.uidvalidity, s.uidnext[folder], s.modseq, len(s.folders[folder]))
 

@@ -286,3 +286,11 @@ def test_flag_changes_of_mail_before_the_start_position_are_not_published() -> N
     second, again, _ = make_worker(server, stored=Cursor.from_json(dict(writer.last_offset)))
     second.run()
     assert [(e["change"], e["source"]["uid"]) for e in events(again)] == [("ADDED", 4)]
+
+
+def test_a_server_refusing_status_on_the_selected_folder_still_syncs() -> None:
+    server = filled(4)
+    server.refuse_status = True
+    worker, writer, _ = make_worker(server)
+    worker.run()
+    assert len(events(writer)) == 4 and writer.last_offset["last_uid"] == 4
