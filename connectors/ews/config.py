@@ -60,8 +60,12 @@ class EwsAccountSettings(_Strict):
     oauth2_client_id: str | None = Field(
         default=None, description="client credentials flow (with secret and tenant id)"
     )
-    oauth2_client_secret: SecretStr | None = None
-    oauth2_tenant_id: str | None = None
+    oauth2_client_secret: SecretStr | None = Field(
+        default=None, description="OAuth2 client-credentials secret (never logged)"
+    )
+    oauth2_tenant_id: str | None = Field(
+        default=None, description="Azure AD tenant of the OAuth2 application"
+    )
     ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
     folders: tuple[str, ...] = Field(
         default=("inbox",),
@@ -156,7 +160,9 @@ class EwsSourceSettings(_Strict):
 
     # Not Field(min_length=1): pydantic would then echo the whole accounts list, passwords
     # included, in the error of an invalid account; the emptiness check is below.
-    accounts: tuple[EwsAccountSettings, ...]
+    accounts: tuple[EwsAccountSettings, ...] = Field(
+        description="mailboxes to watch; each gets one worker thread per folder"
+    )
     batch_size: int = Field(
         default=100, ge=1, le=1000, description="items per GetItem and per Kafka transaction"
     )
@@ -188,10 +194,20 @@ class EwsSourceSettings(_Strict):
     max_connections: int = Field(
         default=4, ge=2, le=16, description="HTTP connections per mailbox (the stream holds one)"
     )
-    backoff_initial_seconds: float = Field(default=1.0, gt=0)
-    backoff_cap_seconds: float = Field(default=300.0, gt=0)
+    backoff_initial_seconds: float = Field(
+        default=1.0, gt=0, description="first reconnect delay; doubles (with jitter) per failure"
+    )
+    backoff_cap_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="longest reconnect delay; also the delay after an auth error",
+    )
     #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
-    max_record_bytes: int = Field(default=900_000, gt=1024)
+    max_record_bytes: int = Field(
+        default=900_000,
+        gt=1024,
+        description="largest Kafka record the source writes; bigger events shed bodies first",
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> EwsSourceSettings:

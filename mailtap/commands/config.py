@@ -111,11 +111,12 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
         path = f"{prefix}.{field.alias or key}"
         nested = _nested_model(field.annotation)
         if nested is not None:
-            is_list = typing.get_origin(field.annotation) in (list, tuple)
+            origin = typing.get_origin(field.annotation)
+            suffix = "[]" if origin in (list, tuple) else ".<name>" if origin is dict else ""
             rows.append(
                 f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {_describe(field)} |"
             )
-            rows += _rows(nested, f"{path}[]" if is_list else path)
+            rows += _rows(nested, f"{path}{suffix}")
             continue
         rows.append(
             f"| `{path}` | {_type_name(field.annotation)} | {_default(field)} | {_describe(field)} |"
@@ -129,7 +130,7 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
     args = typing.get_args(annotation)
     models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
     if (
-        typing.get_origin(annotation) in (list, tuple, typing.Union, types.UnionType)
+        typing.get_origin(annotation) in (list, tuple, dict, typing.Union, types.UnionType)
         and len(models) == 1
     ):
         return models[0]
