@@ -118,6 +118,7 @@ class MailboxWorker:
         self.cursor: Cursor | None = None
         self.fenced = False
         self.last_error: Exception | None = None
+        self._changed_by_us = False
         self._writer: Writer | None = None
         self._conn: ImapConnection | None = None
         self._reload_cursor = True
@@ -217,9 +218,15 @@ class MailboxWorker:
         self._last_catchup = time.monotonic()
         while not self.stop.is_set():
             self.machine.to(S.SYNCING)
+            self._changed_by_us = False
             mails = self._sync(conn, reconcile=full)
             self.metrics.synced(*self._labels, mails=mails)
             self.backoff.reset()
+            if self._changed_by_us:
+                # Our own STORE is not announced to our own IDLE (RFC 3501 7.4.2 answers it on
+                # the STORE): sync again at once so the flag change is published now.
+                full = False
+                continue
             full = self._wait(conn)
 
     def _select(self, conn: ImapConnection) -> None:
@@ -461,6 +468,7 @@ class MailboxWorker:
         records: dict[bytes, SourceRecord] = {}
         if pending.action == "seen":
             conn.add_flags(uids, [SEEN])
+            self._changed_by_us = True
         elif pending.action.startswith("move:"):
             target = pending.action[5:].strip()
             missing = [u for u in uids if u not in fetched]

@@ -294,3 +294,13 @@ def test_a_server_refusing_status_on_the_selected_folder_still_syncs() -> None:
     worker, writer, _ = make_worker(server)
     worker.run()
     assert len(events(writer)) == 4 and writer.last_offset["last_uid"] == 4
+
+
+def test_after_commit_seen_publishes_the_flag_change_without_waiting_for_a_poll() -> None:
+    server = filled(2)
+    worker, writer, _ = make_worker(server, after_commit="seen")
+    worker.run()  # one IDLE round only: the UPDATED events must come before it
+    assert [(e["change"], e["flags"]) for e in events(writer)] == [
+        ("ADDED", []), ("ADDED", []), ("UPDATED", ["\\Seen"]), ("UPDATED", ["\\Seen"]),
+    ]  # fmt: skip
+    assert writer.last_offset["pending"] is None
