@@ -135,6 +135,12 @@ class SmtpSinkSettings(BaseModel):
             raise ValueError("username is required with password or oauth2_token")
         if self.auth_mechanism == "XOAUTH2" and not self.oauth2_token:
             raise ValueError("auth_mechanism XOAUTH2 needs oauth2_token")
+        first_tier = self.tier_delays[0]
+        if first_tier[1] >= self.max_lifetime_seconds:
+            raise ValueError(
+                f"max_lifetime {self.max_lifetime} is not longer than the first retry tier "
+                f"{first_tier[0]}: nothing would ever be retried; raise max_lifetime"
+            )
         return self
 
     @property

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from connectors.core.config import MailtapConfig, config_from_dict
 from connectors.core.kafka import consumer_config, ensure_topics, producer_config
@@ -105,14 +105,34 @@ def produce_commands(cfg: MailtapConfig, commands: list[dict[str, Any]]) -> None
 
 
 class TopicReader:
-    """Reads a topic from the beginning (read_committed), accumulating records."""
+    """Reads a topic from the beginning (read_committed), accumulating records.
+
+    Partitions are assigned directly (no group join), so :meth:`drain` can read "everything
+    committed so far" deterministically: up to each partition's last stable offset.
+    """
 
     def __init__(self, cfg: MailtapConfig, topic: str, decode: bool = True) -> None:
         self.topic = topic
         self.records: list[tuple[str | None, Any, list[tuple[str, bytes]]]] = []
         self._serde = AvroSerde.for_schema("DeliveryEvent", cfg.kafka) if decode else None
         self._consumer = Consumer(consumer_config(cfg.kafka, f"reader-{uuid.uuid4().hex[:8]}"))
-        self._consumer.subscribe([topic])
+        partitions = self._consumer.list_topics(topic, timeout=30).topics[topic].partitions
+        self._partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(partitions)]
+        self._consumer.assign(self._partitions)
+
+    def drain(self, timeout: float = WAIT_S) -> None:
+        """Read until every partition is at its last stable offset (as of this call)."""
+        ends = {
+            tp.partition: self._consumer.get_watermark_offsets(tp, timeout=30, cached=False)[1]
+            for tp in self._partitions
+        }
+        deadline = time.monotonic() + timeout
+        while True:
+            positions = self._consumer.position([TopicPartition(self.topic, p) for p in ends])
+            if all(tp.offset >= ends[tp.partition] or ends[tp.partition] == 0 for tp in positions):
+                return
+            assert time.monotonic() < deadline, f"could not read {self.topic} to its end"
+            self.poll(0.2)
 
     def poll(self, seconds: float = 0.2) -> None:
         for msg in self._consumer.consume(500, timeout=seconds):

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from smtp_harness import TopicReader, command, produce_commands, run_until, sink_config, statuses
+from confluent_kafka import Producer
+from smtp_harness import (
+    WAIT_S,
+    TopicReader,
+    command,
+    produce_commands,
+    run_until,
+    sink_config,
+    statuses,
+)
 from smtp_scripted_server import ScriptedRelay
 
+from connectors.core.kafka import producer_config
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.retry import HEADER_ATTEMPT, HEADER_ERROR_REASON, HEADER_RECIPIENTS
 from connectors.smtp.sink import SmtpSink
@@ -75,7 +87,7 @@ async def test_4xx_is_deferred_and_retried_through_the_tiers(
     # attempt 1 failed -> tier 1s carries attempt 2; attempt 2 failed -> tier 2s carries attempt 3
     tier1, tier2 = retry_records(cfg, "1s"), retry_records(cfg, "2s")
     for reader in (tier1, tier2):
-        reader.poll(2.0)
+        reader.drain()
     assert [header(h, HEADER_ATTEMPT) for _, _, h in tier1.records] == ["2"]
     assert [header(h, HEADER_ATTEMPT) for _, _, h in tier2.records][:1] == ["3"]
     assert all(k == cmd["command_id"] for k, _, _ in tier1.records + tier2.records)
@@ -112,7 +124,7 @@ async def test_5xx_is_failed_and_never_retried(
     )
     assert event["next_attempt_at"] is None
     tier1 = retry_records(cfg, "1s")
-    tier1.poll(2.0)
+    tier1.drain()
     assert tier1.records == []
     events.close()
     tier1.close()
@@ -148,7 +160,7 @@ async def test_partial_deferral_retries_only_the_deferred_recipient(
     assert statuses(got, "rcpt450@example.org")[:2] == ["DEFERRED", "DEFERRED"]
     assert [a.rcpt_tos for a in relay.handler.snapshot()] == [("ok@example.org",)]
     tier1 = retry_records(cfg, "1s")
-    tier1.poll(2.0)
+    tier1.drain()
     (record,) = tier1.records
     assert header(record[2], HEADER_RECIPIENTS) == '["rcpt450@example.org"]'
     events.close()
@@ -228,7 +240,7 @@ async def test_max_lifetime_ends_failed_and_dead_lettered(
     assert last["status"] == "FAILED" and last["next_attempt_at"] is None
     assert "max lifetime" in last["diagnostic"] and "451" in last["diagnostic"]
     dlq = TopicReader(cfg, cfg.kafka.topics.dlq, decode=False)
-    dlq.poll(2.0)
+    dlq.drain()
     (record,) = dlq.records
     assert record[0] == cmd["command_id"]
     assert "max lifetime" in header(record[2], HEADER_ERROR_REASON)
@@ -270,6 +282,65 @@ async def test_replay_of_mail_commands_sends_nothing_new(
     await run_until(replay, events, lambda _ev: replay.records_total >= 6)
     assert replay.records_total == 6
     assert len(relay.handler.snapshot()) == 5
-    events.poll(1.0)
+    events.drain()
     assert len(events.values) == 6
     events.close()
+
+
+async def test_new_commands_are_not_stuck_behind_a_waiting_retry(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(
+        services.bootstrap_servers, unique, relay.port, retry_tiers=["1h"], max_lifetime="1d"
+    )
+    waiting = command(["data451@example.org"])
+    produce_commands(cfg, [waiting])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    sink = SmtpSink(cfg, settings)
+    sink.start()
+    deadline = time.monotonic() + WAIT_S
+
+    async def until(condition: Callable[[], bool]) -> None:
+        while not condition():
+            assert time.monotonic() < deadline, events.values
+            await sink.poll_once()
+            events.poll(0.05)
+
+    try:
+        await until(lambda: len(events.values) >= 1)
+        fresh = command(["ok@example.org"])
+        produce_commands(cfg, [fresh])
+        await until(lambda: any(e["command_id"] == fresh["command_id"] for e in events.values))
+        # The retry record was read, found not due, and its partition parked until due time.
+        await until(lambda: bool(sink.gate.paused))
+        assert [p[0] for p in sink.gate.paused] == [f"{cfg.kafka.topics.retry_prefix}.1h"]
+    finally:
+        await sink.close()
+    assert [(e["command_id"], e["status"]) for e in events.values] == [
+        (waiting["command_id"], "DEFERRED"),
+        (fresh["command_id"], "SENT"),
+    ]
+    events.close()
+
+
+async def test_undecodable_command_is_dead_lettered_and_the_sink_moves_on(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port)
+    produce_commands(cfg, [])
+    producer = Producer(producer_config(cfg.kafka))
+    producer.produce(cfg.kafka.topics.commands, key=b"garbage-1", value=b"\x00not avro at all")
+    producer.flush(30)
+    after = command(["ok@example.org"])
+    produce_commands(cfg, [after])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    (event,) = await run_until(SmtpSink(cfg, settings), events, lambda ev: len(ev) >= 1)
+    assert (event["command_id"], event["status"]) == (after["command_id"], "SENT")
+    dlq = TopicReader(cfg, cfg.kafka.topics.dlq, decode=False)
+    dlq.drain()
+    ((key, value, headers),) = dlq.records
+    assert (key, value) == ("garbage-1", b"\x00not avro at all")
+    assert "undecodable ReplyCommand" in header(headers, HEADER_ERROR_REASON)
+    assert header(headers, "mailtap.error.topic") == cfg.kafka.topics.commands
+    events.close()
+    dlq.close()

@@ -182,3 +182,10 @@ async def test_rate_limiter_per_domain_and_relay(monkeypatch: pytest.MonkeyPatch
     assert waits == []
     await limiter.acquire(["d@SLOW.example"])
     assert len(waits) == 1 and 0.9 < waits[0] <= 1.0  # one token per second for slow.example
+
+
+def test_lifetime_shorter_than_the_first_tier_is_refused() -> None:
+    with pytest.raises(ValueError, match="raise max_lifetime"):
+        SmtpSinkSettings(
+            host="relay", from_address="a@example.com", retry_tiers=["1h"], max_lifetime="30m"
+        )
