@@ -300,3 +300,22 @@ def test_many_accounts_and_folders_in_one_process_each_mail_once(imap: ImapHarne
     assert keys_of(events) == (
         {f"acct/mid:{m}" for m in [*inbox, *work]} | {f"peer/mid:{m}" for m in theirs}
     )
+
+
+def test_after_a_restart_the_index_is_rebuilt_from_kafka_and_an_expunge_is_a_tombstone(
+    imap: ImapHarness,
+) -> None:
+    ids = imap.append_numbered(4)
+    with running(imap):
+        wait_for(lambda: imap.cursor_at(4), "first run")
+    client = imap.client()
+    client.delete_messages([2, 3])
+    client.expunge()
+    client.logout()
+    # A new process knows nothing in memory: it reads mail.events back to find the keys.
+    with running(imap):
+        wait_for(lambda: sum(r.value is None for r in imap.events()) == 2, "two tombstones")
+    latest = {r.key: r.value for r in imap.events()}
+    assert latest[f"acct/mid:{ids[1]}"] is None and latest[f"acct/mid:{ids[2]}"] is None
+    assert latest[f"acct/mid:{ids[0]}"] is not None and latest[f"acct/mid:{ids[3]}"] is not None
+    assert len(imap.events()) == 6
