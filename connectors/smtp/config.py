@@ -52,19 +52,24 @@ class SmtpSinkSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = Field(description="relay host name; also the name checked in its certificate")
-    port: int = Field(default=587, ge=1, le=65535)
+    port: int = Field(
+        default=587, ge=1, le=65535, description="relay port (465 for tls, 587 or 25)"
+    )
     security: Literal["plain", "starttls", "tls"] = Field(
         default="starttls",
         description="tls = implicit TLS (465); starttls must succeed (no fallback); plain only "
         "for a relay on the loopback or in a trusted network",
     )
     ca_file: str | None = Field(default=None, description="CA bundle; the system store when unset")
-    username: str | None = None
-    password: SecretStr | None = None
+    username: str | None = Field(default=None, description="AUTH user; no AUTH when unset")
+    password: SecretStr | None = Field(default=None, description="AUTH password (never logged)")
     oauth2_token: SecretStr | None = Field(
         default=None, description="XOAUTH2 bearer token (with username); replaces the password"
     )
-    auth_mechanism: Literal["auto", "PLAIN", "LOGIN", "XOAUTH2"] = "auto"
+    auth_mechanism: Literal["auto", "PLAIN", "LOGIN", "XOAUTH2"] = Field(
+        default="auto",
+        description="auto = XOAUTH2 with oauth2_token, else the best the relay offers",
+    )
     local_hostname: str | None = Field(default=None, description="EHLO name; the FQDN when unset")
     from_address: str = Field(
         description="envelope sender (MAIL FROM, where bounces go) when verp_domain is unset; "
@@ -90,7 +95,12 @@ class SmtpSinkSettings(BaseModel):
         default="mailtap.sink.state",
         description="compacted topic of per-command intent/outcome, read whole at start",
     )
-    retry_tiers: list[str] = Field(default_factory=lambda: ["5m", "15m", "1h", "4h"], min_length=1)
+    retry_tiers: list[str] = Field(
+        default_factory=lambda: ["5m", "15m", "1h", "4h"],
+        min_length=1,
+        description="delays of the retry topics (retry_prefix.TIER), increasing; attempt n+1 "
+        "waits tier n, the last tier repeats",
+    )
     max_lifetime: str = Field(
         default="2d", description="after this age (since created_at) a deferred command is FAILED"
     )
@@ -113,7 +123,9 @@ class SmtpSinkSettings(BaseModel):
         "Past it the outcome is UNKNOWN and the mail is resent with the same Message-ID",
     )
     batch_size: int = Field(default=200, ge=1, description="commands per intent/outcome round")
-    max_message_bytes: int = Field(default=25_000_000, ge=1000)
+    max_message_bytes: int = Field(
+        default=25_000_000, ge=1000, description="larger rendered messages are FAILED unsent"
+    )
 
     @field_validator("retry_tiers")
     @classmethod
