@@ -77,6 +77,7 @@ class ImapHarness:
     tmp: Path
     host: str = ""
     port: int = 0
+    bootstrap: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -84,7 +85,7 @@ class ImapHarness:
         self.port = self.port or self.services.imap.port
         names = {f: f"{getattr(TopicNames(), f)}.{self.unique}" for f in TopicNames.model_fields}
         self.kafka = KafkaSettings(
-            bootstrap_servers=self.services.kafka.bootstrap_servers,
+            bootstrap_servers=self.bootstrap or self.services.kafka.bootstrap_servers,
             topics=TopicNames(**names),
         )
         ensure_topics(self.kafka, retry_tiers=["1m"])

@@ -11,13 +11,14 @@ import signal
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from connectors.imap.faults import EXIT_CODE
 from mailtap.commands.imap import EXIT_FENCED
-from mailtap.dev import Account, dovecot, process
+from mailtap.dev import Account, DevServices, dovecot, kafka, process
 from tests.integration.imap.imap_harness import (
     ImapHarness,
     changes,
@@ -179,4 +180,58 @@ def test_dovecot_stopped_and_restarted_the_source_recovers_and_catches_up(
     events = imap.events()
     assert len(events) == 10 and len(keys_of(events)) == 10
     assert set(changes(events)) == {"ADDED"}
+    assert_once_each(imap, ids)
+
+
+@dataclass
+class PrivateKafka:
+    layout: kafka.KafkaLayout
+    bootstrap: str
+    pids: list[int]
+
+    def stop(self) -> None:
+        process.stop_group(self.pids[-1])
+
+    def start(self) -> None:
+        self.pids.append(kafka.start(self.layout))
+        kafka.wait_ready(self.layout, self.pids[-1], self.bootstrap)
+
+
+@pytest.fixture
+def private_kafka() -> Iterator[PrivateKafka]:
+    """A Kafka broker of this test alone, so it can be stopped and started again."""
+    root = Path(tempfile.mkdtemp(prefix="mailtap-imap-kafka-"))
+    layout = kafka.KafkaLayout(root)
+    broker, controller = process.free_port(), process.free_port()
+    kafka.render(layout, "127.0.0.1", broker, controller)
+    kafka.prepare_storage(layout, broker, controller)
+    broker_ = PrivateKafka(layout, f"127.0.0.1:{broker}", [])
+    broker_.start()
+    try:
+        yield broker_
+    finally:
+        for pid in broker_.pids:
+            process.stop_group(pid)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_kafka_stopped_and_restarted_nothing_lost_nothing_duplicated(
+    services: DevServices,
+    imap_account: Account,
+    unique: str,
+    tmp_path: Path,
+    private_kafka: PrivateKafka,
+) -> None:
+    imap = ImapHarness(services, imap_account, unique, tmp_path, bootstrap=private_kafka.bootstrap)
+    ids = imap.append_numbered(10)
+    with running(imap) as source:
+        wait_for(lambda: imap.cursor_at(10), "first pass")
+        private_kafka.stop()
+        ids += imap.append_numbered(10, start=10)
+        worker = source.workers[0]
+        # The source fetched the new mail and is stuck writing it (or backing off).
+        wait_for(lambda: worker.machine.state.value != "IDLE", "the source noticing new mail")
+        private_kafka.start()
+        wait_for(lambda: imap.cursor_at(20), "catch-up once Kafka is back", timeout=300)
+    assert len(imap.events()) == 20
     assert_once_each(imap, ids)
