@@ -23,6 +23,7 @@ from connectors.core.serde import AvroSerde
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for
+from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.retry import GiveUp, Retry, RetryInfo, dlq_headers, plan_next
 from connectors.smtp.state import CommandState
 
@@ -81,8 +82,10 @@ class DeliveryRecorder:
         topics: TopicNames,
         delivery_serde: AvroSerde,
         clock: Callable[[], datetime] = now_utc,
+        metrics: SinkMetrics | None = None,
     ) -> None:
         self.producer = producer
+        self.metrics = metrics or SinkMetrics()
         self.settings = settings
         self.topics = topics
         self.delivery_serde = delivery_serde
@@ -173,6 +176,7 @@ class DeliveryRecorder:
                     item.record.value(),
                     RetryInfo(plan.attempt, to_ms(plan.due), pending, last_error).to_headers(),
                 )
+                self.metrics.retries.labels(plan.tier).inc()
                 self.put_state(
                     cid, CommandState("SCHEDULED", item.attempt, message_id, pending, to_ms(now))
                 )
@@ -239,6 +243,7 @@ class DeliveryRecorder:
             None,
         )
         self.events_total += 1
+        self.metrics.outcomes.labels(outcome.status.value).inc()
 
     def dead_letter(self, record: Message, reason: str, error_class: str) -> None:
         key = record.key()
@@ -255,6 +260,7 @@ class DeliveryRecorder:
                 offset=record.offset() or 0,
             ),
         )
+        self.metrics.dlq_records.inc()
         log.warning("dead-lettered key=%s reason=%s", key, reason)
 
     def _produce(

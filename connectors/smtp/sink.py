@@ -52,6 +52,7 @@ from connectors.smtp.classify import (
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.errors import RenderError, SmtpAuthError, SmtpTlsError, SmtpTransportError
 from connectors.smtp.identity import message_id_for
+from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.ratelimit import SendRateLimiter
 from connectors.smtp.recorder import DeliveryRecorder, Work, all_recipients, now_utc, to_ms
 from connectors.smtp.render import BlobFetcher, normalize_address, render
@@ -77,6 +78,7 @@ class SmtpSink:
         *,
         fetch_blob: BlobFetcher | None = None,
         clock: Callable[[], datetime] = now_utc,
+        metrics: SinkMetrics | None = None,
     ) -> None:
         self.config = config
         self.settings = settings
@@ -92,6 +94,7 @@ class SmtpSink:
         self.pool = SmtpConnectionPool(settings)
         self.limiter = SendRateLimiter(settings.rate, settings.domain_rates)
         self.gate = DueGate()
+        self.metrics = metrics or SinkMetrics()
         self.instance_id = settings.instance_id or socket.gethostname()
         self.sent_total = 0
         self.records_total = 0
@@ -127,7 +130,7 @@ class SmtpSink:
         )
         producer.init_transactions(60)
         self._recorder = DeliveryRecorder(
-            producer, self.settings, self.topics, self.delivery_serde, self.clock
+            producer, self.settings, self.topics, self.delivery_serde, self.clock, self.metrics
         )
         consumer = Consumer(
             consumer_config(
@@ -195,8 +198,11 @@ class SmtpSink:
         if records:
             await self._process(records)
             self.records_total += len(records)
+            self.metrics.sessions_opened.set(self.pool.opened)
+            self.metrics.paused_partitions.set(len(self.gate.paused))
         else:
             await asyncio.sleep(0)
+        self.metrics.round_completed()
         return len(records)
 
     def _resume_due(self) -> None:

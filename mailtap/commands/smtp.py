@@ -8,11 +8,13 @@ import signal
 import threading
 from collections.abc import Callable
 from functools import cache
+from typing import cast
 
 import click
 
 from connectors.core.claimcheck import ClaimCheckStore, open_claim_check
 from connectors.core.config import MailtapConfig, load_config
+from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.smtp.bounce_reader import BounceReader
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.sink import SmtpSink
@@ -61,9 +63,17 @@ def run_smtp_sink(config_path: str) -> None:
         reader = BounceReader(cfg, settings, fetch_blob=_blob_fetcher(cfg))
         reader_thread = threading.Thread(target=reader.run, args=(stopped,), name="bounce-reader")
         reader_thread.start()
+    # HealthServer only uses .registry and .health(max_age), which SinkMetrics provides.
+    health = HealthServer(
+        cast(SourceMetrics, sink.metrics),
+        cfg.health.host,
+        cfg.health.port,
+        cfg.health.max_sync_age_seconds,
+    ).start()
     try:
         asyncio.run(_serve(sink, stopped))
     finally:
+        health.stop()
         stopped.set()
         if reader_thread is not None:
             reader_thread.join()

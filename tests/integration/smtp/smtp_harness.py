@@ -35,6 +35,7 @@ def sink_config(
                 "delivery": f"mail.delivery.{unique}",
             },
         },
+        "health": {"port": 0},
         "smtp": {
             "host": "127.0.0.1",
             "port": smtp_port,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -77,6 +80,13 @@ def test_kill_9_between_intent_and_outcome(
             }
 
         wait_for(all_sent, "every command SENT after the restart")
+        # The log is shared with the killed process: the restarted one's endpoint is the last.
+        urls = re.findall(r"health endpoint on (http://\S+/healthz)", log.read_text())
+        assert urls, log.read_text()
+        with urllib.request.urlopen(urls[-1], timeout=10) as reply:
+            assert reply.status == 200 and json.load(reply)["ok"] is True
+        with urllib.request.urlopen(urls[-1].replace("/healthz", "/metrics"), timeout=10) as reply:
+            assert 'mailtap_smtp_outcomes_total{status="SENT"}' in reply.read().decode()
     finally:
         restarted.send_signal(signal.SIGTERM)
         assert restarted.wait(timeout=WAIT_S) == 0, log.read_text()

@@ -1,0 +1,60 @@
+"""Prometheus metrics of the SMTP sink, and its health for ``/healthz``.
+
+Health is the age of the last completed round of the consume loop (a poll that returned, and the
+batch it brought fully recorded in Kafka): a sink stuck on a hung relay or a broken Kafka
+transaction stops completing rounds and turns unhealthy after ``health.max_sync_age_seconds``.
+An idle sink still completes a round every poll timeout, so idleness is healthy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class SinkMetrics:
+    """Counters by outcome; served by :class:`connectors.core.metrics.HealthServer`."""
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, prefix: str = "mailtap_smtp"
+    ) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.outcomes = Counter(
+            f"{prefix}_outcomes",
+            "Delivery outcomes recorded, per recipient",
+            ["status"],
+            registry=r,
+        )
+        self.retries = Counter(
+            f"{prefix}_retries_scheduled", "Retry records written, by tier", ["tier"], registry=r
+        )
+        self.dlq_records = Counter(f"{prefix}_dlq_records", "Records sent to the DLQ", registry=r)
+        self.sessions_opened = Gauge(
+            f"{prefix}_sessions_opened", "SMTP sessions opened since start", registry=r
+        )
+        self.paused_partitions = Gauge(
+            f"{prefix}_paused_retry_partitions", "Retry partitions waiting for due time", registry=r
+        )
+        self.last_round = Gauge(
+            f"{prefix}_last_round_timestamp_seconds",
+            "Unix time of the last completed consume round",
+            registry=r,
+        )
+        self._last_round = time.time()
+        self._lock = threading.Lock()
+
+    def round_completed(self) -> None:
+        now = time.time()
+        with self._lock:
+            self._last_round = now
+        self.last_round.set(now)
+
+    def health(self, max_age: float) -> tuple[bool, dict[str, Any]]:
+        with self._lock:
+            age = round(time.time() - self._last_round, 3)
+        ok = age <= max_age
+        return ok, {"ok": ok, "max_age_seconds": max_age, "last_round_age_seconds": age}
