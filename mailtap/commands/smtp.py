@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -58,10 +59,22 @@ def run_smtp_sink(config_path: str) -> None:
     settings = cfg.section("smtp", SmtpSinkSettings)
     sink = build_sink(cfg)
     stopped = threading.Event()
+    reader_failed = threading.Event()
     reader_thread: threading.Thread | None = None
     if settings.bounce_accounts:
         reader = BounceReader(cfg, settings, fetch_blob=_blob_fetcher(cfg))
-        reader_thread = threading.Thread(target=reader.run, args=(stopped,), name="bounce-reader")
+
+        def read_bounces() -> None:
+            try:
+                reader.run(stopped)
+            except BaseException:
+                # A dead reader must not leave a half-working process behind: stop it all, so
+                # the supervisor restarts both (offsets of both are committed transactionally).
+                log.exception("bounce reader failed; stopping the sink process")
+                reader_failed.set()
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        reader_thread = threading.Thread(target=read_bounces, name="bounce-reader")
         reader_thread.start()
     # HealthServer only uses .registry and .health(max_age), which SinkMetrics provides.
     health = HealthServer(
@@ -78,6 +91,8 @@ def run_smtp_sink(config_path: str) -> None:
         if reader_thread is not None:
             reader_thread.join()
     log.info("smtp sink stopped: sent=%d events=%d", sink.sent_total, sink.events_total)
+    if reader_failed.is_set():
+        raise click.ClickException("the bounce reader failed (see the log above)")
 
 
 @click.command("smtp-sink")
