@@ -246,6 +246,9 @@ class SmtpSink:
                 work.append(item)
 
         to_send = [w for w in work if not w.recovered and self._prepare(w, now)]
+        # Within one batch, a relay that cannot be reached is not tried again for every message
+        # (a batch must end well inside max.poll.interval.ms); the next batch tries afresh.
+        self.pool.reset_breaker()
         if to_send:
             self.recorder.transaction(lambda: self.recorder.write_intents(to_send))
             self._test_hook("kill_after_intent")

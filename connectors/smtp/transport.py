@@ -227,7 +227,16 @@ class SmtpConnectionPool:
         self._context = tls_context(settings) if settings.security != "plain" else None
         self._slots = asyncio.Semaphore(settings.pool_size)
         self._idle: list[SmtpSession] = []
+        self._open_failure: SmtpTransportError | None = None
         self.opened = 0
+
+    def reset_breaker(self) -> None:
+        """Allow opening sessions again after a failure (called once per batch by the sink).
+
+        Until then, a failure to reach the relay (refused, timeout, TLS, auth) is raised at once
+        for every further session needed, instead of each waiting for its own timeout.
+        """
+        self._open_failure = None
 
     @asynccontextmanager
     async def session(self) -> AsyncIterator[tuple[SmtpSession, bool]]:
@@ -241,7 +250,15 @@ class SmtpConnectionPool:
                     session, reused = candidate, True
                     break
             if session is None:
-                session = await SmtpSession.open(self._settings, self._context)
+                if self._open_failure is not None:
+                    raise self._open_failure
+                try:
+                    session = await SmtpSession.open(self._settings, self._context)
+                except SmtpReplyError:
+                    raise  # the relay answered (e.g. 421 busy): worth trying again
+                except SmtpTransportError as exc:
+                    self._open_failure = exc
+                    raise
                 self.opened += 1
                 log.info("smtp session opened host=%s open=%d", self._settings.host, self.opened)
             try:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -344,3 +347,36 @@ async def test_undecodable_command_is_dead_lettered_and_the_sink_moves_on(
     assert header(headers, "mailtap.error.topic") == cfg.kafka.topics.commands
     events.close()
     dlq.close()
+
+
+async def test_unreachable_relay_defers_the_batch_without_a_timeout_per_message(
+    services: DevServices, unique: str
+) -> None:
+    # A listener that accepts and never greets: every session open ends in the connect timeout.
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    cfg, settings, _ = sink_config(
+        services.bootstrap_servers, unique, port, connect_timeout=1, pool_size=2, batch_size=50
+    )
+    cmds = [command([f"user{i}@example.org"]) for i in range(6)]
+    produce_commands(cfg, cmds)
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    try:
+        got = await run_until(SmtpSink(cfg, settings), events, lambda ev: len(ev) >= 6)
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+    assert {(e["status"], e["attempt"]) for e in got[:6]} == {("DEFERRED", 1)}
+    assert all("timeout before the message was accepted (connect)" in e["diagnostic"] for e in got)
+    # At most one connection per pool slot per batch, not one per message.
+    assert len(accepted) <= 2 * len({e["occurred_at"] for e in got[:6]})
+    events.close()
