@@ -82,7 +82,9 @@ class _SentCounter(threading.Thread):
 
     def __init__(self, cfg: MailtapConfig, wanted: set[str]) -> None:
         super().__init__(daemon=True)
-        self._consumer = Consumer(consumer_config(cfg.kafka, f"bench-reader-{uuid.uuid4().hex[:8]}"))
+        self._consumer = Consumer(
+            consumer_config(cfg.kafka, f"bench-reader-{uuid.uuid4().hex[:8]}")
+        )
         self._consumer.subscribe([cfg.kafka.topics.delivery])
         self._serde = AvroSerde.for_schema("DeliveryEvent", cfg.kafka)
         self.wanted = set(wanted)
