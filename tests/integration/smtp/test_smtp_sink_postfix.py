@@ -14,7 +14,8 @@ from smtp_harness import WAIT_S, TopicReader, command, produce_commands, run_unt
 from smtp_postfix import PrivatePostfix
 from smtp_scripted_server import ScriptedRelay
 
-from connectors.smtp.identity import message_id_for
+from connectors.smtp.bounce import BounceType, parse_bounce
+from connectors.smtp.identity import message_id_for, verp_address
 from connectors.smtp.sink import SmtpSink
 from mailtap.dev import DevServices
 
@@ -85,3 +86,39 @@ async def _through_postfix(
     (part,) = list(msg.iter_attachments())
     assert part.get_filename() == "Angebot Größe M.pdf"
     assert part.get_content() == blob
+
+
+async def test_a_real_postfix_bounce_is_correlated_to_its_command(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    """Postfix accepts (SENT), the next hop refuses with 550, Postfix sends an RFC 3464 DSN to
+    our VERP return path; bounce.py must turn that DSN into a HARD bounce of the right command."""
+    root = Path(tempfile.mkdtemp(prefix="mailtap-postfix-"))
+    root.chmod(0o755)
+    try:
+        with PrivatePostfix(root, relay.port) as postfix:
+            cfg, settings, _ = sink_config(
+                services.bootstrap_servers, unique, postfix.port, verp_domain="bounces.example.com"
+            )
+            cmd = command(["rcpt550@example.org"])
+            produce_commands(cfg, [cmd])
+            events = TopicReader(cfg, cfg.kafka.topics.delivery)
+            (event,) = await run_until(SmtpSink(cfg, settings), events, lambda ev: len(ev) >= 1)
+            events.close()
+            assert event["status"] == "SENT"  # Postfix took responsibility
+            deadline = time.monotonic() + WAIT_S
+            while not relay.handler.snapshot() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            (dsn,) = relay.handler.snapshot()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert dsn.rcpt_tos == (verp_address(cmd["command_id"], "bounces.example.com"),)
+    (bounce,) = parse_bounce(dsn.data, verp_domain="bounces.example.com")
+    assert bounce.command_id == cmd["command_id"]
+    assert (bounce.recipient, bounce.bounce_type, bounce.status) == (
+        "rcpt550@example.org",
+        BounceType.HARD,
+        "5.1.1",
+    )
+    assert bounce.message_id == message_id_for(cmd["command_id"], "example.com")
+    assert bounce.smtp_code == 550
