@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email import policy
-from email.headerregistry import Address
+from email.headerregistry import Address, HeaderRegistry
 from email.message import EmailMessage
 from email.utils import format_datetime
 from typing import Any
@@ -53,7 +53,26 @@ _MIME_TYPE = re.compile(rf"{_TOKEN.pattern}/{_TOKEN.pattern}")
 _LINE_BREAKS = {"\x85", "\u2028", "\u2029"}
 MAX_ADDRESS_LENGTH = 254  # RFC 5321 4.5.3.1.3 (path) minus the angle brackets
 MAX_HEADER_CHARS = 4000
-SMTP_POLICY = policy.SMTP.clone(max_line_length=78)
+
+
+class _CachedHeaderRegistry(HeaderRegistry):
+    """The stdlib registry builds a new class with ``type()`` for *every* header it parses
+    (``HeaderRegistry.__getitem__``), about 10 us each, a seventh of the render time; the class
+    only depends on the header name, so build it once per name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._classes: dict[str, type] = {}
+
+    def __getitem__(self, name: str) -> type:
+        key = name.lower()
+        cls = self._classes.get(key)
+        if cls is None:
+            cls = self._classes[key] = super().__getitem__(name)
+        return cls
+
+
+SMTP_POLICY = policy.SMTP.clone(max_line_length=78, header_factory=_CachedHeaderRegistry())
 
 
 @dataclass(frozen=True)
