@@ -235,3 +235,21 @@ def test_kafka_stopped_and_restarted_nothing_lost_nothing_duplicated(
         wait_for(lambda: imap.cursor_at(20), "catch-up once Kafka is back", timeout=300)
     assert len(imap.events()) == 20
     assert_once_each(imap, ids)
+
+
+def test_a_second_instance_started_mid_backfill_fences_the_first_without_duplicates(
+    imap: ImapHarness,
+) -> None:
+    ids = imap.append_numbered(300)
+    with TcpProxy(imap.host, imap.port) as slow:
+        slow.delay = 0.3  # the first instance reads through a slow link: its backfill lasts
+        first = imap.spawn(
+            imap.write_config("first.yaml", batch_size=10, port=slow.port), log_name="first"
+        )
+        wait_for(lambda: imap.cursor_at(30), "the first instance's backfill under way")
+        imap.spawn(imap.write_config("second.yaml", batch_size=10), log_name="second")
+        assert first.wait(180) == EXIT_FENCED, imap.log("first")
+        assert "fenced by another instance" in imap.log("first")
+    wait_for(lambda: imap.cursor_at(300), "the second instance finishes the backfill")
+    assert len(imap.events()) == 300
+    assert_once_each(imap, ids)
