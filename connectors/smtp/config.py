@@ -110,6 +110,12 @@ class SmtpSinkSettings(BaseModel):
     domain_rates: dict[str, RateLimit] = Field(
         default_factory=dict, description="per recipient domain; key '*' applies to every domain"
     )
+    max_rate_wait: float = Field(
+        default=10.0,
+        ge=0,
+        description="a message whose rate-limit wait would be longer is DEFERRED to a retry "
+        "tier instead, so a throttled domain does not hold the whole batch",
+    )
     connect_timeout: float = Field(
         default=30.0, gt=0, description="TCP + TLS + greeting; RFC 5321 4.5.3.2 allows 5 min"
     )

@@ -36,21 +36,21 @@ class TokenBucket:
         per_second = limit.per_minute / 60.0
         return cls(per_second, limit.burst or max(1, int(limit.per_minute / 6)))
 
+    def wait_for_token(self) -> float:
+        """Seconds until a token is available, without taking it."""
+        now = self._clock()
+        self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        return 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self.rate
+
     def try_take(self) -> float:
         """Take a token if there is one (returns 0), else return the seconds until there is one.
 
         A token is reserved even when the caller has to wait, so waiters queue fairly.
         """
-        now = self._clock()
-        self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
+        self.wait_for_token()
         self._tokens -= 1.0
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
-
-    async def take(self) -> None:
-        wait = self.try_take()
-        if wait > 0:
-            await asyncio.sleep(wait)
 
 
 class SendRateLimiter:
@@ -70,13 +70,21 @@ class SendRateLimiter:
             bucket = self._domains[domain] = TokenBucket.from_limit(limit)
         return bucket
 
-    async def acquire(self, recipients: Iterable[str]) -> None:
-        domains = sorted({r.rpartition("@")[2].lower() for r in recipients})
-        waits = [self._relay.try_take()] if self._relay else []
-        for domain in domains:
+    async def acquire(self, recipients: Iterable[str], max_wait: float | None = None) -> bool:
+        """Wait for the relay's and each recipient domain's token; True when taken.
+
+        When the wait would exceed ``max_wait`` nothing is taken and False is returned: the sink
+        defers the message to a retry tier instead of holding its batch (and the consumer's
+        poll interval) for a throttled domain.
+        """
+        buckets = [self._relay] if self._relay else []
+        for domain in sorted({r.rpartition("@")[2].lower() for r in recipients}):
             bucket = self._bucket(domain)
             if bucket is not None:
-                waits.append(bucket.try_take())
-        longest = max(waits, default=0.0)
+                buckets.append(bucket)
+        if max_wait is not None and any(b.wait_for_token() > max_wait for b in buckets):
+            return False
+        longest = max((b.try_take() for b in buckets), default=0.0)
         if longest > 0:
             await asyncio.sleep(longest)
+        return True

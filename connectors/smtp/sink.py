@@ -369,7 +369,16 @@ class SmtpSink:
                 for r in rendered.recipients
             ]
             return
-        await self.limiter.acquire(rendered.recipients)
+        if not await self.limiter.acquire(rendered.recipients, self.settings.max_rate_wait):
+            reason = (
+                f"rate limit: no sending slot for these recipient domains within "
+                f"{self.settings.max_rate_wait:g}s (smtp.rate / smtp.domain_rates)"
+            )
+            item.outcomes = [
+                RecipientOutcome(r, DeliveryStatus.DEFERRED, diagnostic=reason)
+                for r in rendered.recipients
+            ]
+            return
         try:
             report = await self.pool.send(rendered)
             item.outcomes = classify_report(rendered.recipients, report)

@@ -380,3 +380,29 @@ async def test_unreachable_relay_defers_the_batch_without_a_timeout_per_message(
     # At most one connection per pool slot per batch, not one per message.
     assert len(accepted) <= 2 * len({e["occurred_at"] for e in got[:6]})
     events.close()
+
+
+async def test_throttled_domain_is_deferred_not_waited_for(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    cfg, settings, _ = sink_config(
+        services.bootstrap_servers,
+        unique,
+        relay.port,
+        domain_rates={"slow.example": {"per_minute": 1, "burst": 1}},
+        max_rate_wait=0.5,
+        retry_tiers=["1h"],
+        max_lifetime="1d",
+    )
+    cmds = [command([f"u{i}@slow.example"]) for i in range(3)] + [command(["x@fast.example"])]
+    produce_commands(cfg, cmds)
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    got = await run_until(SmtpSink(cfg, settings), events, lambda ev: len(ev) >= 4)
+    by_status: dict[str, list[str]] = {}
+    for event in got:
+        by_status.setdefault(event["status"], []).append(event["recipient"])
+    assert sorted(by_status["SENT"]) == sorted(["x@fast.example", by_status["SENT"][0]])
+    assert len(by_status["SENT"]) == 2 and len(by_status["DEFERRED"]) == 2
+    assert all("rate limit" in e["diagnostic"] for e in got if e["status"] == "DEFERRED")
+    assert len(relay.handler.snapshot()) == 2
+    events.close()

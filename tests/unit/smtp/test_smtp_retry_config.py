@@ -189,3 +189,11 @@ def test_lifetime_shorter_than_the_first_tier_is_refused() -> None:
         SmtpSinkSettings(
             host="relay", from_address="a@example.com", retry_tiers=["1h"], max_lifetime="30m"
         )
+
+
+async def test_rate_limiter_refuses_a_wait_longer_than_max_wait() -> None:
+    limiter = SendRateLimiter(None, {"*": RateLimit(per_minute=6, burst=1)})
+    assert await limiter.acquire(["a@slow.example"], max_wait=1.0) is True
+    # The next token of slow.example comes in 10 s: refused, and nothing taken.
+    assert await limiter.acquire(["b@slow.example"], max_wait=1.0) is False
+    assert await limiter.acquire(["c@other.example"], max_wait=1.0) is True
