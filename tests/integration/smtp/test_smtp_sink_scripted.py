@@ -401,8 +401,12 @@ async def test_throttled_domain_is_deferred_not_waited_for(
     by_status: dict[str, list[str]] = {}
     for event in got:
         by_status.setdefault(event["status"], []).append(event["recipient"])
-    assert sorted(by_status["SENT"]) == sorted(["x@fast.example", by_status["SENT"][0]])
-    assert len(by_status["SENT"]) == 2 and len(by_status["DEFERRED"]) == 2
+    # fast.example is not limited; slow.example gets one message now, the others are deferred.
+    sent = set(by_status["SENT"])
+    assert "x@fast.example" in sent and len(sent - {"x@fast.example"}) == 1
+    assert {r.split("@")[1] for r in sent - {"x@fast.example"}} == {"slow.example"}
+    assert len(by_status["DEFERRED"]) == 2
+    assert {r.split("@")[1] for r in by_status["DEFERRED"]} == {"slow.example"}
     assert all("rate limit" in e["diagnostic"] for e in got if e["status"] == "DEFERRED")
     assert len(relay.handler.snapshot()) == 2
     events.close()
