@@ -134,9 +134,15 @@ def prepare_storage(layout: KafkaLayout, broker_port: int, controller_port: int)
 
 
 def start(layout: KafkaLayout) -> int:
+    # A private java.io.tmpdir: the broker extracts native codecs (zstd-jni) there on first use.
+    # With the shared /tmp, brokers of parallel test sessions and /tmp clean-ups raced on the same
+    # extracted .so and a broker failed every zstd batch with UnsatisfiedLinkError.
+    tmpdir = layout.root / "tmp"
+    tmpdir.mkdir(parents=True, exist_ok=True)
     argv = [
         _java(),
         *JVM_OPTS,
+        f"-Djava.io.tmpdir={tmpdir}",
         _log4j_opt(layout),
         "-cp",
         _classpath(),
