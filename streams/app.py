@@ -145,6 +145,8 @@ class StreamsWorker:
         self.command_serde = AvroSerde.for_schema("ReplyCommand", kafka)
         self.workflow_serde = AvroSerde.for_schema("WorkflowEvent", kafka)
         self._lock = asyncio.Lock()
+        self._settling_generation: int | None = None
+        self._reseeked_generation: int | None = None
         self.app = StreamsApp(
             settings.app_id,
             **_broker_options(kafka),
@@ -156,6 +158,11 @@ class StreamsWorker:
             web_enabled=False,
             datadir=settings.data_dir,
             consumer_auto_offset_reset="earliest",
+            # No static membership (group.instance.id): with faust 0.15.3 a replacement worker
+            # that took over a killed member's id without a rebalance never fetched one of its
+            # partitions (3 runs out of 4 here). A short session timeout instead.
+            broker_session_timeout=settings.session_timeout_seconds,
+            broker_heartbeat_interval=settings.session_timeout_seconds / 3,
             key_serializer="raw",
             value_serializer="raw",
         )
@@ -209,20 +216,49 @@ class StreamsWorker:
                 outcome = self.pipeline.run(admitted, verdict, self.tables)
             await self.publish(outcome)
             Pipeline.apply(outcome, self.tables)
-        for command in outcome.commands:
-            log.info(
-                "command %s %s/%s for %s",
-                command["command_id"][:12],
-                command["workflow"],
-                command["step"],
-                command["event_key"],
-            )
+        _log_outputs(outcome)
         return outcome
 
     async def _tick(self) -> None:
         if self.app.in_recovery or self.app.rebalancing:
             return  # the tables are incomplete; the next tick comes soon enough
+        await self._reseek_after_rebalance()
         await self.on_tick(dt.datetime.now(dt.UTC))
+
+    async def _reseek_after_rebalance(self) -> None:
+        """Once per consumer generation, one tick after it settled, rewind ``mail.events`` to
+        the committed offsets, or to the beginning where nothing was committed yet.
+
+        Why: during table recovery faust 0.15.3 fetches stream partitions and discards what
+        it fetched, then relies on ``seek_to_committed`` to rewind; aiokafka's
+        ``seek_to_committed`` skips partitions whose committed offset is missing or 0
+        (``if offset and offset > 0``), so on a group that has not committed yet (a first
+        start, or a restart after a crash within the first commit interval) those records
+        were silently skipped: the restarted worker never answered them (1 start in 5 under
+        CPU load in tests/integration/streams; same family as faust-streaming #216/#241).
+        Re-reading is safe: processed mails meet the dedupe table or re-emit the same ids.
+        """
+        generation = self.app.consumer_generation_id
+        if generation in (self._reseeked_generation, 0):  # 0: nothing assigned yet
+            return
+        if self._settling_generation != generation:
+            self._settling_generation = generation  # let the rebalance's own seek finish first
+            return
+        consumer: Any = self.app.consumer  # ConsumerT does not declare seek_to_committed
+        async with self._lock:
+            committed = await consumer.seek_to_committed()
+            streams = [tp for tp in committed if tp.topic == self.kafka.topics.events]
+            uncommitted = [tp for tp in streams if not committed[tp]]
+            earliest = await consumer.earliest_offsets(*uncommitted) if uncommitted else {}
+            for tp in streams:
+                await consumer.seek(tp, committed[tp] or earliest[tp])
+        self._reseeked_generation = generation
+        log.info(
+            "generation %s settled: %s re-read from %s",
+            generation,
+            self.kafka.topics.events,
+            {tp.partition: committed[tp] or earliest[tp] for tp in streams},
+        )
 
     async def on_tick(self, now: dt.datetime) -> Outcome:
         async with self._lock:
@@ -230,6 +266,7 @@ class StreamsWorker:
             if outcome.commands or outcome.events:
                 await self.publish(outcome)
             Pipeline.apply(outcome, self.tables)
+        _log_outputs(outcome)
         return outcome
 
     async def publish(self, outcome: Outcome) -> None:
@@ -260,6 +297,25 @@ class StreamsWorker:
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise
+
+
+def _log_outputs(outcome: Outcome) -> None:
+    for command in outcome.commands:
+        log.info(
+            "command %s %s/%s for %s",
+            command["command_id"][:12],
+            command["workflow"],
+            command["step"],
+            command["event_key"],
+        )
+    for event in outcome.events:
+        log.info(
+            "workflow event %s %s %s %s",
+            event["workflow"],
+            event["status"],
+            event["instance_id"],
+            event["attributes"].get("reason", ""),
+        )
 
 
 def _undecodable(key: str, exc: Exception) -> Record:

@@ -56,8 +56,10 @@ class AddressSettings(_Strict):
 class RateLimitSettings(_Strict):
     """At most ``max_replies`` replies to one sender within ``window_seconds`` (RFC 3834 §2)."""
 
-    max_replies: int = Field(default=5, ge=1)
-    window_seconds: float = Field(default=3600.0, gt=0)
+    max_replies: int = Field(default=5, ge=1, description="replies to one sender per window")
+    window_seconds: float = Field(
+        default=3600.0, gt=0, description="length of the sliding window, in seconds"
+    )
 
 
 class RuleMatch(_Strict):
@@ -74,12 +76,16 @@ class RuleMatch(_Strict):
     subject: re.Pattern[str] | None = Field(
         default=None, description="regular expression searched in the subject"
     )
-    has_attachment: bool | None = None
+    has_attachment: bool | None = Field(
+        default=None, description="true: only mail with attachments; false: only mail without"
+    )
 
 
 class RoutingRule(_Strict):
     name: str | None = Field(default=None, description="shown in logs and UNROUTED events")
-    match: RuleMatch = RuleMatch()
+    match: RuleMatch = Field(
+        default=RuleMatch(), description="conditions, all of which must hold (none: every mail)"
+    )
     workflow: str = Field(description="registered workflow name, e.g. ticket_intake")
 
 
@@ -112,9 +118,16 @@ class StreamsSettings(_Strict):
         default=None,
         description="the authserv-id of our border MTA; only its Authentication-Results count",
     )
-    rate_limit: RateLimitSettings = RateLimitSettings()
-    rules: list[RoutingRule] = Field(default_factory=list)
-    workflows: dict[str, WorkflowSettings] = Field(default_factory=dict)
+    rate_limit: RateLimitSettings = Field(
+        default=RateLimitSettings(), description="per-sender limit on automatic replies"
+    )
+    rules: list[RoutingRule] = Field(
+        default_factory=list,
+        description="routing rules, tried in order; unmatched mail is recorded as UNROUTED",
+    )
+    workflows: dict[str, WorkflowSettings] = Field(
+        default_factory=dict, description="per-workflow settings, keyed by workflow name"
+    )
     workflow_modules: list[str] = Field(
         default_factory=list,
         description="importable modules with your own @workflow functions (built-ins are loaded)",
@@ -125,6 +138,16 @@ class StreamsSettings(_Strict):
         description="how often time-driven steps (approval reminders) are checked",
     )
     data_dir: str = Field(default=".state/streams", description="faust's local data directory")
+    session_timeout_seconds: float = Field(
+        default=10.0,
+        ge=6.0,
+        le=90.0,
+        description=(
+            "consumer group session timeout: how soon a killed worker's partitions are handed "
+            "to its replacement (faust's default is 60 s; heartbeats run on the consumer "
+            "thread, so a slow workflow step does not count against it)"
+        ),
+    )
 
     def policy_for(self, workflow: str) -> AuthPolicy:
         own = self.workflows.get(workflow)
