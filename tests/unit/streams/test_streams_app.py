@@ -152,3 +152,41 @@ async def test_timer_body_sends_the_approval_reminder_from_table_state(
     pending = w.tables.state[f"approval/request/{approval_id(request['key'])}"]
     assert pending["reminders"] == 1
     assert (await w.on_tick(EPOCH + dt.timedelta(seconds=62))).commands == []
+
+
+class FakeConsumer:
+    """Records seeks; partition 0 has a committed offset, partition 1 none (a fresh group)."""
+
+    def __init__(self, events_topic: str) -> None:
+        self.committed = {
+            TP(events_topic, 0): 7,
+            TP(events_topic, 1): None,
+            TP("x-changelog", 0): 3,
+        }
+        self.seeks: list[tuple[int, int]] = []
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        return dict(self.committed)
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        return {tp: 2 for tp in tps}
+
+    async def seek(self, tp: TP, offset: int) -> None:
+        self.seeks.append((tp.partition, offset))
+
+
+async def test_settled_generation_rewinds_events_to_committed_or_earliest(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, _ = worker
+    fake = FakeConsumer(KAFKA.topics.events)
+    w.app.consumer = fake
+    w.app.consumer_generation_id = 0
+    await w._reseek_after_rebalance()  # nothing assigned yet
+    w.app.consumer_generation_id = 3
+    await w._reseek_after_rebalance()  # first tick of generation 3: let faust's seek finish
+    assert fake.seeks == []
+    await w._reseek_after_rebalance()
+    assert sorted(fake.seeks) == [(0, 7), (1, 2)]  # the changelog partition is left alone
+    await w._reseek_after_rebalance()  # once per generation
+    assert len(fake.seeks) == 2
