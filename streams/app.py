@@ -158,9 +158,9 @@ class StreamsWorker:
             web_enabled=False,
             datadir=settings.data_dir,
             consumer_auto_offset_reset="earliest",
-            # No static membership (group.instance.id): with faust 0.15.3 a replacement worker
-            # that took over a killed member's id without a rebalance never fetched one of its
-            # partitions (3 runs out of 4 here). A short session timeout instead.
+            # A worker killed with -9 holds its partitions until the session times out; faust's
+            # 60 s default would stall a restart for a minute (KIP-345 static membership was
+            # tried and left out: it brought nothing the short timeout does not, and less tested).
             broker_session_timeout=settings.session_timeout_seconds,
             broker_heartbeat_interval=settings.session_timeout_seconds / 3,
             key_serializer="raw",
