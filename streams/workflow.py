@@ -22,6 +22,13 @@ Rules the runtime relies on:
   ``sha256(event key, workflow, step)`` (:func:`command_id`), so a replay or a rebalance
   re-emits the *same* commands and the SMTP sink skips those it already sent. A step name may be
   used once per event.
+- **One answer per mail.** A ``reply()`` to the current mail's sender in its own thread (no
+  ``thread``, no ``to``) is *the answer* to that mail, whatever its step: its command id derives
+  from the fixed step :data:`ANSWER`, and a second answer to the same mail is an error. A replay
+  with empty state may read the mails of a thread in another order (they are on different
+  partitions) and take another branch — a follow-up seen before its request opens a ticket — but
+  it still produces the same answer id, so the sink sends nothing new. The step name stays in the
+  command's ``step`` field.
 - **State is buffered.** ``ctx.state.set`` becomes visible to later ``get`` calls at once but is
   written to the changelog-backed table only after the commands and events were acknowledged by
   Kafka, so a crash in between replays the mail against the old state.
@@ -50,6 +57,9 @@ from streams.config import AddressSettings, StreamsSettings
 from streams.mail import Address, MailView, ThreadRef
 
 Record = dict[str, Any]
+
+#: The step every answer to a mail's sender derives its command id from (one answer per mail).
+ANSWER: Final = "answer"
 
 #: Modules imported at start so that their ``@workflow`` decorators run.
 BUILTIN_MODULES: Final = ("streams.workflows.ticket_intake", "streams.workflows.approval")
@@ -171,12 +181,16 @@ class WorkflowContext:
         subject: str | None = None,
         html_body: str | None = None,
     ) -> str:
-        """Answer ``thread`` (default: the current mail) in its thread. Returns the command id."""
+        """Answer ``thread`` (default: the current mail) in its thread. Returns the command id.
+
+        Without ``thread`` and ``to`` this is the mail's one answer (see the module docs).
+        """
         ref = thread or self._current().thread_ref()
         recipients = list(to) if to is not None else [a for a in [ref.reply_address] if a]
         return self._command(
             "REPLY",
             step,
+            id_step=ANSWER if thread is None and to is None else step,
             to=recipients,
             cc=cc,
             subject=subject if subject is not None else reply_subject(ref.subject),
@@ -303,16 +317,19 @@ class WorkflowContext:
         references: Iterable[str] = (),
         attachments: Sequence[Record] = (),
         event_key: str | None = None,
+        id_step: str | None = None,
     ) -> str:
         key = event_key or self.event_key
+        id_step = id_step or step
         if not key:
             raise ValueError(f"step {step!r}: no event key to derive the command id from")
-        if (key, step) in self._steps:
-            raise ValueError(f"step {step!r} used twice for {key}: command ids would collide")
+        if (key, id_step) in self._steps:
+            what = "a second answer to" if id_step == ANSWER else f"step {step!r} used twice for"
+            raise ValueError(f"{what} {key}: command ids would collide")
         if not to:
             raise ValueError(f"step {step!r}: no recipient")
-        self._steps.add((key, step))
-        cid = command_id(key, self.workflow, step)
+        self._steps.add((key, id_step))
+        cid = command_id(key, self.workflow, id_step)
         self.commands.append(
             {
                 "schema_version": 1,

@@ -11,10 +11,11 @@ import pytest
 
 from connectors.core.serde import AvroSerde
 from streams.config import AddressSettings
-from streams.mail import MailView
+from streams.mail import Address, MailView
 from streams.pipeline import MemoryTables, Pipeline
 from streams.testing import EPOCH, WorkflowHarness, mail_record
 from streams.workflow import (
+    ANSWER,
     HeaderInjectionError,
     WorkflowContext,
     WorkflowState,
@@ -74,7 +75,8 @@ def test_reply_threads_on_the_original() -> None:
     ctx = context(mail)
     cid = ctx.reply("ack", "thanks")
     (cmd,) = ctx.commands
-    assert cid == command_id(mail.key, "wf", "ack") == cmd["command_id"]
+    assert cid == command_id(mail.key, "wf", ANSWER) == cmd["command_id"]
+    assert cmd["step"] == "ack"
     assert cmd["kind"] == "REPLY"
     assert cmd["in_reply_to"] == "m3@x"
     assert cmd["references"] == ["m1@x", "m2@x", "m3@x"]
@@ -95,9 +97,21 @@ def test_reply_goes_to_reply_to_when_present() -> None:
 
 def test_a_step_name_is_used_once_per_event() -> None:
     ctx = context(MailView.from_record(mail_record()))
-    ctx.reply("ack", "x")
+    ctx.forward("ask", [Address("boss@example.com", None)], "x")
     with pytest.raises(ValueError, match="used twice"):
-        ctx.reply("ack", "y")
+        ctx.forward("ask", [Address("boss@example.com", None)], "y")
+
+
+def test_a_mail_gets_one_answer_whatever_the_branch() -> None:
+    """A replay in another order may take another step; the answer id must not change."""
+    mail = MailView.from_record(mail_record())
+    first, second = context(mail), context(mail)
+    assert first.reply("acknowledge", "new ticket") == second.reply("followup", "added")
+    with pytest.raises(ValueError, match="second answer"):
+        first.reply("other", "z")
+    # An answer to another thread or recipient is a command of its own step.
+    other = first.reply("decision", "ok", to=[Address("carol@example.com", None)])
+    assert other == command_id(mail.key, "wf", "decision")
 
 
 def test_addresses_with_line_breaks_are_refused() -> None:
