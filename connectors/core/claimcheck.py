@@ -8,6 +8,11 @@ fetched later by whoever needs it (the Kafka "claim check" pattern).
 Stores are content-addressed: the same bytes always give the same URI, so storing a blob
 again (a redelivered mail, a rescan after a UIDVALIDITY change) is a no-op.
 
+A source writes the blobs of one Kafka transaction through a :class:`ClaimCheckBatch`
+(:func:`begin_batch`): ``put`` only writes, and ``commit`` makes the whole batch durable at
+once, before the transaction that references it commits. On the local store that turns two
+serial fsyncs per blob (~2.6 ms each on this disk) into parallel ones that overlap the parsing.
+
 >>> import tempfile
 >>> store = LocalClaimCheckStore(Path(tempfile.mkdtemp()))
 >>> ref = store.put(b"hello", kind="raw")
@@ -22,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import tempfile
+import stat
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -33,11 +40,18 @@ from connectors.core.errors import ConfigError, MailtapError
 
 __all__ = [
     "BlobRef",
+    "ClaimCheckBatch",
     "ClaimCheckError",
     "ClaimCheckStore",
+    "LocalClaimCheckBatch",
     "LocalClaimCheckStore",
+    "begin_batch",
     "open_claim_check",
 ]
+
+#: fsyncs in flight at once. fsync releases the GIL and ext4 folds concurrent fsyncs into one
+#: journal commit: 200 blobs took 35-65 ms with 8-16 threads here, 530 ms one after another.
+DEFAULT_FSYNC_THREADS = 8
 
 # A kind becomes a directory (or an object-key prefix), so it must be a plain name.
 _KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -72,40 +86,129 @@ class ClaimCheckStore(Protocol):
     def get(self, uri: str) -> bytes: ...
 
 
+class ClaimCheckBatch(Protocol):
+    """The blobs of one Kafka transaction.
+
+    ``put`` returns the blob's reference at once; the blob is durable (and readable through
+    the store) only after ``commit`` returned, which the source calls before it commits the
+    transaction whose events reference the batch. ``discard`` drops what was not committed.
+    """
+
+    def put(self, data: bytes, *, kind: str) -> BlobRef: ...
+
+    def get(self, uri: str) -> bytes: ...
+
+    def commit(self) -> None: ...
+
+    def discard(self) -> None: ...
+
+
+def begin_batch(store: ClaimCheckStore) -> ClaimCheckBatch:
+    """A batch on ``store``: a staged one where the store has it, else one that just puts
+    (every ``put`` already durable, ``commit`` a no-op)."""
+    if isinstance(store, LocalClaimCheckStore):
+        return store.batch()
+    return _DurableEachPut(store)
+
+
+class _DurableEachPut:
+    def __init__(self, store: ClaimCheckStore) -> None:
+        self._store = store
+
+    def put(self, data: bytes, *, kind: str) -> BlobRef:
+        return self._store.put(data, kind=kind)
+
+    def get(self, uri: str) -> bytes:
+        return self._store.get(uri)
+
+    def commit(self) -> None:
+        return None
+
+    def discard(self) -> None:
+        return None
+
+
 class LocalClaimCheckStore:
     """Blobs as files under ``root/<kind>/<sha[:2]>/<sha256>``, addressed by ``file://`` URIs.
 
     Writes go to a temporary file in the target directory, are fsynced and then renamed into
     place, so a crash leaves either the complete blob or nothing (plus a stray ``.tmp`` file).
+    :meth:`batch` keeps that order for many blobs at once.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, fsync_threads: int = DEFAULT_FSYNC_THREADS) -> None:
         self.root = Path(root).resolve()
+        self._fsync_threads = fsync_threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        #: Directories made already, so a write skips mkdir (two syscalls); shared by the
+        #: fsync threads (set.add is atomic under the GIL).
+        self._known_dirs: set[Path] = set()
 
-    def put(self, data: bytes, *, kind: str) -> BlobRef:
+    def locate(self, data: bytes, kind: str) -> tuple[Path, BlobRef]:
+        """Where ``data`` lives (or will) and its reference."""
         if not _KIND_RE.match(kind):
             raise ValueError(f"claim-check kind must match {_KIND_RE.pattern}, got {kind!r}")
         digest = hashlib.sha256(data).hexdigest()
         path = self.root / kind / digest[:2] / digest
-        ref = BlobRef(uri="file://" + pathname2url(str(path)), sha256=digest, size=len(data))
+        return path, BlobRef(uri="file://" + pathname2url(str(path)), sha256=digest, size=len(data))
+
+    def batch(self) -> LocalClaimCheckBatch:
+        return LocalClaimCheckBatch(self)
+
+    def fsync_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self._fsync_threads, thread_name_prefix="claim-check-fsync"
+                )
+            return self._pool
+
+    def close(self) -> None:
+        """Stop the fsync threads (a later batch starts new ones)."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def put(self, data: bytes, *, kind: str) -> BlobRef:
+        path, ref = self.locate(data, kind)
         try:
-            if path.is_file() and path.stat().st_size == len(data):
-                return ref
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{digest[:16]}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            _fsync_dir(path.parent)
+            self.write(path, data)
         except OSError as exc:
-            raise ClaimCheckError(f"cannot store blob {digest} under {self.root}: {exc}") from exc
+            raise ClaimCheckError(
+                f"cannot store blob {ref.sha256} under {self.root}: {exc}"
+            ) from exc
+        _fsync_dir(path.parent)
         return ref
+
+    def write(self, path: Path, data: bytes) -> None:
+        """Put ``data`` at ``path`` unless it is there: temporary file, fsync, rename. The
+        directory fsync is the caller's (one per directory and batch)."""
+        if _is_stored(path, len(data)):
+            return
+        if path.parent not in self._known_dirs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._known_dirs.add(path.parent)
+        # Unique among live writers (pid, thread); a dead process's leftover is overwritten.
+        tmp = path.with_name(f".{path.name[:16]}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        except FileNotFoundError:  # the directory was removed behind our back
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def get(self, uri: str) -> bytes:
         path = self._path_of(uri)
@@ -128,21 +231,84 @@ class LocalClaimCheckStore:
         return path
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable (POSIX: the directory entry needs its own fsync)."""
+class LocalClaimCheckBatch:
+    """Blobs handed to the store's threads now, durable together once :meth:`commit` returned.
+
+    ``put`` hashes the data (the reference is known at once) and leaves the file work to the
+    store's thread pool: each thread writes a temporary file, fsyncs it and renames it into
+    place, exactly as :meth:`LocalClaimCheckStore.put` does, so a blob appears under its name
+    only with its content durable and a crash leaves complete blobs or nothing. The caller's
+    thread (the parser) never waits on the disk. ``commit`` waits for those writes, then
+    fsyncs the directories that received a name (in parallel as well). Used from one thread.
+    """
+
+    def __init__(self, store: LocalClaimCheckStore) -> None:
+        self._store = store
+        self._pending: dict[Path, Future[None]] = {}
+
+    def put(self, data: bytes, *, kind: str) -> BlobRef:
+        path, ref = self._store.locate(data, kind)
+        if path not in self._pending:
+            self._pending[path] = self._store.fsync_pool().submit(self._store.write, path, data)
+        return ref
+
+    def get(self, uri: str) -> bytes:
+        """A stored blob (one still in flight may not be readable before :meth:`commit`)."""
+        return self._store.get(uri)
+
+    def commit(self) -> None:
+        """Make every blob of the batch durable under its name; raises ClaimCheckError."""
+        pending, self._pending = self._pending, {}
+        try:
+            for written in pending.values():
+                written.result()
+            # Also the directories of blobs found in place: their entries may come from a
+            # batch that crashed before its directory fsync.
+            pool = self._store.fsync_pool()
+            dirs = {path.parent for path in pending}
+            for synced in [pool.submit(_fsync_dir, d, strict=True) for d in dirs]:
+                synced.result()
+        except OSError as exc:
+            raise ClaimCheckError(
+                f"cannot store claim-check blobs under {self._store.root}: {exc}"
+            ) from exc
+
+    def discard(self) -> None:
+        """Wait for the writes in flight (so none outlives the batch) and forget them. What
+        was written stays: content-addressed blobs nobody references are harmless."""
+        pending, self._pending = self._pending, {}
+        for written in pending.values():
+            written.exception()
+
+
+def _is_stored(path: Path, size: int) -> bool:
+    """A blob in place; a torn one (size differs) is written again."""
+    try:
+        found = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return stat.S_ISREG(found.st_mode) and found.st_size == size
+
+
+def _fsync_dir(directory: Path, strict: bool = False) -> None:
+    """Make the rename durable (POSIX: the directory entry needs its own fsync). ``strict``
+    raises when that fails; a single ``put`` keeps its old best-effort behaviour."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
+        if strict:
+            raise
         return
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        if strict:
+            raise
     finally:
         os.close(fd)
 
 
-def open_claim_check(url: str) -> ClaimCheckStore:
+def open_claim_check(url: str, fsync_threads: int = DEFAULT_FSYNC_THREADS) -> ClaimCheckStore:
     """Build a store from a configured URL.
 
     ``file:///var/lib/mailtap/blobs`` -> :class:`LocalClaimCheckStore`. ``s3://bucket/prefix``
@@ -155,7 +321,7 @@ def open_claim_check(url: str) -> ClaimCheckStore:
             raise ConfigError(
                 f"claim-check URL {url!r}: use an absolute local path like file:///var/lib/mailtap/blobs"
             )
-        return LocalClaimCheckStore(Path(unquote(parts.path)))
+        return LocalClaimCheckStore(Path(unquote(parts.path)), fsync_threads)
     if parts.scheme == "s3":
         try:
             import boto3  # noqa: F401

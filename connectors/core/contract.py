@@ -6,6 +6,9 @@ After Kafka Connect's ``SourceTask``/``SourceRecord`` and its exactly-once sourc
 2. It hands the batch and the batch's new source offsets to :meth:`TransactionalSourceWriter.write`.
 3. The writer opens one Kafka transaction, produces the records *and* the offsets to the offsets
    topic, and commits. Either all of it is visible to read_committed consumers, or none of it.
+   Whatever the records point at outside Kafka (claim-check blobs) is made durable by the
+   ``before_commit`` callback, between the produce calls and the commit, so that wait
+   overlaps the records going out to the broker.
 4. Only after ``write`` returns may the source perform side effects on the mailbox.
 
 The transactional id is derived from the source partition, so a second instance on the same
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,9 +91,12 @@ class TransactionalSourceWriter:
         self,
         records: Sequence[SourceRecord],
         offsets: Mapping[bytes, SourceOffset] | Sequence[tuple[SourcePartition, SourceOffset]],
+        before_commit: Callable[[], None] | None = None,
     ) -> None:
         """Produce ``records`` and the new ``offsets`` atomically.
 
+        ``before_commit`` runs after the records are produced and before the commit; when it
+        raises, the transaction is aborted and its exception propagates.
         Raises :class:`TransactionAborted` (nothing written; redo from the committed cursor) or
         :class:`FencedError` (stop this instance).
         """
@@ -105,6 +111,12 @@ class TransactionalSourceWriter:
                 self._produce(record.topic, record.key, record.value, record.headers)
             for key, offset in items:
                 self._produce(self._kafka.topics.offsets, key, canonical_json(offset), ())
+            if before_commit is not None:
+                try:
+                    before_commit()
+                except BaseException:
+                    self._abort()
+                    raise
             self._commit()
         except KafkaException as exc:
             error = _translate(exc)

@@ -24,10 +24,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from connectors.core.claimcheck import ClaimCheckError
+from connectors.core.claimcheck import (
+    ClaimCheckBatch,
+    ClaimCheckError,
+    ClaimCheckStore,
+    begin_batch,
+)
 from connectors.core.contract import SourceRecord
 from connectors.core.serde import AvroSerde
-from connectors.imap.blobs import PrefetchingClaimCheck
 from connectors.imap.connection import FetchedMail
 
 log = logging.getLogger(__name__)
@@ -67,7 +71,7 @@ class RecordBuilder:
         events_topic: str,
         dlq_topic: str,
         max_record_bytes: int,
-        blobs: PrefetchingClaimCheck | None = None,
+        claim_check: ClaimCheckStore | None = None,
     ) -> None:
         self.account = account
         self.folder = folder
@@ -76,8 +80,8 @@ class RecordBuilder:
         self._events_topic = events_topic
         self._dlq_topic = dlq_topic
         self._max_record_bytes = max_record_bytes
-        #: The store the parser writes to, when it can start writes early (blobs.py).
-        self._blobs = blobs
+        #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
+        self._claim_check = claim_check
 
     @property
     def dlq_topic(self) -> str:
@@ -96,28 +100,33 @@ class RecordBuilder:
         """
         return self.finish(mail, uidvalidity, self.parse(mail, uidvalidity, folder), change_for)
 
+    def begin_blobs(self) -> ClaimCheckBatch | None:
+        """A claim-check batch for :meth:`build_all`; the caller commits it before the Kafka
+        transaction that references it (``before_commit``) and discards it otherwise."""
+        return begin_batch(self._claim_check) if self._claim_check is not None else None
+
     def build_all(
         self,
         mails: Sequence[FetchedMail],
         uidvalidity: int,
         change_for: Callable[[FetchedMail, str], ChangeKind],
+        blobs: ClaimCheckBatch | None = None,
     ) -> list[BuiltMail]:
-        """``build`` for a batch, in UID order. The raw MIME of the whole batch starts going to
-        the claim-check store first, so its fsyncs overlap the parsing."""
-        if self._blobs is not None:
-            for mail in mails:
-                self._blobs.prefetch(mail.raw)
-        try:
-            parsed = [self.parse(m, uidvalidity) for m in mails]
-        finally:
-            if self._blobs is not None:
-                self._blobs.settle(m.raw for m in mails)
+        """``build`` for a batch, in UID order. With ``blobs``, the parser writes the batch's
+        blobs through it: written now, durable once ``blobs.commit()`` returned."""
+        parsed = [self.parse(m, uidvalidity, blobs=blobs) for m in mails]
         return [
             self.finish(m, uidvalidity, p, functools.partial(change_for, m))
             for m, p in zip(mails, parsed, strict=True)
         ]
 
-    def parse(self, mail: FetchedMail, uidvalidity: int, folder: str | None = None) -> Any:
+    def parse(
+        self,
+        mail: FetchedMail,
+        uidvalidity: int,
+        folder: str | None = None,
+        blobs: ClaimCheckBatch | None = None,
+    ) -> Any:
         """The parser's result, or the exception a parser bug raised (never for bad input)."""
         flags = [f for f in mail.flags if f not in SESSION_FLAGS]
         moved = folder is not None and folder != self.folder
@@ -131,6 +140,8 @@ class RecordBuilder:
             "item_id": None,
             "change_key": None,
         }
+        # The parser has the store bound; a batch replaces it for this call.
+        stores = {"claim_check": blobs} if blobs is not None else {}
         try:
             return self._parse(
                 mail.raw,
@@ -139,6 +150,7 @@ class RecordBuilder:
                 flags=flags,
                 internal_date=mail.internal_date,
                 observed_at=dt.datetime.now(dt.UTC),
+                **stores,
             )
         except ClaimCheckError:
             raise  # the store is down, not the mail bad: fail the batch and retry it

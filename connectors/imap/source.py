@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from connectors.core.claimcheck import open_claim_check
+from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckStore, open_claim_check
 from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
 from connectors.core.kafka import ensure_topics
@@ -24,7 +24,6 @@ from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
-from connectors.imap.blobs import PrefetchingClaimCheck
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import source_partition
@@ -54,7 +53,7 @@ class ImapSource:
         self._threads: list[threading.Thread] = []
         self._health: HealthServer | None = None
         self._crash = CrashPoints.from_env()
-        self._blobs: PrefetchingClaimCheck | None = None
+        self._claim_check: ClaimCheckStore | None = None
 
     @classmethod
     def from_config(cls, config: MailtapConfig) -> ImapSource:
@@ -80,10 +79,10 @@ class ImapSource:
     def build_workers(self) -> list[MailboxWorker]:
         ensure_topics(self.kafka)
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
-        self._blobs = PrefetchingClaimCheck(
-            open_claim_check(self.config.claim_check.url), self.settings.claim_check_threads
+        store = open_claim_check(
+            self.config.claim_check.url, fsync_threads=self.settings.claim_check_threads
         )
-        store = self._blobs
+        self._claim_check = store
         limits = ParseLimits(**self.settings.limits.overrides())
         parser = functools.partial(parse_mail, limits=limits, claim_check=store)
         indexes = load_indexes(self.kafka, serde, [a.name for a in self.settings.accounts])
@@ -99,7 +98,7 @@ class ImapSource:
                     events_topic=self.kafka.topics.events,
                     dlq_topic=dlq_topic,
                     max_record_bytes=self.settings.max_record_bytes,
-                    blobs=self._blobs,
+                    claim_check=store,
                 )
                 workers.append(
                     MailboxWorker(
@@ -159,8 +158,8 @@ class ImapSource:
         if self._health is not None:
             self._health.stop()
             self._health = None
-        if self._blobs is not None:
-            self._blobs.close()
+        if isinstance(self._claim_check, LocalClaimCheckStore):
+            self._claim_check.close()
 
     @property
     def all_fenced(self) -> bool:

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from connectors.core.backoff import Backoff
+from connectors.core.claimcheck import ClaimCheckBatch
 from connectors.core.contract import FencedError, SourceRecord, TransactionAborted
 from connectors.core.errors import AuthenticationError, Disposition, classify
 from connectors.core.metrics import SourceMetrics
@@ -67,6 +68,7 @@ class Writer(Protocol):
         records: Sequence[SourceRecord],
         offsets: Mapping[bytes, Mapping[str, Any]]
         | Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
+        before_commit: Callable[[], None] | None = None,
     ) -> None: ...
 
     def close(self) -> None: ...
@@ -341,10 +343,15 @@ class MailboxWorker:
         count = 0
         for group in chunks([s.uid for s in states], self.settings.batch_size):
             fetched = conn.fetch(group)
-            built = self._build_all(fetched, lambda _m: "UPDATED")
-            emitted += [(m.uid, m.modseq) for m in fetched if m.modseq is not None]
-            progress = replace(cursor, fresh=cursor.fresh + tuple(emitted))
-            self._commit_batch(built, progress)
+            blobs = self.builder.begin_blobs()
+            try:
+                built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
+                emitted += [(m.uid, m.modseq) for m in fetched if m.modseq is not None]
+                progress = replace(cursor, fresh=cursor.fresh + tuple(emitted))
+                self._commit_batch(built, progress, blobs)
+            finally:
+                if blobs is not None:
+                    blobs.discard()  # what a failed batch staged; nothing after a commit
             count += len(fetched)
         # Every change up to ``hms`` is published now; keep only what went out above it.
         self.cursor = replace(
@@ -397,8 +404,24 @@ class MailboxWorker:
     ) -> None:
         cursor = self.cursor
         assert cursor is not None
+        blobs = self.builder.begin_blobs()
+        try:
+            self._publish_new_batch(conn, group, fetched, hms, cursor, blobs)
+        finally:
+            if blobs is not None:
+                blobs.discard()  # what a failed batch staged; nothing after a commit
+
+    def _publish_new_batch(
+        self,
+        conn: ImapConnection,
+        group: list[int],
+        fetched: list[FetchedMail],
+        hms: int | None,
+        cursor: Cursor,
+        blobs: ClaimCheckBatch | None,
+    ) -> None:
         built = self._build_all(
-            fetched, lambda m: "RESCANNED" if m.uid < cursor.rescan_until else "ADDED"
+            fetched, lambda m: "RESCANNED" if m.uid < cursor.rescan_until else "ADDED", blobs
         )
         fresh = tuple(
             (m.uid, m.modseq)
@@ -417,13 +440,16 @@ class MailboxWorker:
                 target_uidnext = conn.status(self.account.move_target).uidnext
             pending = PendingSideEffect(action, tuple(m.uid for m in fetched), target_uidnext)
             progress = replace(progress, pending=pending)
-        self._commit_batch(built, progress)
+        self._commit_batch(built, progress, blobs)
         if pending is not None:
             self._crash.reached("after_commit")
             self._finish_side_effect(conn, pending, {m.uid: m for m in fetched})
 
     def _build_all(
-        self, mails: list[FetchedMail], change: Callable[[FetchedMail], ChangeKind]
+        self,
+        mails: list[FetchedMail],
+        change: Callable[[FetchedMail], ChangeKind],
+        blobs: ClaimCheckBatch | None,
     ) -> list[BuiltMail]:
         assert self.cursor is not None
         uidvalidity = self.cursor.uidvalidity
@@ -435,12 +461,15 @@ class MailboxWorker:
                 return "UPDATED"  # published before, in another folder: a move or a copy
             return kind
 
-        return self.builder.build_all(mails, uidvalidity, change_for)
+        return self.builder.build_all(mails, uidvalidity, change_for, blobs)
 
-    def _commit_batch(self, built: list[BuiltMail], cursor: Cursor) -> None:
+    def _commit_batch(
+        self, built: list[BuiltMail], cursor: Cursor, blobs: ClaimCheckBatch | None
+    ) -> None:
         records = [r for b in built for r in b.records]
         self._crash.reached("before_write")
-        self._commit(records, cursor)
+        # The batch's blobs become durable while its records go out, before the commit.
+        self._commit(records, cursor, before_commit=blobs.commit if blobs is not None else None)
         events = sum(1 for b in built if b.key is not None)
         dlq = sum(1 for b in built if b.dlq or b.key is None)
         if events:
@@ -448,9 +477,19 @@ class MailboxWorker:
         if dlq:
             self.metrics.dlq_records.labels(*self._labels).inc(dlq)
 
-    def _commit(self, records: Sequence[SourceRecord], cursor: Cursor) -> None:
+    def _commit(
+        self,
+        records: Sequence[SourceRecord],
+        cursor: Cursor,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
         assert self._writer is not None
-        self._writer.write(records, [(self.partition, cursor.to_json())])
+        if before_commit is None:
+            self._writer.write(records, [(self.partition, cursor.to_json())])
+        else:
+            self._writer.write(
+                records, [(self.partition, cursor.to_json())], before_commit=before_commit
+            )
         self.cursor = cursor
 
     # --- after-commit side effects (MOVING -> MOVED) -------------------------------------------

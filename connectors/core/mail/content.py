@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import quopri
 import re
 from dataclasses import dataclass, field
 from email import policy
@@ -45,6 +46,7 @@ from typing import Any
 
 from connectors.core.claimcheck import BlobRef, ClaimCheckStore
 from connectors.core.mail.charsets import clean_text, decode_text
+from connectors.core.mail.headers import parse_fields, split_head
 from connectors.core.mail.limits import ParseLimits
 from connectors.core.mail.params import content_type_of, param_value, parse_params
 
@@ -59,6 +61,13 @@ _REPORTED_DEFECTS = {
     "MultipartInvariantViolationDefect": "multipart without parts",
 }
 _FOLD = re.compile(r"\r?\n(?=[ \t])")
+#: A header line as the stdlib feed parser accepts it (``email.feedparser.headerRE`` without
+#: its ``From `` and continuation branches, and with a non-empty name).
+_FIELD_LINE = re.compile(rb"[\041-\071\073-\176]+:")
+_LINE_END = re.compile(rb"\r?\n")
+#: Transfer encodings whose payload the stdlib returns as the body bytes themselves.
+_IDENTITY_CTE = frozenset({"", "7bit", "8bit", "binary"})
+_BODY_TYPES = ("text/plain", "text/html")
 
 
 @dataclass(slots=True)
@@ -100,9 +109,17 @@ def extract_content(
     raw: bytes, limits: ParseLimits, claim_check: ClaimCheckStore | None
 ) -> MailContent:
     """Bodies and attachments of a (pre-scanned, patched) raw message."""
-    message = BytesParser(policy=policy.compat32).parsebytes(raw)
     content = MailContent()
     bodies = {"text/plain": _Body(), "text/html": _Body()}
+    single = _single_text_part(raw, limits)
+    if single is not None:
+        ctype, ctype_params, text = single
+        _add_body(text, ctype_params, bodies[ctype], limits)
+        content.text_body = bodies["text/plain"].result(limits.max_body_bytes)
+        content.html_body = bodies["text/html"].result(limits.max_body_bytes)
+        content.body_truncated = any(body.truncated for body in bodies.values())
+        return content
+    message = BytesParser(policy=policy.compat32).parsebytes(raw)
     stack: list[Message] = [message]
     while stack:
         part = stack.pop()
@@ -119,7 +136,9 @@ def extract_content(
         disposition, disposition_params = parse_params(disposition_value or "", limits.max_params)
         filename = param_value(disposition_params, "filename") or param_value(ctype_params, "name")
         if ctype in bodies and disposition != "attachment" and filename is None:
-            _add_body(part, ctype_params, bodies[ctype], limits)
+            payload = part.get_payload(decode=True)
+            if isinstance(payload, bytes):
+                _add_body(payload, ctype_params, bodies[ctype], limits)
         elif len(content.attachments) >= limits.max_attachments:
             _note(content.problems, f"more than {limits.max_attachments} attachments; rest omitted")
         else:
@@ -141,12 +160,55 @@ def _raw_field(part: Message, name: str) -> str | None:
     return None
 
 
+def _single_text_part(
+    raw: bytes, limits: ParseLimits
+) -> tuple[str, list[tuple[str, str]], bytes] | None:
+    """The common mail, one text/plain or text/html body without a file name, read without
+    the stdlib parser: ``(content type, its parameters, decoded body)``, or None when the mail
+    is anything else (multipart, an attachment, base64, a head the stdlib would end early).
+
+    The result is what the stdlib path gives for the same bytes: the head is used only when
+    every line is a field or a continuation (so ``feedparser`` ends it at the same empty
+    line), fields are read the way :func:`_raw_field` reads them (first one wins, unfolded,
+    8-bit bytes as surrogates), and the payload is decoded as ``Message.get_payload(decode=
+    True)`` does for these transfer encodings. ``tests/unit/mail`` checks both paths agree.
+    """
+    head, body = split_head(raw)
+    lines = _LINE_END.split(head)
+    if not lines[0] or not _FIELD_LINE.match(lines[0]):
+        return None
+    for line in lines[1:]:
+        if not _FIELD_LINE.match(line) and line[:1] not in (b" ", b"\t"):
+            return None
+    wanted: dict[str, str] = {}
+    for name, value in parse_fields(head):
+        lowered = name.lower()
+        if lowered in ("content-type", "content-disposition", "content-transfer-encoding"):
+            wanted.setdefault(lowered, value.decode("ascii", "surrogateescape"))
+    ctype_value = wanted.get("content-type")
+    ctype = content_type_of(ctype_value)
+    if ctype not in _BODY_TYPES:
+        return None
+    _, ctype_params = parse_params(ctype_value or "", limits.max_params)
+    disposition, disposition_params = parse_params(
+        wanted.get("content-disposition") or "", limits.max_params
+    )
+    if disposition == "attachment":
+        return None
+    filename = param_value(disposition_params, "filename") or param_value(ctype_params, "name")
+    if filename is not None:
+        return None
+    cte = wanted.get("content-transfer-encoding", "").lower()
+    if cte == "quoted-printable":
+        return ctype, ctype_params, quopri.decodestring(body)
+    if cte in _IDENTITY_CTE:
+        return ctype, ctype_params, body
+    return None
+
+
 def _add_body(
-    part: Message, ctype_params: list[tuple[str, str]], body: _Body, limits: ParseLimits
+    payload: bytes, ctype_params: list[tuple[str, str]], body: _Body, limits: ParseLimits
 ) -> None:
-    payload = part.get_payload(decode=True)
-    if not isinstance(payload, bytes):
-        return
     # Decode a bounded prefix: any charset yields >= 1 UTF-8 byte per 4 input bytes.
     prefix_size = limits.max_body_bytes * 4
     partial = len(payload) > prefix_size

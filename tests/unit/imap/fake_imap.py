@@ -157,7 +157,14 @@ class RecordingWriter:
         self.transactions: list[tuple[list[SourceRecord], list[Mapping[str, Any]]]] = []
         self.fail_next: BaseException | None = None
 
-    def write(self, records: Sequence[SourceRecord], offsets: Any) -> None:
+    def write(
+        self,
+        records: Sequence[SourceRecord],
+        offsets: Any,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        if before_commit is not None:
+            before_commit()
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
             raise exc

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckStore
 from connectors.core.contract import FencedError, TransactionAborted
 from connectors.core.errors import AuthenticationError
 from connectors.core.metrics import SourceMetrics
@@ -304,3 +309,83 @@ def test_after_commit_seen_publishes_the_flag_change_without_waiting_for_a_poll(
         ("ADDED", []), ("ADDED", []), ("UPDATED", ["\\Seen"]), ("UPDATED", ["\\Seen"]),
     ]  # fmt: skip
     assert writer.last_offset["pending"] is None
+
+
+def _storing_parse(raw: bytes, *, claim_check: ClaimCheckStore, **kwargs: Any) -> Any:
+    parsed = fake_parse(raw, **kwargs)
+    parsed.event["raw_ref"] = claim_check.put(raw, kind="raw").to_avro()
+    return parsed
+
+
+class BlobCheckingWriter(RecordingWriter):
+    """Reads every referenced blob back at commit time: it must be in the store by then."""
+
+    def __init__(self, store: LocalClaimCheckStore) -> None:
+        super().__init__()
+        self.store = store
+        self.readable: list[bool] = []
+
+    def write(
+        self, records: Any, offsets: Any, before_commit: Callable[[], None] | None = None
+    ) -> None:
+        def check() -> None:
+            if before_commit is not None:
+                before_commit()
+            for record in records:
+                if record.topic == "ev" and record.value:
+                    uri = json.loads(record.value)["raw_ref"]["uri"]
+                    self.readable.append(self.store.get(uri).startswith(b"m"))
+
+        super().write(records, offsets, check)
+
+
+def test_a_batch_s_blobs_are_in_the_store_when_its_transaction_commits(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path)
+    writer = BlobCheckingWriter(store)
+    worker, _, _ = make_worker(filled(5), writer=writer)
+    worker.builder = RecordBuilder(
+        account="a",
+        folder="INBOX",
+        parser=functools.partial(_storing_parse, claim_check=store),
+        serde=JsonSerde(),  # type: ignore[arg-type]
+        events_topic="ev",
+        dlq_topic="dlq",
+        max_record_bytes=1_000_000,
+        claim_check=store,
+    )
+    worker.run()
+    assert writer.readable == [True] * 5
+    assert [len(records) for records, _ in writer.transactions] == [0, 3, 2]
+    store.close()
+
+
+def test_a_failed_transaction_leaves_complete_blobs_only(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path)
+    writer = RecordingWriter()
+    worker, _, stop = make_worker(filled(2), writer=writer, stop=CountingStop(limit=1))
+    worker.builder = RecordBuilder(
+        account="a",
+        folder="INBOX",
+        parser=functools.partial(_storing_parse, claim_check=store),
+        serde=JsonSerde(),  # type: ignore[arg-type]
+        events_topic="ev",
+        dlq_topic="dlq",
+        max_record_bytes=1_000_000,
+        claim_check=store,
+    )
+    writer.fail_next = None
+    original = writer.write
+    calls = []
+
+    def failing(records: Any, offsets: Any, before_commit: Any = None) -> None:
+        calls.append(len(records))
+        if records:
+            raise TransactionAborted("broker said no")
+        original(records, offsets, before_commit)
+
+    writer.write = failing  # type: ignore[method-assign]
+    worker.run()
+    assert calls[:2] == [0, 2] and stop.delays  # the batch failed and the worker backed off
+    stored = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
+    assert stored == sorted(hashlib.sha256(b"m%d\r\n\r\nbody" % i).hexdigest() for i in range(2))
+    store.close()

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
 
 from connectors.core.claimcheck import (
+    BlobRef,
     ClaimCheckError,
     LocalClaimCheckStore,
+    begin_batch,
     open_claim_check,
 )
 from connectors.core.errors import ConfigError, Disposition, classify
@@ -108,3 +111,83 @@ def test_open_claim_check_errors_say_what_to_change(url: str, message: str) -> N
         open_claim_check(url)
     assert "file:///" in str(caught.value)
     assert classify(caught.value) is Disposition.PERMANENT
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(p.name for p in root.rglob("*") if p.is_file())
+
+
+def test_a_batch_stores_its_blobs_once_by_commit(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path, fsync_threads=2)
+    batch = begin_batch(store)
+    first = batch.put(b"first", kind="raw")
+    again = batch.put(b"first", kind="raw")
+    second = batch.put(b"second", kind="attachment")
+    assert first == again == store.locate(b"first", "raw")[1]
+    batch.commit()
+    assert store.get(first.uri) == b"first" and store.get(second.uri) == b"second"
+    assert _files(tmp_path) == sorted([first.sha256, second.sha256])
+    assert store.put(b"first", kind="raw") == first  # idempotent across both paths
+    store.close()
+
+
+def test_a_discarded_batch_leaves_no_write_in_flight_nor_temporary_file(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path)
+    batch = store.batch()
+    refs = [batch.put(b"blob %d" % i, kind="raw") for i in range(50)]
+    batch.discard()
+    assert _files(tmp_path) == sorted(ref.sha256 for ref in refs)  # complete blobs only
+    batch.commit()  # nothing left to wait for
+    store.close()
+
+
+def test_a_removed_directory_is_made_again(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path)
+    ref = store.put(b"one", kind="raw")
+    shutil.rmtree(tmp_path / "raw")
+    assert store.put(b"one", kind="raw") == ref
+    assert store.get(ref.uri) == b"one"
+
+
+def test_a_batch_rewrites_a_torn_blob_and_keeps_a_complete_one(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path)
+    whole = store.put(b"complete content", kind="raw")
+    torn = store.put(b"other content", kind="raw")
+    Path(torn.uri.removeprefix("file://")).write_bytes(b"torn")
+    mtime = Path(whole.uri.removeprefix("file://")).stat().st_mtime_ns
+    batch = store.batch()
+    assert batch.put(b"complete content", kind="raw") == whole
+    assert batch.put(b"other content", kind="raw") == torn
+    batch.commit()
+    assert Path(whole.uri.removeprefix("file://")).stat().st_mtime_ns == mtime
+    assert store.get(torn.uri) == b"other content"
+    store.close()
+
+
+def test_a_batch_write_failure_is_a_retriable_claim_check_error_at_commit(tmp_path: Path) -> None:
+    (tmp_path / "raw").write_bytes(b"not a directory")
+    batch = LocalClaimCheckStore(tmp_path).batch()
+    batch.put(b"x", kind="raw")
+    with pytest.raises(ClaimCheckError) as caught:
+        batch.commit()
+    assert isinstance(caught.value.__cause__, OSError)
+    assert classify(caught.value) is Disposition.RETRY
+
+
+def test_begin_batch_on_another_store_puts_at_once(tmp_path: Path) -> None:
+    class OtherStore:
+        def __init__(self) -> None:
+            self.inner = LocalClaimCheckStore(tmp_path)
+
+        def put(self, data: bytes, *, kind: str) -> BlobRef:
+            return self.inner.put(data, kind=kind)
+
+        def get(self, uri: str) -> bytes:
+            return self.inner.get(uri)
+
+    batch = begin_batch(OtherStore())
+    ref = batch.put(b"durable now", kind="raw")
+    assert batch.get(ref.uri) == b"durable now"
+    batch.commit()
+    batch.discard()
+    assert batch.get(ref.uri) == b"durable now"
