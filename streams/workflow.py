@@ -180,10 +180,13 @@ class WorkflowContext:
         cc: Sequence[Address] = (),
         subject: str | None = None,
         html_body: str | None = None,
+        event_key: str | None = None,
     ) -> str:
         """Answer ``thread`` (default: the current mail) in its thread. Returns the command id.
 
         Without ``thread`` and ``to`` this is the mail's one answer (see the module docs).
+        ``event_key`` derives the id from another mail's key: the mail that caused this reply
+        when it is applied later (a decision kept until its request arrived).
         """
         ref = thread or self._current().thread_ref()
         recipients = list(to) if to is not None else [a for a in [ref.reply_address] if a]
@@ -198,6 +201,7 @@ class WorkflowContext:
             html_body=html_body,
             in_reply_to=ref.message_id,
             references=thread_references(ref),
+            event_key=event_key,
         )
 
     def forward(

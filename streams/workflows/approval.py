@@ -125,7 +125,11 @@ class Approval:
         request = self._find(mail, ctx)
         sender = mail.sender.normalized if mail.sender else ""
         from_approver = sender == options.approver.strip().lower()
-        if request is None or request["event_key"] == mail.key:
+        if request is None and from_approver:
+            # The approver never asks themself for approval: this answers a request we do not
+            # know yet (a replay with empty state reads the thread's mails in another order).
+            self._early_answer(mail, ctx)
+        elif request is None or request["event_key"] == mail.key:
             self._request(mail, ctx)
         elif from_approver:
             self._answer(mail, ctx, request)
@@ -216,6 +220,33 @@ class Approval:
             {"requester": _who(ref), "approver": options.approver, "subject": mail.subject},
             instance_id=aid,
         )
+        early = ctx.state.get(f"early/{mail.message_id}") or ctx.state.get(f"early/{aid}")
+        if early:
+            request = ctx.state.get(f"request/{aid}")
+            self._decide(ctx, request, early["decision"], early["comment"], early)
+
+    def _early_answer(self, mail: MailView, ctx: WorkflowContext) -> None:
+        """Keep the approver's decision until its request arrives; :meth:`_request` applies it.
+
+        The decision reaches the requester with the command id it would have had in order
+        (derived from the answer's key), so a replay in another order sends nothing new.
+        """
+        decision, comment = parse_decision(mail)
+        if decision is not None:
+            early = {
+                "decision": decision,
+                "comment": comment,
+                "event_key": mail.key,
+                "decided_by": mail.sender.address if mail.sender else None,
+                "decided_at": mail.observed_at.timestamp(),
+            }
+            for ref in [*mail.thread_ids, *TAG.findall(mail.subject or "")]:
+                ctx.state.set(f"early/{ref}", early)
+        ctx.reply(
+            "unknown-request",
+            "No pending approval request matches your answer"
+            + ("; it will be applied when the request arrives.\n" if decision else ".\n"),
+        )
 
     def _answer(self, mail: MailView, ctx: WorkflowContext, request: dict[str, Any]) -> None:
         options: ApprovalOptions = ctx.options
@@ -236,6 +267,30 @@ class Approval:
             )
             ctx.emit("APPROVAL_UNCLEAR", {"from": options.approver}, instance_id=aid)
             return
+        answer = {
+            "event_key": mail.key,
+            "decided_by": mail.sender.address if mail.sender else None,
+            "decided_at": mail.observed_at.timestamp(),
+        }
+        self._decide(ctx, request, decision, comment, answer)
+        if options.confirm_decisions:
+            requester = ThreadRef.from_state(request["requester"])
+            ctx.reply(
+                "confirmation",
+                f"Recorded: [APPROVAL {aid}] {decision}. {_who(requester)} was informed.\n",
+            )
+
+    def _decide(
+        self,
+        ctx: WorkflowContext,
+        request: dict[str, Any],
+        decision: Decision,
+        comment: str,
+        answer: dict[str, Any],
+    ) -> None:
+        """Tell the requester and record the decision; ``answer`` names the approver's mail."""
+        options: ApprovalOptions = ctx.options
+        aid = request["id"]
         requester = ThreadRef.from_state(request["requester"])
         verb = "approved" if decision == "APPROVED" else "rejected"
         note = f"\n\nComment from the approver:\n{comment}\n" if comment else "\n"
@@ -245,26 +300,23 @@ class Approval:
             f"{options.approver_name or options.approver}.{note}",
             thread=requester,
             subject=reply_subject(requester.subject),
+            event_key=answer["event_key"],
         )
-        if options.confirm_decisions:
-            ctx.reply(
-                "confirmation",
-                f"Recorded: [APPROVAL {aid}] {decision}. {_who(requester)} was informed.\n",
-            )
         ctx.state.set(
             f"request/{aid}",
             {
                 **request,
                 "status": decision,
-                "decided_by": mail.sender.address if mail.sender else None,
-                "decided_at": mail.observed_at.timestamp(),
-                "decided_by_key": mail.key,
+                "decided_by": answer["decided_by"],
+                "decided_at": answer["decided_at"],
+                "decided_by_key": answer["event_key"],
             },
         )
         ctx.emit(
             decision,
             {"decided_by": options.approver, "requester": _who(requester)},
             instance_id=aid,
+            event_key=answer["event_key"],
         )
 
     def _status(self, mail: MailView, ctx: WorkflowContext, request: dict[str, Any]) -> None:

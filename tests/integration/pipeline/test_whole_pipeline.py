@@ -128,6 +128,10 @@ def test_each_mail_gets_one_threaded_reply_through_crash_and_replay(
     for message in received:
         for rcpt in message.rcpt_tos:
             by_recipient.setdefault(rcpt, []).append(_parsed(message))
+    for m in received:  # shown by pytest when an assertion below fails
+        parsed = _parsed(m)
+        print(m.rcpt_tos, parsed["Subject"], parsed["In-Reply-To"], parsed["Message-ID"])
+        print("   ", parsed.get_body(("plain",)).get_content().splitlines()[:3])
     assert len(received) == 6, [
         (m.rcpt_tos, _parsed(m)["Subject"], _parsed(m)["In-Reply-To"], _parsed(m)["Message-ID"])
         for m in received

@@ -238,3 +238,24 @@ def test_parse_decision_prefers_body_over_subject() -> None:
     assert parse_decision(mail) == ("REJECTED", "REJECT")
     empty = MailView.from_record(mail_record(subject="APPROVED", text_body=""))
     assert parse_decision(empty) == ("APPROVED", "")
+
+
+def test_a_replay_in_another_order_emits_the_same_command_ids() -> None:
+    """A worker with empty state may read the approver's answer before the request (they are
+    on different partitions). It must not forward the answer as a new request, and the decision
+    must reach the requester with the id it had in order, so the sink sends nothing new."""
+    in_order = WorkflowHarness(SETTINGS)
+    expected = {c["command_id"] for c in in_order.deliver(request()).commands}
+    expected |= {c["command_id"] for c in in_order.deliver(answer("APPROVE")).commands}
+
+    reversed_order = WorkflowHarness(SETTINGS)
+    early = reversed_order.deliver(answer("APPROVE")).commands
+    assert [c["to"][0]["address"] for c in early] == [BOSS]  # one answer, no forward to himself
+    late = reversed_order.deliver(request()).commands
+    produced = {c["command_id"] for c in [*early, *late]}
+    assert produced == expected
+    decision = next(c for c in late if c["step"] == "decision")
+    assert decision["to"][0]["address"] == "ann@example.com"
+    assert decision["in_reply_to"] == "req@example.com"
+    statuses = [e["status"] for e in reversed_order.events]
+    assert "APPROVED" in statuses
