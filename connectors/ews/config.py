@@ -29,6 +29,13 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from connectors.core.sourcesettings import (
+    START_DESCRIPTION,
+    check_section,
+    start_since,
+    validate_start,
+)
+
 SECTION = "ews"
 
 #: exchangelib's own distinguished folder names for mail folders we can watch.
@@ -73,7 +80,7 @@ class EwsAccountSettings(_Strict):
     )
     start: str = Field(
         default="latest",
-        description="where a folder without a cursor starts: all | latest | since:YYYY-MM-DD",
+        description=START_DESCRIPTION,
     )
 
     @field_validator("service_endpoint")
@@ -96,15 +103,7 @@ class EwsAccountSettings(_Strict):
     @field_validator("start")
     @classmethod
     def _start(cls, value: str) -> str:
-        if value in ("all", "latest"):
-            return value
-        if value.startswith("since:"):
-            try:
-                dt.date.fromisoformat(value.removeprefix("since:").strip())
-            except ValueError:
-                raise ValueError("since: needs an ISO date, e.g. since:2026-01-31") from None
-            return value
-        raise ValueError("expected all, latest or since:YYYY-MM-DD")
+        return validate_start(value)
 
     @field_validator("folders")
     @classmethod
@@ -150,9 +149,7 @@ class EwsAccountSettings(_Strict):
 
     @property
     def start_since(self) -> dt.date | None:
-        if self.start.startswith("since:"):
-            return dt.date.fromisoformat(self.start.removeprefix("since:").strip())
-        return None
+        return start_since(self.start)
 
 
 class EwsSourceSettings(_Strict):
@@ -211,13 +208,12 @@ class EwsSourceSettings(_Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> EwsSourceSettings:
-        if not self.accounts:
-            raise ValueError("list at least one account under accounts")
-        names = [a.name for a in self.accounts]
-        if len(set(names)) != len(names):
-            raise ValueError("account names must be unique")
-        if self.backoff_cap_seconds < self.backoff_initial_seconds:
-            raise ValueError("backoff_cap_seconds must be >= backoff_initial_seconds")
+        check_section(
+            [a.name for a in self.accounts],
+            self.backoff_initial_seconds,
+            self.backoff_cap_seconds,
+            accounts_key="accounts",
+        )
         return self
 
 

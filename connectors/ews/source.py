@@ -8,21 +8,20 @@ Usage (``mailtap run ews-source -c CONFIG`` does this)::
     ...                     # until SIGTERM
     source.stop()
 
-Tests can crash the process at a point of a batch with ``MAILTAP_TEST_CRASH_AT`` (see
-:func:`crash_hook`): ``before_write:N`` exits (code 137) before the N-th batch is written,
-``in_transaction:N`` after its records are on the broker and before the commit.
+Tests can crash the process at a point of a batch with ``MAILTAP_TEST_CRASH_AT``
+(:mod:`connectors.core.faults`): ``before_write:N`` exits (code 137) before the N-th batch is
+written, ``in_transaction:N`` after its records are on the broker and before the commit.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from connectors.core import faults
 from connectors.core.claimcheck import open_claim_check
 from connectors.core.config import MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
@@ -38,8 +37,8 @@ from connectors.ews.worker import EwsFolderWorker, Writer, source_partition
 log = logging.getLogger(__name__)
 
 TRANSACTIONAL_ID_PREFIX = "mailtap-ews"
-CRASH_ENV = "MAILTAP_TEST_CRASH_AT"
-CRASH_EXIT_CODE = 137  # what a SIGKILL looks like to a parent process
+CRASH_ENV = faults.ENV
+CRASH_EXIT_CODE = faults.EXIT_CODE
 #: How long stop() waits for a worker. An interrupted stream read returns at once; a GetItem or a
 #: Kafka commit in flight finishes first (request_timeout_seconds bounds the former).
 STOP_JOIN_S = 10.0
@@ -84,11 +83,11 @@ class EwsSource:
             dlq_topic=kafka.topics.dlq,
             max_record_bytes=self.settings.max_record_bytes,
         )
-        crash = crash_hook(os.environ.get(CRASH_ENV))
+        crash = faults.CrashPoints.from_env()
 
         def writer_factory(txn_id: str) -> Writer:
             if crash.point == "in_transaction":
-                return _CrashingWriter(kafka, txn_id, crash=crash)
+                return faults.CrashingWriter(kafka, txn_id, crash=crash)
             return TransactionalSourceWriter(kafka, txn_id)
 
         return EwsFolderWorker(
@@ -140,45 +139,6 @@ class EwsSource:
         while not self.stop_event.wait(1.0):
             if self._threads and not any(t.is_alive() for t in self._threads):
                 return
-
-
-class _Crash:
-    def __init__(self, point: str | None, at: int) -> None:
-        self.point = point
-        self._at = at
-        self._seen = 0
-        self._lock = threading.Lock()
-
-    def reached(self, point: str) -> None:
-        if point != self.point:
-            return
-        with self._lock:
-            self._seen += 1
-            if self._seen == self._at:
-                sys.stderr.write(f"{CRASH_ENV}: crashing at {point}:{self._at}\n")
-                sys.stderr.flush()
-                os._exit(CRASH_EXIT_CODE)
-
-
-def crash_hook(spec: str | None) -> _Crash:
-    """``"in_transaction:3"`` -> crash the 3rd time that point is reached; ``None`` -> never."""
-    if not spec:
-        return _Crash(None, 0)
-    name, _, count = spec.partition(":")
-    return _Crash(name.strip(), int(count or 1))
-
-
-class _CrashingWriter(TransactionalSourceWriter):
-    """Dies between produce and commit: the batch's records are on the broker, uncommitted."""
-
-    def __init__(self, *args: Any, crash: _Crash, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._crash = crash
-
-    def _commit(self) -> None:
-        self._producer.flush(30)
-        self._crash.reached("in_transaction")
-        super()._commit()
 
 
 def run_forever(cfg: MailtapConfig, install_signals: Callable[[Callable[[], None]], None]) -> None:

@@ -33,10 +33,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from connectors.core.backoff import Backoff
-from connectors.core.contract import FencedError, SourceRecord, TransactionAborted
-from connectors.core.errors import AuthenticationError, Disposition, classify
+from connectors.core.contract import FencedError, SourceRecord
 from connectors.core.metrics import SourceMetrics
 from connectors.core.offsets import canonical_json
+from connectors.core.reconnect import backoff_delay
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import EwsConnection, ItemRef
 from connectors.ews.cursor import EPOCH, EwsCursor
@@ -174,29 +174,17 @@ class EwsFolderWorker:
 
     def _back_off(self, exc: Exception) -> None:
         self._drop_connection()
-        if isinstance(exc, TransactionAborted):
-            self.metrics.transaction_aborts.labels(*self._labels).inc()
         if not isinstance(exc, ConnectionLost):
             self.cursor = None  # Kafka or unknown trouble: re-read the committed cursor
-        if self.state is S.CONNECTING:
-            self.metrics.connect_failures.labels(*self._labels).inc()
-        if classify(exc) is Disposition.PERMANENT:
-            delay = self.backoff.at_cap()
-            if isinstance(exc, AuthenticationError):
-                self.metrics.auth_failures.labels(*self._labels).inc()
-            log.error(
-                "ews %s/%s: %s; will retry in %.0fs (fix the configuration or the account)",
-                self.account.name,
-                self.folder,
-                exc,
-                delay,
-            )
-        else:
-            delay = self.backoff.next_delay()
-            if not isinstance(exc, ConnectionLost):
-                log.warning(
-                    "ews %s/%s: unexpected error", self.account.name, self.folder, exc_info=exc
-                )
+        delay = backoff_delay(
+            exc,
+            backoff=self.backoff,
+            metrics=self.metrics,
+            labels=self._labels,
+            connecting=self.state is S.CONNECTING,
+            connection_lost=ConnectionLost,
+            logger=log,
+        )
         self._to(S.BACKOFF, f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s")
         self.stop.wait(delay)
 

@@ -24,6 +24,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from connectors.core.sourcesettings import (
+    START_DESCRIPTION,
+    check_section,
+    start_since,
+    validate_start,
+)
+
 SECTION = "imap"
 
 
@@ -74,7 +81,7 @@ class ImapAccountSettings(_Strict):
     folders: tuple[str, ...] = Field(default=("INBOX",), description="folders to publish")
     start: str = Field(
         default="latest",
-        description="where a folder without a cursor starts: all | latest | since:YYYY-MM-DD",
+        description=START_DESCRIPTION,
     )
     mode: Literal["idle", "poll"] = Field(
         default="idle", description="idle (push, with catch-up polls) or poll only"
@@ -86,15 +93,7 @@ class ImapAccountSettings(_Strict):
     @field_validator("start")
     @classmethod
     def _start(cls, value: str) -> str:
-        if value in ("all", "latest"):
-            return value
-        if value.startswith("since:"):
-            try:
-                dt.date.fromisoformat(value.removeprefix("since:").strip())
-            except ValueError:
-                raise ValueError("since: needs an ISO date, e.g. since:2026-01-31") from None
-            return value
-        raise ValueError("expected all, latest or since:YYYY-MM-DD")
+        return validate_start(value)
 
     @field_validator("after_commit")
     @classmethod
@@ -126,9 +125,7 @@ class ImapAccountSettings(_Strict):
 
     @property
     def start_since(self) -> dt.date | None:
-        if self.start.startswith("since:"):
-            return dt.date.fromisoformat(self.start.removeprefix("since:").strip())
-        return None
+        return start_since(self.start)
 
     @property
     def move_target(self) -> str | None:
@@ -174,8 +171,8 @@ class ImapSourceSettings(_Strict):
     dlq_topic: str | None = Field(
         default=None, description="where unparseable mails are reported; kafka.topics.dlq if unset"
     )
-    #: Claim-check writes run ahead of the parser on this many threads (shared by all
-    #: mailboxes): each blob waits on fsync, and overlapping those waits is most of the speed.
+    #: Claim-check blobs are fsynced on this many threads (shared by all mailboxes) while the
+    #: parser goes on; a batch's blobs are durable before its transaction commits.
     claim_check_threads: int = Field(
         default=8, ge=1, le=64, description="threads writing claim-check blobs ahead of parsing"
     )
@@ -193,11 +190,10 @@ class ImapSourceSettings(_Strict):
 
     @model_validator(mode="after")
     def _unique_names(self) -> ImapSourceSettings:
-        if not self.accounts:
-            raise ValueError("list at least one account under imap.accounts")
-        names = [a.name for a in self.accounts]
-        if len(set(names)) != len(names):
-            raise ValueError("account names must be unique")
-        if self.backoff_cap_seconds < self.backoff_initial_seconds:
-            raise ValueError("backoff_cap_seconds must be >= backoff_initial_seconds")
+        check_section(
+            [a.name for a in self.accounts],
+            self.backoff_initial_seconds,
+            self.backoff_cap_seconds,
+            accounts_key="imap.accounts",
+        )
         return self

@@ -1,24 +1,21 @@
 """Fetched mails -> Kafka records: the MailEvent (through the shared parser), DLQ reports, tombstones.
 
-Bad input never stops a mailbox (DESIGN.md): a mail the parser flags with ``parse_error`` is
-published as an event *and* reported on the DLQ topic with error headers, in the same transaction;
-a mail the parser cannot handle at all (a bug) is reported on the DLQ only. Either way the cursor
-moves on.
+The rules and the record layout are the shared ones of :mod:`connectors.core.records` (bad input
+never stops a mailbox: a flagged mail is published *and* reported on the DLQ, a parser bug is
+reported on the DLQ only); this module adds where the mail lives (uidvalidity, uid) and the
+IMAP specifics: session flags, a moved mail's folder, ADDED/UPDATED/RESCANNED.
 
 DLQ record (wire sample)::
 
     key     alice/mid:abc@example.com            (or "<account>/<folder>/<uidvalidity>/<uid>")
-    value   the raw MIME when under the record cap, else empty (the raw is in the claim-check store)
-    headers mailtap.error.kind=parse_error  mailtap.error.message=...  mailtap.source.account=alice
-            mailtap.source.folder=INBOX  mailtap.source.uidvalidity=17  mailtap.source.uid=42
-            mailtap.raw.uri=file:///...  (when stored)
+    headers ... mailtap.source.kind=IMAP  mailtap.source.account=alice  mailtap.source.folder=INBOX
+            mailtap.source.uidvalidity=17  mailtap.source.uid=42  mailtap.raw.sha256=...
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +28,7 @@ from connectors.core.claimcheck import (
     begin_batch,
 )
 from connectors.core.contract import SourceRecord
+from connectors.core.records import MailEventRecords
 from connectors.core.serde import AvroSerde
 from connectors.imap.connection import FetchedMail
 
@@ -76,16 +74,21 @@ class RecordBuilder:
         self.account = account
         self.folder = folder
         self._parse = parser
-        self._serde = serde
-        self._events_topic = events_topic
-        self._dlq_topic = dlq_topic
-        self._max_record_bytes = max_record_bytes
+        self._records = MailEventRecords(
+            source_kind="IMAP",
+            account=account,
+            folder=folder,
+            serde=serde,
+            events_topic=events_topic,
+            dlq_topic=dlq_topic,
+            max_record_bytes=max_record_bytes,
+        )
         #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
         self._claim_check = claim_check
 
     @property
     def dlq_topic(self) -> str:
-        return self._dlq_topic
+        return self._records.dlq_topic
 
     def build(
         self,
@@ -164,13 +167,17 @@ class RecordBuilder:
         parsed: Any,
         change_for: Callable[[str], ChangeKind],
     ) -> BuiltMail:
+        located = (
+            ("mailtap.source.uidvalidity", str(uidvalidity).encode()),
+            ("mailtap.source.uid", str(mail.uid).encode()),
+        )
         try:
             if isinstance(parsed, Exception):
                 raise parsed
             event: dict[str, Any] = dict(parsed.event)
             key = str(parsed.key)
             event["change"] = change_for(key)
-            value = self._encode(event)
+            value = self._records.encode(event)
         except Exception as exc:
             log.error(
                 "imap %s/%s uid %d: mail could not be turned into an event: %r",
@@ -180,54 +187,11 @@ class RecordBuilder:
                 exc,
             )
             fallback_key = f"{self.account}/{self.folder}/{uidvalidity}/{mail.uid}"
-            dlq = self._dlq(fallback_key, mail, uidvalidity, "unparseable", repr(exc), None)
+            dlq = self._records.dlq(fallback_key, mail.raw, "unparseable", repr(exc), None, located)
             return BuiltMail(mail.uid, None, None, (dlq,), dlq=True)
-        records = [SourceRecord(self._events_topic, key.encode(), value)]
-        error = event.get("parse_error")
-        if error:
-            raw_ref = event.get("raw_ref") or {}
-            records.append(
-                self._dlq(key, mail, uidvalidity, "parse_error", str(error), raw_ref.get("uri"))
-            )
-        return BuiltMail(mail.uid, key, event.get("message_id"), tuple(records), dlq=bool(error))
-
-    def _encode(self, event: dict[str, Any]) -> bytes:
-        value = self._serde.encode(event, self._events_topic)
-        if len(value) <= self._max_record_bytes:
-            return value
-        # The bodies are capped by the parser; if a record is still too large, drop the inline
-        # bodies and point at the claim-checked raw MIME (body_truncated tells consumers).
-        slim = {**event, "text_body": None, "html_body": None, "body_truncated": True}
-        slim["attachments"] = slim.get("attachments", [])[:100]
-        value = self._serde.encode(slim, self._events_topic)
-        if len(value) > self._max_record_bytes:
-            raise ValueError(f"event of {len(value)} bytes exceeds the record cap")
-        return value
+        records = self._records.event_records(key, event, value, mail.raw, located)
+        error = bool(event.get("parse_error"))
+        return BuiltMail(mail.uid, key, event.get("message_id"), tuple(records), dlq=error)
 
     def tombstone(self, key: str) -> SourceRecord:
-        return SourceRecord(self._events_topic, key.encode(), None)
-
-    def _dlq(
-        self,
-        key: str,
-        mail: FetchedMail,
-        uidvalidity: int,
-        kind: str,
-        message: str,
-        raw_uri: str | None,
-    ) -> SourceRecord:
-        headers = [
-            ("mailtap.error.kind", kind.encode()),
-            ("mailtap.error.message", message[:2000].encode("utf-8", "replace")),
-            ("mailtap.source.kind", b"IMAP"),
-            ("mailtap.source.account", self.account.encode()),
-            ("mailtap.source.folder", self.folder.encode()),
-            ("mailtap.source.uidvalidity", str(uidvalidity).encode()),
-            ("mailtap.source.uid", str(mail.uid).encode()),
-            ("mailtap.raw.sha256", hashlib.sha256(mail.raw).hexdigest().encode()),
-            ("mailtap.raw.size", str(len(mail.raw)).encode()),
-        ]
-        if raw_uri:
-            headers.append(("mailtap.raw.uri", raw_uri.encode()))
-        value = mail.raw if len(mail.raw) <= self._max_record_bytes else b""
-        return SourceRecord(self._dlq_topic, key.encode(), value, tuple(headers))
+        return self._records.tombstone(key)

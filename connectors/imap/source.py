@@ -19,6 +19,7 @@ from typing import Any
 from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckStore, open_claim_check
 from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
+from connectors.core.faults import CrashingWriter, CrashPoints
 from connectors.core.kafka import ensure_topics
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
@@ -27,7 +28,6 @@ from connectors.core.serde import AvroSerde
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import source_partition
-from connectors.imap.faults import CrashingWriter, CrashPoints
 from connectors.imap.index import load_indexes
 from connectors.imap.records import RecordBuilder
 from connectors.imap.worker import MailboxWorker, Writer

@@ -17,6 +17,10 @@ this thread)::
       2. new mails (UID SEARCH last_uid+1:*), in batches -> ADDED (RESCANNED after an epoch change)
       3. expunges (on start, on catch-up polls, after an EXPUNGE) -> tombstones when gone everywhere
       every batch = one Kafka transaction: its events + DLQ records + the new cursor.
+
+Crash points for tests (:mod:`connectors.core.faults`): besides the shared ``before_write`` and
+``in_transaction``, ``after_commit`` (committed, the side effect not done yet: state MOVING) and
+``after_side_effect`` (side effect done, its confirmation MOVED not committed yet).
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from typing import Any, Protocol
 
 from connectors.core.backoff import Backoff
 from connectors.core.claimcheck import ClaimCheckBatch
-from connectors.core.contract import FencedError, SourceRecord, TransactionAborted
-from connectors.core.errors import AuthenticationError, Disposition, classify
+from connectors.core.contract import FencedError, SourceRecord
+from connectors.core.faults import CrashPoints
 from connectors.core.metrics import SourceMetrics
 from connectors.core.offsets import canonical_json
+from connectors.core.reconnect import backoff_delay
 from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import SEEN, FetchedMail, ImapConnection
 from connectors.imap.cursor import (
@@ -46,7 +51,6 @@ from connectors.imap.cursor import (
     split_by_bytes,
 )
 from connectors.imap.errors import ConnectionLost, ImapProtocolError
-from connectors.imap.faults import CrashPoints
 from connectors.imap.index import AccountIndex
 from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
 from connectors.imap.state import StateMachine, WorkerState
@@ -160,31 +164,18 @@ class MailboxWorker:
     def _back_off(self, exc: Exception) -> None:
         self.last_error = exc
         self._drop_connection()
-        disposition = classify(exc)
-        if isinstance(exc, TransactionAborted):
-            self.metrics.transaction_aborts.labels(*self._labels).inc()
         if not isinstance(exc, ConnectionLost):
             # Kafka or unknown trouble: re-read the committed cursor before going on.
             self._reload_cursor = True
-        if self.machine.state in (S.CONNECTING, S.AUTHENTICATING):
-            self.metrics.connect_failures.labels(*self._labels).inc()
-        if disposition is Disposition.PERMANENT:
-            delay = self.backoff.at_cap()
-            if isinstance(exc, AuthenticationError):
-                self.metrics.auth_failures.labels(*self._labels).inc()
-            log.error(
-                "imap %s/%s: %s; will retry in %.0fs (fix the configuration or the account)",
-                self.account.name,
-                self.folder,
-                exc,
-                delay,
-            )
-        else:
-            delay = self.backoff.next_delay()
-            if not isinstance(exc, ConnectionLost):
-                log.warning(
-                    "imap %s/%s: unexpected error", self.account.name, self.folder, exc_info=exc
-                )
+        delay = backoff_delay(
+            exc,
+            backoff=self.backoff,
+            metrics=self.metrics,
+            labels=self._labels,
+            connecting=self.machine.state in (S.CONNECTING, S.AUTHENTICATING),
+            connection_lost=ConnectionLost,
+            logger=log,
+        )
         self.machine.to(S.BACKOFF, f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s")
         self.stop.wait(delay)
 

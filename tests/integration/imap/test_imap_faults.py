@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.imap.faults import EXIT_CODE
+from connectors.core.faults import EXIT_CODE
 from mailtap.commands.imap import EXIT_FENCED
 from mailtap.dev import Account, DevServices, dovecot, kafka, process
 from tests.integration.imap.imap_harness import (

@@ -11,6 +11,8 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "connectors.core.claimcheck",
+    "connectors.core.faults",
+    "connectors.core.sourcesettings",
     "connectors.core.mail.addresses",
     "connectors.core.mail.budget",
     "connectors.core.mail.charsets",

@@ -1,18 +1,22 @@
 """Test-only crash points, switched on by ``MAILTAP_TEST_CRASH_AT`` (never set in production).
 
 ``MAILTAP_TEST_CRASH_AT=in_transaction:3`` makes the process ``os._exit(137)`` (what a SIGKILL
-looks like to the outside) the 3rd time it reaches that point. Points, in the order a batch
-passes them:
+looks like to the outside) the 3rd time it reaches that point. The sources share the points
+that every batch passes, in this order:
 
 - ``before_write``   a batch is fetched and parsed, nothing produced yet;
-- ``in_transaction`` the batch's records are produced and flushed to the broker, not committed;
-- ``after_commit``   committed, the after-commit side effect not done yet (state MOVING);
-- ``after_side_effect`` side effect done, its confirmation (MOVED) not committed yet.
+- ``in_transaction`` the batch's records are produced and flushed to the broker, not committed
+  (:class:`CrashingWriter`).
+
+A source may name its own further points (the IMAP source: ``after_commit``,
+``after_side_effect``).
+
+>>> CrashPoints("in_transaction:2").point, CrashPoints(None).active
+('in_transaction', False)
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -20,13 +24,16 @@ from typing import Any
 
 from connectors.core.contract import TransactionalSourceWriter
 
-log = logging.getLogger(__name__)
+__all__ = ["ENV", "EXIT_CODE", "CrashPoints", "CrashingWriter"]
 
 ENV = "MAILTAP_TEST_CRASH_AT"
+#: What a SIGKILL looks like to a parent process.
 EXIT_CODE = 137
 
 
 class CrashPoints:
+    """``"in_transaction:3"`` -> crash the 3rd time that point is reached; ``None`` -> never."""
+
     def __init__(self, spec: str | None) -> None:
         self._point: str | None = None
         self._at = 0
@@ -39,6 +46,10 @@ class CrashPoints:
     @classmethod
     def from_env(cls) -> CrashPoints:
         return cls(os.environ.get(ENV))
+
+    @property
+    def point(self) -> str | None:
+        return self._point
 
     @property
     def active(self) -> bool:

@@ -1,0 +1,203 @@
+"""The pieces both sources share: start position, DLQ/event records, crash points, backoff."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connectors.core.backoff import Backoff
+from connectors.core.contract import TransactionAborted
+from connectors.core.errors import AuthenticationError
+from connectors.core.faults import ENV, EXIT_CODE, CrashPoints
+from connectors.core.metrics import SourceMetrics
+from connectors.core.reconnect import backoff_delay
+from connectors.core.records import MailEventRecords
+from connectors.core.sourcesettings import check_section, start_since, validate_start
+
+pytestmark = pytest.mark.unit
+
+LABELS = ("imap", "acct", "INBOX")
+REPO = Path(__file__).resolve().parents[3]
+
+
+class ConnectionLost(ConnectionError):
+    pass
+
+
+# --- start position -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["all", "latest", "since:2026-01-31", "since: 2026-01-31"])
+def test_valid_starts_are_kept(value: str) -> None:
+    assert validate_start(value) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("since:31.01.2026", "ISO date"), ("newest", "expected all, latest"), ("", "expected")],
+)
+def test_invalid_starts_say_what_to_write(value: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        validate_start(value)
+
+
+@pytest.mark.parametrize(
+    ("names", "initial", "cap", "message"),
+    [
+        ([], 1.0, 2.0, "list at least one account under imap.accounts"),
+        (["a", "a"], 1.0, 2.0, "account names must be unique"),
+        (["a"], 5.0, 2.0, "backoff_cap_seconds must be >= backoff_initial_seconds"),
+    ],
+)
+def test_section_rules(names: list[str], initial: float, cap: float, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_section(names, initial, cap, accounts_key="imap.accounts")
+    check_section(["a", "b"], 1.0, 1.0, accounts_key="imap.accounts")
+
+
+def test_start_since_reads_the_day() -> None:
+    assert start_since("since: 2026-02-03") == dt.date(2026, 2, 3)
+    assert start_since("all") is None
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+class JsonSerde:
+    def encode(self, value: dict[str, Any], topic: str) -> bytes:
+        return json.dumps(value, sort_keys=True).encode()
+
+
+def _records(max_record_bytes: int = 10_000) -> MailEventRecords:
+    return MailEventRecords(
+        source_kind="EWS",
+        account="ops",
+        folder="inbox",
+        serde=JsonSerde(),  # type: ignore[arg-type]
+        events_topic="ev",
+        dlq_topic="dlq",
+        max_record_bytes=max_record_bytes,
+    )
+
+
+def test_a_flagged_event_is_published_and_reported_with_the_source_s_headers() -> None:
+    event = {"parse_error": "bad", "raw_ref": {"uri": "file:///b/raw/ab/abc"}}
+    records = _records().event_records(
+        "ops/mid:1", event, b"{}", b"raw mime", [("mailtap.source.item_id", b"AAMk")]
+    )
+    assert [(r.topic, r.key, r.value) for r in records] == [
+        ("ev", b"ops/mid:1", b"{}"),
+        ("dlq", b"ops/mid:1", b"raw mime"),
+    ]
+    names = [name for name, _ in records[1].headers]
+    assert names == [
+        "mailtap.error.kind",
+        "mailtap.error.message",
+        "mailtap.source.kind",
+        "mailtap.source.account",
+        "mailtap.source.folder",
+        "mailtap.source.item_id",
+        "mailtap.raw.sha256",
+        "mailtap.raw.size",
+        "mailtap.raw.uri",
+    ]
+    assert dict(records[1].headers)["mailtap.source.kind"] == b"EWS"
+
+
+def test_a_clean_event_is_one_record_and_a_big_raw_is_left_out_of_the_dlq() -> None:
+    records = _records()
+    assert len(records.event_records("k", {"parse_error": None}, b"v", b"raw", [])) == 1
+    dlq = _records(max_record_bytes=1100).dlq("k", b"x" * 2000, "unparseable", "bug", None, [])
+    assert dlq.value == b"" and dict(dlq.headers)["mailtap.raw.size"] == b"2000"
+
+
+def test_an_event_over_the_cap_sheds_its_bodies_then_fails() -> None:
+    event = {"text_body": "x" * 5000, "html_body": None, "attachments": [{}] * 150}
+    slim = json.loads(_records(max_record_bytes=2000).encode(event))
+    assert slim["text_body"] is None and slim["body_truncated"] is True
+    assert len(slim["attachments"]) == 100
+    with pytest.raises(ValueError, match="record cap"):
+        _records(max_record_bytes=10).encode(event)
+
+
+def test_a_tombstone_has_no_value() -> None:
+    assert _records().tombstone("k").value is None
+
+
+# --- crash points ----------------------------------------------------------------------------
+
+
+def test_crash_points_parse_their_spec() -> None:
+    assert CrashPoints("in_transaction:3").point == "in_transaction"
+    assert CrashPoints("before_write").active
+    assert not CrashPoints(None).active and CrashPoints("").point is None
+
+
+def test_the_process_exits_137_the_nth_time_a_point_is_reached() -> None:
+    code = (
+        "from connectors.core.faults import CrashPoints\n"
+        "c = CrashPoints.from_env()\n"
+        "c.reached('other'); c.reached('before_write'); print('first', flush=True)\n"
+        "c.reached('before_write'); print('never')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={ENV: "before_write:2", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == EXIT_CODE
+    assert done.stdout == "first\n" and "crashing at before_write:2" in done.stderr
+
+
+# --- backoff decision ------------------------------------------------------------------------
+
+
+def _count(metrics: SourceMetrics, name: str) -> float:
+    value = metrics.registry.get_sample_value(f"mailtap_{name}_total", dict(zip(
+        ("source", "account", "folder"), LABELS, strict=True
+    )))  # fmt: skip
+    return value or 0.0
+
+
+def _decide(exc: Exception, metrics: SourceMetrics, connecting: bool = False) -> float:
+    return backoff_delay(
+        exc,
+        backoff=Backoff(initial=1.0, cap=60.0),
+        metrics=metrics,
+        labels=LABELS,
+        connecting=connecting,
+        connection_lost=ConnectionLost,
+        logger=logging.getLogger("test.reconnect"),
+    )
+
+
+def test_a_bad_password_waits_the_cap_and_says_to_fix_the_configuration(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = SourceMetrics()
+    with caplog.at_level(logging.ERROR, "test.reconnect"):
+        delay = _decide(AuthenticationError("login refused"), metrics, connecting=True)
+    assert delay == 60.0
+    assert _count(metrics, "auth_failures") == 1 and _count(metrics, "connect_failures") == 1
+    assert "imap acct/INBOX: login refused; will retry in 60s (fix the config" in caplog.text
+
+
+def test_a_lost_connection_backs_off_quietly_and_an_unexpected_error_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = SourceMetrics()
+    with caplog.at_level(logging.WARNING, "test.reconnect"):
+        assert 0 <= _decide(ConnectionLost("reset"), metrics) <= 1.0
+        assert caplog.text == ""
+        assert 0 <= _decide(TransactionAborted("abort"), metrics) <= 2.0
+    assert "imap acct/INBOX: unexpected error" in caplog.text
+    assert _count(metrics, "transaction_aborts") == 1 and _count(metrics, "auth_failures") == 0
