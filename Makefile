@@ -12,14 +12,16 @@ PYTEST_FLAGS ?= -ra --durations=15
 venv:
 	./deploy/bootstrap.sh
 
-test: venv
+# The Apicurio registry (built with Maven, cached) lets the Confluent wire-format tests run
+# against a real registry, not only against confluent-kafka's mock.
+test: venv registry
 	$(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
 demo: venv
 	$(VENV)/bin/mailtap demo
 
-# Optional: a local Confluent-compatible schema registry (Apicurio, built with Maven into
-# .cache/registry); tests/integration/core/test_registry_real.py runs only once it is built.
+# A local Confluent-compatible schema registry (Apicurio, built with Maven into .cache/registry);
+# tests/integration/core/test_registry_real.py skips, saying so, where it is not built.
 registry: venv
 	$(PYTHON) -m mailtap.dev.registry build
 
