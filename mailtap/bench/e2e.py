@@ -16,7 +16,6 @@ import email
 import email.policy
 import statistics
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import click
 import yaml
+from aiosmtpd.controller import Controller
 from imapclient import IMAPClient
 
 from connectors.core.config import load_config
@@ -32,7 +32,7 @@ from mailtap.components import Pipeline
 from mailtap.demo import scenario
 from mailtap.dev import DevServices, status, up
 from mailtap.dev import down as dev_down
-from mailtap.dev.received import received_messages
+from mailtap.dev.process import free_port
 
 REPLY_TIMEOUT_S = 30.0
 
@@ -84,38 +84,38 @@ def raw_idle_latency(info: DevServices, username: str, password: str, samples: i
     return out
 
 
-class ReplyWatcher:
-    """Polls the SMTP server's folder; records when the reply to each Message-ID arrived."""
+class ReplyRecorder:
+    """An SMTP server of the benchmark's own: it stamps each reply as its DATA completes.
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
+    (Watching the shared dev SMTP folder instead would add the cost of listing a folder that
+    grows with every run to each sample.)
+    """
+
+    def __init__(self) -> None:
         self.arrived: dict[str, float] = {}
-        self._seen = {m.path.name for m in received_messages(folder)}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        handler = self
 
-    def start(self) -> ReplyWatcher:
-        self._thread.start()
+        class Handler:
+            async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+                now = time.perf_counter()
+                parsed = email.message_from_bytes(envelope.content, policy=email.policy.default)
+                handler.arrived.setdefault(str(parsed["In-Reply-To"] or "").strip("<>"), now)
+                return "250 OK"
+
+        self.port = free_port("127.0.0.1")
+        self.controller = Controller(Handler(), hostname="127.0.0.1", port=self.port)
+
+    def start(self) -> ReplyRecorder:
+        self.controller.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for path in sorted(self.folder.glob("*.json")):
-                if path.name in self._seen:
-                    continue
-                self._seen.add(path.name)
-                now = time.perf_counter()
-                raw = path.with_suffix(".eml").read_bytes()
-                parsed = email.message_from_bytes(raw, policy=email.policy.default)
-                self.arrived.setdefault(str(parsed["In-Reply-To"] or "").strip("<>"), now)
-            time.sleep(0.005)
+        self.controller.stop()
 
 
-def _config(info: DevServices, run: str, username: str, password: str, folder: Path) -> Path:
+def _config(
+    info: DevServices, run: str, username: str, password: str, folder: Path, smtp_port: int
+) -> Path:
     base: dict[str, Any] = yaml.safe_load(info.config_path.read_text())
     account = dict(base["imap"]["accounts"][0])
     account.update(name=f"bench-{run}", username=username, password=password, start="all")
@@ -144,6 +144,7 @@ def _config(info: DevServices, run: str, username: str, password: str, folder: P
         "streams": streams,
         "smtp": {
             **base["smtp"],
+            "port": smtp_port,
             "retry_tiers": ["5s"],
             "group_id": f"bench-sink-{run}",
             "state_topic": f"mailtap.sink.state.bench-{run}",
@@ -166,10 +167,11 @@ def bench_e2e(json_out: bool, mails: int = 200) -> dict[str, Any]:
         say(f"raw IDLE notification latency ({min(mails, 50)} samples)…")
         raw_user = info.add_user(f"bench-raw-{run}@example.com", "pw")
         raw = raw_idle_latency(info, raw_user.username, raw_user.password, min(mails, 50))
-        config = _config(info, run, user.username, user.password, folder)
+        recorder = ReplyRecorder().start()
+        config = _config(info, run, user.username, user.password, folder, recorder.port)
         cfg = load_config(config)
         ensure_topics(cfg.kafka, ["5s"])
-        watcher = ReplyWatcher(info.smtp.received_dir).start()
+        watcher = recorder
         latencies: list[float] = []
         lost = 0
         with (
@@ -184,6 +186,11 @@ def bench_e2e(json_out: bool, mails: int = 200) -> dict[str, Any]:
             while mid not in watcher.arrived and time.perf_counter() < deadline:
                 pipeline.check_alive()
                 time.sleep(0.1)
+            if mid not in watcher.arrived:
+                raise click.ClickException(
+                    f"the pipeline did not answer the warm-up mail within 120 s; "
+                    f"logs in {folder / 'logs'}"
+                )
             say(f"pipeline warm; measuring {mails} mails one at a time…")
             for n in range(mails):
                 mid, raw_mail = _request(run, n)
