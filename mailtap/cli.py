@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -77,10 +78,18 @@ def import_optional(module_name: str) -> Any:
         raise
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
 def main(verbose: int) -> None:
     """mailtap: mail as a reliable Kafka event interface."""
+    # SIGTERM ends a command like Ctrl-C does, through its `finally` blocks: the demo and the
+    # benchmarks then stop the components and services they started instead of orphaning them.
+    # Long-running components install their own handlers for a graceful stop.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     level = getattr(logging, os.environ.get("MAILTAP_LOG_LEVEL", ""), level)
     logging.basicConfig(
