@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,11 +116,11 @@ class Pipeline:
         self.stop()
 
 
-def wait_for(predicate: object, timeout: float, interval: float = 0.2) -> bool:
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.2) -> bool:
     """Poll ``predicate()`` until it is truthy or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return True
         time.sleep(interval)
-    return bool(predicate())  # type: ignore[operator]
+    return bool(predicate())

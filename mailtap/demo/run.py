@@ -27,9 +27,9 @@ from imapclient import IMAPClient
 
 from connectors.core.config import load_config
 from connectors.core.kafka import ensure_topics
-from mailtap.components import Pipeline
+from mailtap.components import Pipeline, wait_for
 from mailtap.demo import scenario
-from mailtap.demo.trace import RunTrace, Tracer, wait_until
+from mailtap.demo.trace import RunTrace, Tracer
 from mailtap.dev import services as dev
 
 #: How long the demo waits for each stage. Generous: the first run on a cold JVM and a fresh
@@ -133,16 +133,16 @@ def run_demo(state_dir: Path | None, follow: bool, timeout: float = STAGE_TIMEOU
             for mail in (ticket, expense, scenario.auto_reply(run, ticket)):
                 _append(client, mail)
                 mails.append(mail)
-            ok = wait_until(
+            wait_for(
                 lambda: (trace.command_ids and _count_replies(trace) >= 3) or not _alive(pipeline),
                 timeout,
             )
-            _check(pipeline)
+            pipeline.check_alive()
             followup = scenario.ticket_followup(run, ticket)
             _append(client, followup)
             mails.append(followup)
             forward = None
-            if wait_until(lambda: _forward_to_approver(trace) is not None, timeout):
+            if wait_for(lambda: _forward_to_approver(trace) is not None, timeout):
                 forward = _forward_to_approver(trace)
             if forward is None:
                 _say("demo", "the approval request was not forwarded to the approver in time")
@@ -151,8 +151,8 @@ def run_demo(state_dir: Path | None, follow: bool, timeout: float = STAGE_TIMEOU
                 _append(client, answer)
                 mails.append(answer)
         expected = sum(m.expected_replies for m in mails)
-        ok = wait_until(lambda: _count_replies(trace) >= expected or not _alive(pipeline), timeout)
-        _check(pipeline)
+        ok = wait_for(lambda: _count_replies(trace) >= expected or not _alive(pipeline), timeout)
+        pipeline.check_alive()
         time.sleep(1.0)  # let the last delivery events arrive for the summary
         ok = ok and _count_replies(trace) == expected and _skipped_auto_reply(trace)
         result = DemoResult(run, len(mails), expected, trace, ok, time.monotonic() - begin)
@@ -161,7 +161,7 @@ def run_demo(state_dir: Path | None, follow: bool, timeout: float = STAGE_TIMEOU
             _say("demo", "following (Ctrl-C stops everything the demo started)…")
             while True:
                 time.sleep(1)
-                _check(pipeline)
+                pipeline.check_alive()
         return result
     except KeyboardInterrupt:
         return DemoResult(run, len(mails), 0, trace, ok, time.monotonic() - begin)
@@ -175,10 +175,6 @@ def run_demo(state_dir: Path | None, follow: bool, timeout: float = STAGE_TIMEOU
 
 def _alive(pipeline: Pipeline) -> bool:
     return all(c.alive for c in pipeline.components.values())
-
-
-def _check(pipeline: Pipeline) -> None:
-    pipeline.check_alive()
 
 
 def _count_replies(trace: RunTrace) -> int:

@@ -151,12 +151,3 @@ class Tracer:
                 f"received for {', '.join(message.rcpt_tos)}: “{parsed['Subject']}”  "
                 f"In-Reply-To {parsed['In-Reply-To']}",
             )
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
