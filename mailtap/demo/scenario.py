@@ -156,6 +156,9 @@ def streams_section(run_scoped_app_id: str) -> dict[str, object]:
         "auth_policy": "authserv",
         "authserv_id": AUTHSERV_ID,
         "tick_interval_seconds": 1.0,
+        # Every demo run writes as the same customers on the same worker state: with the default
+        # (5 replies per sender and hour) the sixth run within an hour would be rate-limited.
+        "rate_limit": {"max_replies": 1000, "window_seconds": 3600},
         "rules": [
             {"name": "approvals", "match": {"recipient": APPROVALS}, "workflow": "approval"},
             {"name": "support", "match": {"recipient": SUPPORT}, "workflow": "ticket_intake"},
