@@ -7,15 +7,23 @@ index ``key -> {folder: uid}`` shared by its folder workers, rebuilt at start fr
 ``mail.events`` topic (the newest event per key says where the mail was last seen) and kept up to
 date as mails are published.
 
+The index is the one structure of the source that grows with the mailbox, so it lives in a
+private temporary SQLite database (on disk, deleted when closed) behind a small page cache: the
+connector's memory stays flat however large the mailbox is (issue #3). It is a cache of the
+events topic, so nothing about it needs to be durable.
+
 Thread-safe: the folder workers of an account run on their own threads.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -30,19 +38,69 @@ log = logging.getLogger(__name__)
 #: zombie's transaction is aborted by the broker within the transaction timeout (60 s).
 LOAD_TIMEOUT_S = 120.0
 
+#: SQLite page cache per database, in KiB (negative ``cache_size``): the bound on the memory the
+#: index uses. 2 MiB holds the upper B-tree levels of a few hundred thousand keys, so a lookup
+#: reads at most a leaf page from the OS page cache.
+CACHE_KIB = 2048
+
+#: Rows looked up per query in ``register_many``: well below SQLite's bound-parameter limit
+#: (32,766 since 3.32, 999 before), large enough that one query serves a whole worker batch.
+CHUNK = 500
+
+#: Keys handed to ``register_many`` at a time while rebuilding from the events topic.
+LOAD_BATCH = 1000
+
+# A temporary cache, rebuilt from Kafka at start: no durability (synchronous=OFF). The rollback
+# journal stays in memory so a failed batch still rolls back whole.
+_PRAGMAS = (
+    f"PRAGMA cache_size=-{CACHE_KIB}",
+    "PRAGMA journal_mode=MEMORY",
+    "PRAGMA synchronous=OFF",
+    "PRAGMA temp_store=FILE",
+)
+
+# ``keys``: one row per known key (published and not tombstoned) with its number of locations;
+# ``locations``: ``(folder, uid) -> key`` under the UIDVALIDITY it was seen with. A forgotten key
+# may keep rows in ``locations`` (as the worker's expunge handling expects): removing one then
+# returns the key with no location left.
+_SCHEMA = (
+    "CREATE TABLE keys (key TEXT PRIMARY KEY, places INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE locations (folder INTEGER NOT NULL, uid INTEGER NOT NULL,"
+    " key TEXT NOT NULL, uidvalidity INTEGER, PRIMARY KEY (folder, uid)) WITHOUT ROWID",
+)
+
+Location = tuple[str, str, int | None, int | None]
+"""``(key, folder, uidvalidity, uid)`` as given to `AccountIndex.register_many`."""
+
+
+def _open_temporary_db() -> sqlite3.Connection:
+    # "" is SQLite's private temporary on-disk database, deleted when the connection closes.
+    # Autocommit mode (isolation_level=None): transactions are explicit, see `_transaction`.
+    db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
+    for pragma in _PRAGMAS:
+        db.execute(pragma)
+    return db
+
 
 class AccountIndex:
     """Where the published keys of one account are: ``(folder, uid) -> key`` plus a count of
-    locations per key. Kept compact (about 0.4 KB per mail): it is the one structure of the
-    source that grows with the mailbox."""
+    locations per key, in a temporary SQLite database (a few MB of memory at most).
+
+    Call `close` when done; it deletes the database.
+    """
 
     def __init__(self, account: str) -> None:
         self.account = account
-        self._by_uid: dict[tuple[str, int], tuple[str, int | None]] = {}
-        self._places: dict[str, int] = {}
-        #: Keys published and not tombstoned: seeing one again (in any folder) is an UPDATE.
-        self._known: set[str] = set()
+        self._db = _open_temporary_db()
+        for statement in _SCHEMA:
+            self._db.execute(statement)
+        #: Folder names as small integers: a few per account, stored once per location row.
+        self._folders: dict[str, int] = {}
+        #: Number of rows in ``keys``, kept here because ``count(*)`` scans the table.
+        self._known = 0
         self._lock = threading.Lock()
+
+    # --- publishing ------------------------------------------------------------------------------
 
     def register(self, key: str, folder: str, uidvalidity: int | None, uid: int | None) -> bool:
         """Record that ``key`` is in ``folder``; returns True when the account knew the key before
@@ -50,58 +108,147 @@ class AccountIndex:
 
         ``uid=None`` records a location we cannot address by UID (a mail we moved ourselves).
         """
+        return self.register_many([(key, folder, uidvalidity, uid)])[0]
+
+    def register_many(self, items: Sequence[Location]) -> list[bool]:
+        """`register` each ``(key, folder, uidvalidity, uid)`` in order, in one transaction;
+        returns what each `register` call would have returned."""
+        known: list[bool] = []
         with self._lock:
-            known = key in self._known
-            self._known.add(key)
-            if uid is None:
-                self._places[key] = self._places.get(key, 0) + 1
-                return known
-            old = self._by_uid.get((folder, uid))
-            if old is not None and old[0] == key:
-                self._by_uid[(folder, uid)] = (key, uidvalidity)
-                return known
-            if old is not None:
-                self._drop_place(old[0])
-            self._by_uid[(folder, uid)] = (key, uidvalidity)
-            self._places[key] = self._places.get(key, 0) + 1
+            with self._transaction():
+                for start in range(0, len(items), CHUNK):
+                    known.extend(self._register_chunk(items[start : start + CHUNK]))
+            self._known += known.count(False)
             return known
 
-    def _drop_place(self, key: str) -> int:
-        left = self._places.get(key, 0) - 1
-        if left > 0:
-            self._places[key] = left
-        else:
-            self._places.pop(key, None)
-        return max(left, 0)
+    def _register_chunk(self, items: Sequence[Location]) -> list[bool]:
+        # Read the rows the chunk touches, apply the chunk to them in memory with the rules of
+        # one `register` call, write back what changed: a few statements per chunk, not per mail.
+        wanted: dict[int, list[int]] = {}
+        for _, folder, _, uid in items:
+            if uid is not None:
+                wanted.setdefault(self._folder_id(folder), []).append(uid)
+        located = self._locations(wanted)
+        places = self._places({key for key, *_ in items} | {key for key, _ in located.values()})
+        changed_places: set[str] = set()
+        changed_locations: set[tuple[int, int]] = set()
+        known: list[bool] = []
+        for key, folder, uidvalidity, uid in items:
+            known.append(key in places)
+            count = places.setdefault(key, 0)
+            changed_places.add(key)
+            if uid is None:
+                places[key] = count + 1
+                continue
+            where = (self._folders[folder], uid)
+            old = located.get(where)
+            located[where] = (key, uidvalidity)
+            changed_locations.add(where)
+            if old is not None and old[0] == key:
+                continue  # seen again where it was: only the UIDVALIDITY may be new
+            if old is not None and old[0] in places:  # a forgotten key has no places to drop
+                places[old[0]] = max(places[old[0]] - 1, 0)
+                changed_places.add(old[0])
+            places[key] += 1
+        self._db.executemany(
+            "INSERT OR REPLACE INTO keys (key, places) VALUES (?, ?)",
+            [(key, places[key]) for key in changed_places],
+        )
+        self._db.executemany(
+            "INSERT OR REPLACE INTO locations (folder, uid, key, uidvalidity) VALUES (?, ?, ?, ?)",
+            [(f, uid, *located[(f, uid)]) for f, uid in changed_locations],
+        )
+        return known
+
+    def _locations(
+        self, wanted: dict[int, list[int]]
+    ) -> dict[tuple[int, int], tuple[str, int | None]]:
+        found: dict[tuple[int, int], tuple[str, int | None]] = {}
+        for folder, uids in wanted.items():
+            rows = self._db.execute(
+                "SELECT uid, key, uidvalidity FROM locations"
+                f" WHERE folder = ? AND uid IN ({_marks(len(uids))})",
+                (folder, *uids),
+            )
+            for uid, key, uidvalidity in rows:
+                found[(folder, uid)] = (key, uidvalidity)
+        return found
+
+    def _places(self, keys: set[str]) -> dict[str, int]:
+        rows = self._db.execute(
+            f"SELECT key, places FROM keys WHERE key IN ({_marks(len(keys))})", tuple(keys)
+        )
+        return dict(rows)
+
+    # --- reconciling expunges --------------------------------------------------------------------
+
+    def uids(self, folder: str, uidvalidity: int) -> array[int]:
+        """The UIDs known in ``folder`` under this UIDVALIDITY, ascending (8 bytes each)."""
+        found: array[int] = array("Q")
+        with self._lock:
+            folder_id = self._folders.get(folder)
+            if folder_id is None:
+                return found
+            rows = self._db.execute(
+                "SELECT uid FROM locations WHERE folder = ? AND uidvalidity = ? ORDER BY uid",
+                (folder_id, uidvalidity),
+            )
+            found.extend(uid for (uid,) in rows)
+        return found
 
     def uids_in(self, folder: str, uidvalidity: int) -> dict[int, str]:
         """``{uid: key}`` known in ``folder`` under this UIDVALIDITY."""
         with self._lock:
-            return {
-                uid: key
-                for (f, uid), (key, validity) in self._by_uid.items()
-                if f == folder and validity == uidvalidity
-            }
+            folder_id = self._folders.get(folder)
+            if folder_id is None:
+                return {}
+            rows = self._db.execute(
+                "SELECT uid, key FROM locations WHERE folder = ? AND uidvalidity = ?",
+                (folder_id, uidvalidity),
+            )
+            return dict(rows)
 
     def remove(self, folder: str, uid: int) -> tuple[str, bool] | None:
         """Forget ``(folder, uid)``; returns ``(key, still_elsewhere)`` or None if unknown."""
         with self._lock:
-            found = self._by_uid.pop((folder, uid), None)
-            if found is None:
+            folder_id = self._folders.get(folder)
+            if folder_id is None:
                 return None
-            return found[0], self._drop_place(found[0]) > 0
+            with self._transaction():
+                row = self._db.execute(
+                    "SELECT key FROM locations WHERE folder = ? AND uid = ?", (folder_id, uid)
+                ).fetchone()
+                if row is None:
+                    return None
+                key: str = row[0]
+                self._db.execute(
+                    "DELETE FROM locations WHERE folder = ? AND uid = ?", (folder_id, uid)
+                )
+                self._db.execute(
+                    "UPDATE keys SET places = max(places - 1, 0) WHERE key = ?", (key,)
+                )
+                left = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
+            return key, left is not None and left[0] > 0
 
     def forget(self, key: str) -> None:
         """The key was tombstoned (it has no location left)."""
         with self._lock:
-            self._known.discard(key)
-            self._places.pop(key, None)
+            self._known -= self._db.execute("DELETE FROM keys WHERE key = ?", (key,)).rowcount
 
     def forget_folder(self, folder: str) -> None:
         """UIDVALIDITY changed: every UID we knew for ``folder`` is meaningless now."""
         with self._lock:
-            for where in [w for w in self._by_uid if w[0] == folder]:
-                self._drop_place(self._by_uid.pop(where)[0])
+            folder_id = self._folders.get(folder)
+            if folder_id is None:
+                return
+            with self._transaction():
+                self._db.execute(
+                    "UPDATE keys SET places = max(places - (SELECT count(*) FROM locations"
+                    " WHERE folder = ?1 AND locations.key = keys.key), 0)"
+                    " WHERE key IN (SELECT key FROM locations WHERE folder = ?1)",
+                    (folder_id,),
+                )
+                self._db.execute("DELETE FROM locations WHERE folder = ?", (folder_id,))
 
     @staticmethod
     def message_id(key: str) -> str | None:
@@ -111,7 +258,31 @@ class AccountIndex:
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._known)
+            return self._known
+
+    def close(self) -> None:
+        """Delete the database; the index is unusable afterwards. Idempotent."""
+        with self._lock:
+            self._db.close()
+
+    # --- internals -------------------------------------------------------------------------------
+
+    def _folder_id(self, folder: str) -> int:
+        return self._folders.setdefault(folder, len(self._folders))
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        self._db.execute("BEGIN")
+        try:
+            yield
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+
+def _marks(count: int) -> str:
+    return ",".join("?" * count)
 
 
 def load_indexes(
@@ -125,7 +296,7 @@ def load_indexes(
     )
     started = time.monotonic()
     records = 0
-    latest: dict[str, tuple[str, str, int | None, int | None] | None] = {}
+    latest = _LatestLocations()
     try:
         metadata = consumer.list_topics(topic, timeout=10)
         partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
@@ -136,6 +307,7 @@ def load_indexes(
         while pending:
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
+            seen: list[tuple[str, str, str | None, int | None, int | None]] = []
             for msg in consumer.consume(1000, 0.5):
                 err = msg.error()
                 if err is not None:
@@ -144,13 +316,15 @@ def load_indexes(
                         continue
                     raise RuntimeError(f"reading {topic}: {err}")
                 records += 1
-                _collect(latest, indexes, msg.key(), msg.value(), serde)
+                where = _location_of(msg.key(), msg.value(), indexes, serde)
+                if where is not None:
+                    seen.append(where)
+            latest.record(seen)
+        for account, batch in latest.batches(LOAD_BATCH):
+            indexes[account].register_many(batch)
     finally:
         consumer.close()
-    for key, where in latest.items():
-        if where is not None:
-            account, folder, uidvalidity, uid = where
-            indexes[account].register(key, folder, uidvalidity, uid)
+        latest.close()
     log.info(
         "imap index: %d events read from %s in %.1fs (%s)",
         records,
@@ -161,28 +335,74 @@ def load_indexes(
     return indexes
 
 
-def _collect(
-    latest: dict[str, tuple[str, str, int | None, int | None] | None],
-    indexes: dict[str, AccountIndex],
+class _LatestLocations:
+    """The newest location per key while the events topic is read (the compacted topic's
+    meaning), staged in a temporary database like the index itself: a restart over a large
+    mailbox must not hold every key in memory either."""
+
+    def __init__(self) -> None:
+        self._db = _open_temporary_db()
+        # The rowid keeps the order in which keys were first seen; a NULL folder is a tombstone.
+        self._db.execute(
+            "CREATE TABLE latest (key TEXT NOT NULL UNIQUE, account TEXT NOT NULL,"
+            " folder TEXT, uidvalidity INTEGER, uid INTEGER)"
+        )
+
+    def record(self, seen: Sequence[tuple[str, str, str | None, int | None, int | None]]) -> None:
+        """Upsert ``(key, account, folder, uidvalidity, uid)`` rows in topic order."""
+        if not seen:
+            return
+        self._db.execute("BEGIN")
+        self._db.executemany(
+            "INSERT INTO latest (key, account, folder, uidvalidity, uid) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (key) DO UPDATE SET folder = excluded.folder,"
+            " uidvalidity = excluded.uidvalidity, uid = excluded.uid",
+            seen,
+        )
+        self._db.execute("COMMIT")
+
+    def batches(self, size: int) -> Iterator[tuple[str, list[Location]]]:
+        """The live (not tombstoned) locations, per account, ``size`` at a time."""
+        pending: dict[str, list[Location]] = {}
+        rows = self._db.execute(
+            "SELECT key, account, folder, uidvalidity, uid FROM latest"
+            " WHERE folder IS NOT NULL ORDER BY rowid"
+        )
+        for key, account, folder, uidvalidity, uid in rows:
+            batch = pending.setdefault(account, [])
+            batch.append((key, folder, uidvalidity, uid))
+            if len(batch) >= size:
+                yield account, batch
+                pending[account] = []
+        for account, batch in pending.items():
+            if batch:
+                yield account, batch
+
+    def close(self) -> None:
+        self._db.close()
+
+
+def _location_of(
     key: bytes | None,
     value: bytes | None,
+    indexes: dict[str, AccountIndex],
     serde: AvroSerde,
-) -> None:
-    """Keep the newest location per key (the compacted topic's meaning); None = tombstone."""
+) -> tuple[str, str, str | None, int | None, int | None] | None:
+    """``(key, account, folder, uidvalidity, uid)`` of one event of a watched account (folder None
+    for a tombstone), or None when the record says nothing about where an IMAP mail is."""
     if key is None:
-        return
+        return None
     text = key.decode("utf-8", "replace")
     account = text.split("/", 1)[0]
     if account not in indexes:
-        return
+        return None
     if value is None:
-        latest[text] = None
-        return
+        return text, account, None, None, None
     try:
         event = serde.decode(value)
     except DataError:
-        return
+        return None
     source = event.get("source") or {}
     if source.get("kind") != "IMAP":
-        return
-    latest[text] = (account, source["folder"], source.get("uidvalidity"), source.get("uid"))
+        return None
+    return text, account, source["folder"], source.get("uidvalidity"), source.get("uid")
