@@ -13,6 +13,16 @@ A source writes the blobs of one Kafka transaction through a :class:`ClaimCheckB
 once, before the transaction that references it commits. On the local store that turns two
 serial fsyncs per blob (~2.6 ms each on this disk) into parallel ones that overlap the parsing.
 
+With ``pack_max_blob`` set (the sources' default, ``claim_check.pack_max_blob_bytes``), a batch
+appends its small blobs to one *pack* file instead, written and fsynced once at ``commit``: a
+file per 5 KB raw mail cost ~180 µs of CPU on tmpfs and ~500 µs on this disk, more than parsing
+the mail. A packed blob's URI names its byte range and digest, and ``get`` checks both::
+
+    file:///var/lib/mailtap/blobs/pack/2026-11-29/3f2a...c1.pack#offset=5120&size=4735&sha256=9b1e...
+
+Packs are not content-addressed (a batch retried after a crash writes a new pack; the old one
+is referenced by nothing that committed). Larger blobs keep a content-addressed file each.
+
 >>> import tempfile
 >>> store = LocalClaimCheckStore(Path(tempfile.mkdtemp()))
 >>> ref = store.put(b"hello", kind="raw")
@@ -24,16 +34,18 @@ b'hello'
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import os
 import re
 import stat
 import threading
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 from urllib.request import pathname2url
 
 from connectors.core.errors import ConfigError, MailtapError
@@ -52,6 +64,10 @@ __all__ = [
 #: fsyncs in flight at once. fsync releases the GIL and ext4 folds concurrent fsyncs into one
 #: journal commit: 200 blobs took 35-65 ms with 8-16 threads here, 530 ms one after another.
 DEFAULT_FSYNC_THREADS = 8
+
+#: Where pack files go under the store root (``pack/<UTC date>/<id>.pack``).
+PACK_DIR = "pack"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 # A kind becomes a directory (or an object-key prefix), so it must be a plain name.
 _KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -136,9 +152,13 @@ class LocalClaimCheckStore:
     :meth:`batch` keeps that order for many blobs at once.
     """
 
-    def __init__(self, root: Path, fsync_threads: int = DEFAULT_FSYNC_THREADS) -> None:
+    def __init__(
+        self, root: Path, fsync_threads: int = DEFAULT_FSYNC_THREADS, pack_max_blob: int = 0
+    ) -> None:
         self.root = Path(root).resolve()
         self._fsync_threads = fsync_threads
+        #: Blobs up to this size go to the batch's pack file (0: never).
+        self.pack_max_blob = pack_max_blob
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         #: Directories made already, so a write skips mkdir (two syscalls); shared by the
@@ -188,7 +208,7 @@ class LocalClaimCheckStore:
         if _is_stored(path, len(data)):
             return
         if path.parent not in self._known_dirs:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(path.parent)
             self._known_dirs.add(path.parent)
         # Unique among live writers (pid, thread); a dead process's leftover is overwritten.
         tmp = path.with_name(f".{path.name[:16]}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -212,6 +232,9 @@ class LocalClaimCheckStore:
 
     def get(self, uri: str) -> bytes:
         path = self._path_of(uri)
+        fragment = urlsplit(uri).fragment
+        if fragment:
+            return _read_packed(uri, path, fragment)
         try:
             data = path.read_bytes()
         except OSError as exc:
@@ -220,6 +243,10 @@ class LocalClaimCheckStore:
         if hashlib.sha256(data).hexdigest() != path.name:
             raise ClaimCheckError(f"blob {uri} does not match its sha256 (corrupted store?)")
         return data
+
+    def new_pack_path(self) -> Path:
+        day = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+        return self.root / PACK_DIR / day / f"{uuid.uuid4().hex}.pack"
 
     def _path_of(self, uri: str) -> Path:
         parts = urlsplit(uri)
@@ -245,11 +272,31 @@ class LocalClaimCheckBatch:
     def __init__(self, store: LocalClaimCheckStore) -> None:
         self._store = store
         self._pending: dict[Path, Future[None]] = {}
+        self._pack = bytearray()
+        self._pack_path: Path | None = None
+        self._packed: dict[str, BlobRef] = {}
 
     def put(self, data: bytes, *, kind: str) -> BlobRef:
+        if len(data) <= self._store.pack_max_blob:
+            return self._put_packed(data, kind)
         path, ref = self._store.locate(data, kind)
         if path not in self._pending:
             self._pending[path] = self._store.fsync_pool().submit(self._store.write, path, data)
+        return ref
+
+    def _put_packed(self, data: bytes, kind: str) -> BlobRef:
+        if not _KIND_RE.match(kind):
+            raise ValueError(f"claim-check kind must match {_KIND_RE.pattern}, got {kind!r}")
+        digest = hashlib.sha256(data).hexdigest()
+        ref = self._packed.get(digest)
+        if ref is None:
+            if self._pack_path is None:
+                self._pack_path = self._store.new_pack_path()
+            offset = len(self._pack)
+            self._pack += data
+            uri = "file://" + pathname2url(str(self._pack_path))
+            uri += f"#offset={offset}&size={len(data)}&sha256={digest}"
+            ref = self._packed[digest] = BlobRef(uri=uri, sha256=digest, size=len(data))
         return ref
 
     def get(self, uri: str) -> bytes:
@@ -259,7 +306,11 @@ class LocalClaimCheckBatch:
     def commit(self) -> None:
         """Make every blob of the batch durable under its name; raises ClaimCheckError."""
         pending, self._pending = self._pending, {}
+        pack, path = self._take_pack()
         try:
+            if path is not None:
+                # The pack is one more file of the batch, written like the others.
+                pending[path] = self._store.fsync_pool().submit(self._store.write, path, pack)
             for written in pending.values():
                 written.result()
             # Also the directories of blobs found in place: their entries may come from a
@@ -277,8 +328,33 @@ class LocalClaimCheckBatch:
         """Wait for the writes in flight (so none outlives the batch) and forget them. What
         was written stays: content-addressed blobs nobody references are harmless."""
         pending, self._pending = self._pending, {}
+        self._take_pack()
         for written in pending.values():
             written.exception()
+
+    def _take_pack(self) -> tuple[bytes, Path | None]:
+        pack, path = bytes(self._pack), self._pack_path
+        self._pack, self._pack_path, self._packed = bytearray(), None, {}
+        return pack, path
+
+
+def _read_packed(uri: str, path: Path, fragment: str) -> bytes:
+    """A blob inside a pack: ``#offset=..&size=..&sha256=..``, checked against its digest."""
+    fields = {name: values[-1] for name, values in parse_qs(fragment).items()}
+    try:
+        offset, size, digest = int(fields["offset"]), int(fields["size"]), fields["sha256"]
+    except (KeyError, ValueError):
+        raise ClaimCheckError(f"not a claim-check pack reference: {uri!r}") from None
+    if offset < 0 or size < 0 or not _HEX64.match(digest):
+        raise ClaimCheckError(f"not a claim-check pack reference: {uri!r}")
+    try:
+        with path.open("rb") as pack:
+            data = os.pread(pack.fileno(), size, offset)
+    except OSError as exc:
+        raise ClaimCheckError(f"cannot read blob {uri}: {exc}") from exc
+    if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+        raise ClaimCheckError(f"blob {uri} does not match its sha256 (corrupted store?)")
+    return data
 
 
 def _is_stored(path: Path, size: int) -> bool:
@@ -288,6 +364,19 @@ def _is_stored(path: Path, size: int) -> bool:
     except (FileNotFoundError, NotADirectoryError):
         return False
     return stat.S_ISREG(found.st_mode) and found.st_size == size
+
+
+def _make_dirs(directory: Path) -> None:
+    """``mkdir -p`` that makes each new entry durable (its parent fsynced), so a blob's path
+    survives a crash as well as its content."""
+    missing = []
+    for level in [directory, *directory.parents]:
+        if level.is_dir():
+            break
+        missing.append(level)
+    for level in reversed(missing):
+        level.mkdir(exist_ok=True)
+        _fsync_dir(level.parent)
 
 
 def _fsync_dir(directory: Path, strict: bool = False) -> None:
@@ -308,7 +397,9 @@ def _fsync_dir(directory: Path, strict: bool = False) -> None:
         os.close(fd)
 
 
-def open_claim_check(url: str, fsync_threads: int = DEFAULT_FSYNC_THREADS) -> ClaimCheckStore:
+def open_claim_check(
+    url: str, fsync_threads: int = DEFAULT_FSYNC_THREADS, pack_max_blob: int = 0
+) -> ClaimCheckStore:
     """Build a store from a configured URL.
 
     ``file:///var/lib/mailtap/blobs`` -> :class:`LocalClaimCheckStore`. ``s3://bucket/prefix``
@@ -321,7 +412,7 @@ def open_claim_check(url: str, fsync_threads: int = DEFAULT_FSYNC_THREADS) -> Cl
             raise ConfigError(
                 f"claim-check URL {url!r}: use an absolute local path like file:///var/lib/mailtap/blobs"
             )
-        return LocalClaimCheckStore(Path(unquote(parts.path)), fsync_threads)
+        return LocalClaimCheckStore(Path(unquote(parts.path)), fsync_threads, pack_max_blob)
     if parts.scheme == "s3":
         try:
             import boto3  # noqa: F401

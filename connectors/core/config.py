@@ -106,6 +106,13 @@ class ClaimCheckSettings(StrictModel):
     url: str = Field(
         default="file://./.state/claims", description="file:///path or s3://bucket/prefix"
     )
+    #: A source's batch appends blobs up to this size to one pack file (one fsync per batch,
+    #: instead of a file and an fsync per blob, which cost more than parsing the mail).
+    pack_max_blob_bytes: int = Field(
+        default=256 * 1024,
+        ge=0,
+        description="blobs up to this size share one pack file per batch; 0: a file per blob",
+    )
 
 
 class HealthSettings(StrictModel):

@@ -191,3 +191,79 @@ def test_begin_batch_on_another_store_puts_at_once(tmp_path: Path) -> None:
     batch.commit()
     batch.discard()
     assert batch.get(ref.uri) == b"durable now"
+
+
+# --- packs: a batch's small blobs in one file ----------------------------------------------
+
+
+def _packs(root: Path) -> list[Path]:
+    return sorted(root.glob("pack/*/*.pack"))
+
+
+def test_a_batch_packs_small_blobs_into_one_file_readable_by_their_uris(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path, fsync_threads=2, pack_max_blob=64)
+    batch = store.batch()
+    small = [batch.put(b"mail %d" % i, kind="raw") for i in range(20)]
+    again = batch.put(b"mail 3", kind="raw")
+    large = batch.put(b"L" * 65, kind="attachment")  # over the limit: a file of its own
+    assert again == small[3]
+    assert _packs(tmp_path) == []  # nothing is written before commit
+    batch.commit()
+    (pack,) = _packs(tmp_path)
+    assert pack.read_bytes() == b"".join(b"mail %d" % i for i in range(20))
+    for i, ref in enumerate(small):
+        assert ref.sha256 == hashlib.sha256(b"mail %d" % i).hexdigest()
+        assert ref.size == len(b"mail %d" % i)
+        assert ref.uri.startswith(pack.as_uri() + "#offset=")
+        assert store.get(ref.uri) == b"mail %d" % i
+    assert store.get(large.uri) == b"L" * 65 and "#" not in large.uri
+    assert open_claim_check(tmp_path.as_uri()).get(small[5].uri) == b"mail 5"
+    store.close()
+
+
+def test_every_batch_writes_its_own_pack_and_a_discarded_one_writes_none(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path, pack_max_blob=1024)
+    dropped = store.batch()
+    dropped.put(b"never committed", kind="raw")
+    dropped.discard()
+    assert _packs(tmp_path) == []
+    first, second = store.batch(), store.batch()
+    one, two = first.put(b"same", kind="raw"), second.put(b"same", kind="raw")
+    first.commit()
+    second.commit()
+    assert one.sha256 == two.sha256 and one.uri != two.uri and len(_packs(tmp_path)) == 2
+    store.close()
+
+
+def test_a_damaged_pack_or_reference_is_a_claim_check_error(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path, pack_max_blob=1024)
+    batch = store.batch()
+    ref = batch.put(b"payload one", kind="raw")
+    batch.put(b"payload two", kind="raw")
+    batch.commit()
+    (pack,) = _packs(tmp_path)
+    base = ref.uri.partition("#")[0]
+    for bad in (
+        f"{base}#offset=0&size=11",  # no digest
+        f"{base}#offset=x&size=11&sha256={ref.sha256}",
+        f"{base}#offset=-1&size=11&sha256={ref.sha256}",
+        f"{base}#offset=1&size=11&sha256={ref.sha256}",  # wrong range
+        f"{base}#offset=0&size=11&sha256={'0' * 64}",
+    ):
+        with pytest.raises(ClaimCheckError):
+            store.get(bad)
+    pack.write_bytes(b"PAYLOAD ONE" + pack.read_bytes()[11:])
+    with pytest.raises(ClaimCheckError, match="does not match its sha256"):
+        store.get(ref.uri)
+    pack.unlink()
+    with pytest.raises(ClaimCheckError, match="cannot read"):
+        store.get(ref.uri)
+
+
+def test_a_pack_write_failure_is_a_retriable_error_at_commit(tmp_path: Path) -> None:
+    (tmp_path / "pack").write_bytes(b"not a directory")
+    batch = LocalClaimCheckStore(tmp_path, pack_max_blob=1024).batch()
+    batch.put(b"x", kind="raw")
+    with pytest.raises(ClaimCheckError) as caught:
+        batch.commit()
+    assert classify(caught.value) is Disposition.RETRY
