@@ -16,6 +16,7 @@ Display names are RFC 2047-decoded after parsing (decoding first could inject se
 from __future__ import annotations
 
 import inspect
+import re
 from email.utils import getaddresses
 
 from connectors.core.mail.charsets import clean_text
@@ -25,11 +26,27 @@ __all__ = ["parse_addresses"]
 
 _HAS_STRICT = "strict" in inspect.signature(getaddresses).parameters
 
+# The common shapes, ``Ann Lee <ann.lee@example.com>`` and ``ann@example.com``, read without
+# the stdlib's character-by-character parser (a third of the parse time of a plain mail). Only
+# plain words in the name and dot-atoms in the address: anything else takes the strict parser,
+# and a property test holds both paths to the same answer.
+_WORDS = r"[A-Za-z0-9_+-]+(?: [A-Za-z0-9_+-]+)*"
+_DOT_ATOM = r"[A-Za-z0-9_+-]+(?:\.[A-Za-z0-9_+-]+)*"
+_ADDR_SPEC = rf"{_DOT_ATOM}@{_DOT_ATOM}"
+_SIMPLE = re.compile(rf" *(?:({_WORDS}) *<({_ADDR_SPEC})>|({_ADDR_SPEC})) *")
+
 
 def parse_addresses(values: list[str]) -> list[dict[str, str | None]]:
     """Avro ``Address`` dicts for the given (unfolded, decoded-to-text) field values."""
     if not values:
         return []
+    simple = [_SIMPLE.fullmatch(value) for value in values]
+    if all(simple):
+        return [
+            {"name": m[1], "address": m[2]} if m[2] else {"name": None, "address": m[3]}
+            for m in simple
+            if m is not None
+        ]
     pairs = (
         getaddresses(values, strict=True)  # type: ignore[call-arg,unused-ignore]
         if _HAS_STRICT

@@ -86,6 +86,8 @@ _UNUSABLE_CHARS = re.compile(r"[\x00-\x20\x7f<>]")
 def _strip_comments(value: str) -> str | None:
     """Remove RFC 5322 comments (nested, with quoted-pairs) outside angle brackets and
     quoted strings. None when parentheses do not balance."""
+    if "(" not in value:
+        return value  # nothing opens a comment: every character is kept
     out: list[str] = []
     depth = 0
     in_angle = in_quotes = escaped = False
