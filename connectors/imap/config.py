@@ -176,6 +176,11 @@ class ImapSourceSettings(_Strict):
     claim_check_threads: int = Field(
         default=8, ge=1, le=64, description="threads writing claim-check blobs ahead of parsing"
     )
+    #: A backfill (more new mails than one batch) is parsed in this many processes while the
+    #: mailbox thread fetches and the previous batch commits; 0 parses in the mailbox thread.
+    parse_workers: int = Field(
+        default=2, ge=0, le=64, description="processes parsing mails during a backfill (0: none)"
+    )
     #: Mails fetched per round trip are also capped by size, so memory stays flat with big mails.
     max_batch_bytes: int = Field(
         default=32 * 1024 * 1024, gt=0, description="bytes of mail per FETCH round trip"

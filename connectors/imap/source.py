@@ -21,15 +21,15 @@ from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
 from connectors.core.faults import CrashingWriter, CrashPoints
 from connectors.core.kafka import ensure_topics
-from connectors.core.mail import ParseLimits, parse_mail
+from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import source_partition
-from connectors.imap.index import load_indexes
-from connectors.imap.records import RecordBuilder
+from connectors.imap.index import AccountIndex, load_indexes
+from connectors.imap.parsepool import BuilderSpec, MailboxParsing, ParsePool, make_builder
 from connectors.imap.worker import MailboxWorker, Writer
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ class ImapSource:
         self._health: HealthServer | None = None
         self._crash = CrashPoints.from_env()
         self._claim_check: ClaimCheckStore | None = None
+        self._pool: ParsePool | None = None
+        self._indexes: list[AccountIndex] = []
 
     @classmethod
     def from_config(cls, config: MailtapConfig) -> ImapSource:
@@ -80,26 +82,32 @@ class ImapSource:
         ensure_topics(self.kafka)
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
         store = open_claim_check(
-            self.config.claim_check.url, fsync_threads=self.settings.claim_check_threads
+            self.config.claim_check.url,
+            fsync_threads=self.settings.claim_check_threads,
+            pack_max_blob=self.config.claim_check.pack_max_blob_bytes,
         )
         self._claim_check = store
         limits = ParseLimits(**self.settings.limits.overrides())
-        parser = functools.partial(parse_mail, limits=limits, claim_check=store)
         indexes = load_indexes(self.kafka, serde, [a.name for a in self.settings.accounts])
+        self._indexes = list(indexes.values())
         dlq_topic = self.settings.dlq_topic or self.kafka.topics.dlq
+        if self.settings.parse_workers > 0:
+            self._pool = ParsePool(self.settings.parse_workers)
         workers = []
         for account in self.settings.accounts:
             for folder in account.folders:
-                builder = RecordBuilder(
+                spec = BuilderSpec(
                     account=account.name,
                     folder=folder,
-                    parser=parser,
-                    serde=serde,
-                    events_topic=self.kafka.topics.events,
+                    kafka=self.kafka,
                     dlq_topic=dlq_topic,
                     max_record_bytes=self.settings.max_record_bytes,
-                    claim_check=store,
+                    limits=limits,
+                    claim_check_url=self.config.claim_check.url,
+                    claim_check_threads=self.settings.claim_check_threads,
+                    pack_max_blob=self.config.claim_check.pack_max_blob_bytes,
                 )
+                builder = make_builder(spec, store)
                 workers.append(
                     MailboxWorker(
                         account=account,
@@ -117,6 +125,7 @@ class ImapSource:
                         ),
                         watched_folders=account.folders,
                         crash=self._crash,
+                        parsing=MailboxParsing(self._pool, spec) if self._pool else None,
                     )
                 )
         return workers
@@ -158,6 +167,12 @@ class ImapSource:
         if self._health is not None:
             self._health.stop()
             self._health = None
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self.wait(0):
+            for index in self._indexes:
+                index.close()  # its temporary database; only once no worker can use it
         if isinstance(self._claim_check, LocalClaimCheckStore):
             self._claim_check.close()
 

@@ -28,8 +28,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from connectors.core.backoff import Backoff
@@ -78,6 +80,27 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
+class BatchParsing(Protocol):
+    """Builds a batch of this mailbox elsewhere (:class:`connectors.imap.parsepool.MailboxParsing`):
+    default change kinds only, blobs durable when the future is done."""
+
+    @property
+    def workers(self) -> int: ...
+
+    def submit(
+        self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
+    ) -> Future[list[BuiltMail]]: ...
+
+
+@dataclass
+class _InFlight:
+    """A fetched batch on its way: parsing in the pool, then committing."""
+
+    fetched: list[FetchedMail]
+    built: Future[list[BuiltMail]]
+    cursor: Cursor
+
+
 class UidValidityChanged(ConnectionLost):
     """UIDVALIDITY changed under a selected folder: reconnect, the SELECT starts a new epoch."""
 
@@ -101,6 +124,7 @@ class MailboxWorker:
         transactional_id: str,
         watched_folders: Sequence[str],
         crash: CrashPoints | None = None,
+        parsing: BatchParsing | None = None,
     ) -> None:
         self.account = account
         self.folder = folder
@@ -117,6 +141,9 @@ class MailboxWorker:
         if account.move_target:
             self._other_folders.append(account.move_target)
         self._crash = crash or CrashPoints(None)
+        self._parsing = parsing
+        #: Commits a backfill's transactions while the next batches are fetched and parsed.
+        self._committer: ThreadPoolExecutor | None = None
         self.partition = source_partition(account.name, folder)
         self._partition_key = canonical_json(self.partition)
         self.machine = StateMachine(account.name, folder)
@@ -188,6 +215,9 @@ class MailboxWorker:
         if self._conn is not None:
             self._conn.logout()
             self._conn = None
+        if self._committer is not None:
+            self._committer.shutdown(wait=True)
+            self._committer = None
         if self._writer is not None and not self.fenced:
             try:
                 self._writer.close()
@@ -367,24 +397,101 @@ class MailboxWorker:
                 uids[0],
                 uids[-1],
             )
-        done = 0
-        next_progress = PROGRESS_EVERY
+        if (
+            self._parsing is not None
+            and self.account.after_commit == "none"
+            and total > self.settings.batch_size
+        ):
+            self._backfill(conn, uids, hms)
+            return total
+        progress = _Progress(self.account.name, self.folder, total)
+        for group in self._groups(conn, uids):
+            fetched = conn.fetch(group)
+            self._publish_new(conn, group, fetched, hms)
+            progress.add(len(group))
+        return total
+
+    def _groups(self, conn: ImapConnection, uids: list[int]) -> Iterator[list[int]]:
+        """UIDs in FETCH round trips: ``batch_size`` mails, at most ``max_batch_bytes``."""
         for chunk in chunks(uids, self.settings.batch_size):
             sizes = conn.sizes(chunk)
-            for group in split_by_bytes(chunk, sizes, self.settings.max_batch_bytes):
+            yield from split_by_bytes(chunk, sizes, self.settings.max_batch_bytes)
+
+    def _backfill(self, conn: ImapConnection, uids: list[int], hms: int | None) -> None:
+        """New mails in a pipeline: batch N commits (committer thread) while N+1.. parse (the
+        pool) and N+k is fetched (this thread). Each batch is still one transaction with its
+        cursor, committed in UID order; when anything fails, the batches behind it are dropped
+        and the session retries from the committed cursor (what is on its way is never
+        committed: the committer runs one batch at a time, in order, and stops at an error).
+
+        Memory: at most ``parse_workers + 1`` batches in flight, each under ``max_batch_bytes``.
+        """
+        assert self.cursor is not None and self._parsing is not None
+        if self._committer is None:
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"commit-{self.folder}")
+        depth = self._parsing.workers + 1
+        planned = self.cursor
+        inflight: deque[_InFlight] = deque()
+        committing: Future[None] | None = None
+        progress = _Progress(self.account.name, self.folder, len(uids))
+        try:
+            for group in self._groups(conn, uids):
                 fetched = conn.fetch(group)
-                self._publish_new(conn, group, fetched, hms)
-                done += len(group)
-            if done >= next_progress:
-                next_progress += PROGRESS_EVERY
-                log.info(
-                    "imap %s/%s: %d/%d mails published",
-                    self.account.name,
-                    self.folder,
-                    done,
-                    total,
-                )
-        return total
+                job = self._parsing.submit(fetched, planned.uidvalidity, planned.rescan_until)
+                planned = _advanced(planned, group, fetched, hms)
+                inflight.append(_InFlight(fetched, job, planned))
+                while len(inflight) > depth or (inflight and inflight[0].built.done()):
+                    committing = self._commit_in_background(inflight.popleft(), committing)
+                progress.add(len(group))
+                if self.stop.is_set():
+                    break
+            while inflight:
+                committing = self._commit_in_background(inflight.popleft(), committing)
+            if committing is not None:
+                committing.result()
+        finally:
+            for rest in inflight:
+                rest.built.cancel()
+            if committing is not None and not committing.done():
+                committing.exception()  # wait: the writer is this thread's again after
+
+    def _commit_in_background(
+        self, batch: _InFlight, previous: Future[None] | None
+    ) -> Future[None]:
+        """Hand ``batch`` to the committer once the previous batch committed."""
+        assert self._committer is not None
+        built = self._known_elsewhere(batch.fetched, batch.built.result())
+        if previous is not None:
+            previous.result()  # its error (abort, fenced) ends the backfill here
+        records = [r for b in built for r in b.records]
+        self._crash.reached("before_write")
+
+        def commit() -> None:
+            self._commit(records, batch.cursor)
+            self._count(built)
+
+        return self._committer.submit(commit)
+
+    def _known_elsewhere(
+        self, fetched: list[FetchedMail], built: list[BuiltMail]
+    ) -> list[BuiltMail]:
+        """Register a pool-built batch in the account index; a key the account published
+        before (in another folder: a move or a copy) is rebuilt here as UPDATED."""
+        assert self.cursor is not None
+        uidvalidity, rescan_until = self.cursor.uidvalidity, self.cursor.rescan_until
+        placed = [(m.uid, b.key) for m, b in zip(fetched, built, strict=True) if b.key is not None]
+        known = self.index.register_many([(k, self.folder, uidvalidity, u) for u, k in placed])
+        # Below the rescan mark the pool said RESCANNED, which stays; an ADDED key the account
+        # published before is a move or a copy.
+        rebuild = {
+            uid
+            for (uid, _k), seen in zip(placed, known, strict=True)
+            if seen and uid >= rescan_until
+        }
+        return [
+            self.builder.build(m, uidvalidity, lambda _key: "UPDATED") if m.uid in rebuild else b
+            for m, b in zip(fetched, built, strict=True)
+        ]
 
     def _publish_new(
         self,
@@ -414,14 +521,7 @@ class MailboxWorker:
         built = self._build_all(
             fetched, lambda m: "RESCANNED" if m.uid < cursor.rescan_until else "ADDED", blobs
         )
-        fresh = tuple(
-            (m.uid, m.modseq)
-            for m in fetched
-            if hms is not None and m.modseq is not None and m.modseq > hms
-        )
-        progress = cursor.advanced(max(group), fresh)
-        if hms is not None:
-            progress = replace(progress, highestmodseq=max(cursor.highestmodseq, hms))
+        progress = _advanced(cursor, group, fetched, hms)
         pending = None
         action = self.account.after_commit
         if action != "none" and fetched:
@@ -461,6 +561,9 @@ class MailboxWorker:
         self._crash.reached("before_write")
         # The batch's blobs become durable while its records go out, before the commit.
         self._commit(records, cursor, before_commit=blobs.commit if blobs is not None else None)
+        self._count(built)
+
+    def _count(self, built: list[BuiltMail]) -> None:
         events = sum(1 for b in built if b.key is not None)
         dlq = sum(1 for b in built if b.dlq or b.key is None)
         if events:
@@ -540,11 +643,12 @@ class MailboxWorker:
     def _reconcile(self, conn: ImapConnection) -> None:
         """Tombstone mails that left this folder and are in no other watched folder."""
         assert self.cursor is not None
-        known = self.index.uids_in(self.folder, self.cursor.uidvalidity)
+        known = self.index.uids(self.folder, self.cursor.uidvalidity)
         if not known:
             return
         present = set(conn.all_uids())
-        gone = sorted(u for u in known if u not in present and u <= self.cursor.last_uid)
+        gone = [u for u in known if u not in present and u <= self.cursor.last_uid]
+        del known, present
         if not gone:
             return
         tombstones = []
@@ -576,3 +680,36 @@ class MailboxWorker:
                 len(tombstones),
             )
             self._commit(tombstones, self.cursor)
+
+
+def _advanced(
+    cursor: Cursor, group: list[int], fetched: list[FetchedMail], hms: int | None
+) -> Cursor:
+    """The cursor once ``group`` is published: past its last UID, with the mails whose MODSEQ
+    is above the folder's HIGHESTMODSEQ at sync time remembered (they must not count as a
+    change on the next CONDSTORE pass)."""
+    fresh = tuple(
+        (m.uid, m.modseq)
+        for m in fetched
+        if hms is not None and m.modseq is not None and m.modseq > hms
+    )
+    progress = cursor.advanced(max(group), fresh)
+    if hms is not None:
+        progress = replace(progress, highestmodseq=max(cursor.highestmodseq, hms))
+    return progress
+
+
+class _Progress:
+    """The console of a long first start: a line every PROGRESS_EVERY mails."""
+
+    def __init__(self, account: str, folder: str, total: int) -> None:
+        self.label = f"imap {account}/{folder}"
+        self.total = total
+        self.done = 0
+        self._next = PROGRESS_EVERY
+
+    def add(self, count: int) -> None:
+        self.done += count
+        if self.done >= self._next and self.total > PROGRESS_EVERY:
+            self._next += PROGRESS_EVERY
+            log.info("%s: %d/%d mails published", self.label, self.done, self.total)

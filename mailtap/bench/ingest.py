@@ -51,6 +51,8 @@ log = logging.getLogger(__name__)
 BATCH = 200
 BODY_BYTES = 4_500  # with headers ~5 KB per mail, as in PITFALLS.md's FETCH figures
 IDLE_SAMPLES = 40
+#: The source made no progress for this long: report it instead of waiting forever.
+STALL_S = 120.0
 ACCOUNT = "bench"
 
 
@@ -63,6 +65,9 @@ ENV_STATE_DIR = "MAILTAP_BENCH_STATE_DIR"
 #: Where the claim-check blobs go (default: a temporary folder on disk). Pointing it at tmpfs
 #: (/dev/shm) shows what the per-blob fsync costs.
 ENV_CLAIMS_DIR = "MAILTAP_BENCH_CLAIMS_DIR"
+#: A command the source runs under, for profiling, e.g.
+#: ``py-spy record --subprocesses -f raw -o /tmp/source.prof --``.
+ENV_WRAP_SOURCE = "MAILTAP_BENCH_WRAP_SOURCE"
 
 
 def _services() -> DevServices:
@@ -270,8 +275,10 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
     _say("mailtap: exactly-once ingest (mailtap run imap-source) ...")
     log_file = open(work / "source.log", "wb")  # noqa: SIM115 - closed below
     spawned = time.monotonic()
+    command = [sys.executable, "-m", "mailtap.cli", "run", "imap-source", "-c", str(config_path)]
+    wrapper = os.environ.get(ENV_WRAP_SOURCE)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mailtap.cli", "run", "imap-source", "-c", str(config_path)],
+        [*wrapper.split(), *command] if wrapper else command,
         stdout=log_file,
         stderr=subprocess.STDOUT,
         cwd=REPO_ROOT,
@@ -279,11 +286,19 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
     )
     rss_samples: list[tuple[int, int]] = []
     next_sample = 0
+    progressed, last_done = time.monotonic(), -1
     try:
         while arrivals.count() < mails:
             if proc.poll() is not None:
                 raise RuntimeError(f"the source exited early; see {work / 'source.log'}")
             done = arrivals.count()
+            if done != last_done:
+                progressed, last_done = time.monotonic(), done
+            elif time.monotonic() - progressed > STALL_S:
+                raise RuntimeError(
+                    f"no event committed for {STALL_S:.0f}s at {done}/{mails}; "
+                    f"see {work / 'source.log'}"
+                )
             if done >= next_sample:
                 rss_samples.append((done, _rss_kb(proc.pid, "VmRSS")))
                 next_sample += max(mails // 10, 1)

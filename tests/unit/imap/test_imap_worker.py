@@ -6,7 +6,8 @@ import functools
 import hashlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ from connectors.core.errors import AuthenticationError
 from connectors.core.metrics import SourceMetrics
 from connectors.core.offsets import canonical_json
 from connectors.imap.config import ImapSourceSettings
+from connectors.imap.connection import FetchedMail
 from connectors.imap.cursor import Cursor, PendingSideEffect, source_partition
 from connectors.imap.errors import ConnectionLost
 from connectors.imap.index import AccountIndex
-from connectors.imap.records import RecordBuilder
+from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
 from connectors.imap.state import WorkerState
 from connectors.imap.worker import MailboxWorker
 from tests.unit.imap.fake_imap import (
@@ -58,6 +60,8 @@ def make_worker(
     stop: CountingStop | None = None,
     idle_rounds: int = 1,
     metrics: SourceMetrics | None = None,
+    pipelined: bool = False,
+    index: AccountIndex | None = None,
     **account: Any,
 ) -> tuple[MailboxWorker, RecordingWriter, CountingStop]:
     stop = stop or CountingStop()
@@ -81,29 +85,59 @@ def make_worker(
     )
     partition = source_partition("a", "INBOX")
     offsets = {canonical_json(partition): stored.to_json()} if stored else {}
+    parsing = ThreadedParsing(fake_builder()) if pipelined else None
     worker = MailboxWorker(
         account=settings.accounts[0],
         folder="INBOX",
         settings=settings,
-        builder=RecordBuilder(
-            account="a",
-            folder="INBOX",
-            parser=fake_parse,
-            serde=JsonSerde(),  # type: ignore[arg-type]
-            events_topic="ev",
-            dlq_topic="dlq",
-            max_record_bytes=1_000_000,
-        ),
-        index=AccountIndex("a"),
+        builder=fake_builder(),
+        index=index or AccountIndex("a"),
         metrics=metrics or SourceMetrics(),
         stop=stop,
         writer_factory=lambda _txn: writer,
-        read_offsets=lambda: offsets,
+        # What the writer committed last, as the offsets topic would say.
+        read_offsets=lambda: (
+            {canonical_json(partition): writer.last_offset} if writer.transactions else offsets
+        ),
         connection_factory=lambda: FakeConnection(server, stop, idle_rounds),  # type: ignore[arg-type,return-value]
         transactional_id="t",
         watched_folders=["INBOX"],
+        parsing=parsing,
     )
     return worker, writer, stop
+
+
+def fake_builder() -> RecordBuilder:
+    return RecordBuilder(
+        account="a",
+        folder="INBOX",
+        parser=fake_parse,
+        serde=JsonSerde(),  # type: ignore[arg-type]
+        events_topic="ev",
+        dlq_topic="dlq",
+        max_record_bytes=1_000_000,
+    )
+
+
+class ThreadedParsing:
+    """The parse pool's contract on two threads: default change kinds, a future per batch."""
+
+    workers = 2
+
+    def __init__(self, builder: RecordBuilder) -> None:
+        self.builder = builder
+        self.executor = ThreadPoolExecutor(2)
+        self.batches: list[list[int]] = []
+
+    def submit(
+        self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
+    ) -> Future[list[BuiltMail]]:
+        self.batches.append([m.uid for m in mails])
+
+        def kind(mail: FetchedMail, _key: str) -> ChangeKind:
+            return "RESCANNED" if mail.uid < rescan_until else "ADDED"
+
+        return self.executor.submit(self.builder.build_all, list(mails), uidvalidity, kind)
 
 
 def events(writer: RecordingWriter) -> list[dict[str, Any]]:
@@ -389,3 +423,76 @@ def test_a_failed_transaction_leaves_complete_blobs_only(tmp_path: Path) -> None
     stored = sorted(p.name for p in tmp_path.rglob("*") if p.is_file())
     assert stored == sorted(hashlib.sha256(b"m%d\r\n\r\nbody" % i).hexdigest() for i in range(2))
     store.close()
+
+
+# --- the pipelined backfill (more new mails than one batch, a parse pool) --------------------
+
+
+def test_a_pipelined_backfill_commits_the_same_batches_in_uid_order() -> None:
+    serial, _, _ = make_worker(filled(10))
+    serial.run()
+    worker, writer, _ = make_worker(filled(10), pipelined=True)
+    worker.run()
+    assert worker._parsing is not None and worker._parsing.batches == [  # type: ignore[attr-defined]
+        [1, 2, 3], [4, 5, 6], [7, 8, 9], [10],
+    ]  # fmt: skip
+    assert [len(records) for records, _ in writer.transactions] == [0, 3, 3, 3, 1]
+    assert [o[0]["last_uid"] for _, o in writer.transactions] == [0, 3, 6, 9, 10]
+    assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 11))
+    assert [e["change"] for e in events(writer)] == ["ADDED"] * 10
+    assert writer.last_offset == serial._writer.last_offset  # type: ignore[union-attr]
+
+
+def test_a_failed_commit_drops_the_batches_behind_it_and_the_retry_publishes_each_mail_once() -> (
+    None
+):
+    server = filled(10)
+    writer = RecordingWriter()
+    original = writer.write
+    calls = {"n": 0}
+
+    def flaky(records: Any, offsets: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the second batch of the backfill
+            raise TransactionAborted("broker hiccup")
+        original(records, offsets)
+
+    writer.write = flaky  # type: ignore[method-assign]
+    worker, _, stop = make_worker(server, writer=writer, pipelined=True)
+    worker.run()
+    assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 11))
+    assert len(stop.delays) == 1 and writer.last_offset["last_uid"] == 10
+
+
+def test_a_pipelined_mail_the_account_published_in_another_folder_is_updated() -> None:
+    index = AccountIndex("a")
+    index.register("a/mid:m4", "Archive", 7, 1)
+    worker, writer, _ = make_worker(filled(6), pipelined=True, index=index)
+    worker.run()
+    changes = {e["source"]["uid"]: e["change"] for e in events(writer)}
+    assert changes == {1: "ADDED", 2: "ADDED", 3: "ADDED", 4: "ADDED", 5: "UPDATED", 6: "ADDED"}
+    assert index.uids("INBOX", 100).tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_pipelined_rescan_after_a_uidvalidity_change_is_rescanned() -> None:
+    worker, writer, _ = make_worker(filled(7), stored=Cursor(99, 4, 5, epoch=3), pipelined=True)
+    worker.run()
+    assert [e["change"] for e in events(writer)] == ["RESCANNED"] * 7
+
+
+def test_a_pipelined_backfill_fenced_midway_stops_for_good() -> None:
+    writer = RecordingWriter()
+    original = writer.write
+    calls = {"n": 0}
+
+    def fenced_later(records: Any, offsets: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise FencedError("another instance")
+        original(records, offsets)
+
+    writer.write = fenced_later  # type: ignore[method-assign]
+    worker, _, stop = make_worker(filled(10), writer=writer, pipelined=True)
+    worker.run()
+    assert worker.fenced and stop.delays == []
+    assert [e["source"]["uid"] for e in events(writer)] == [1, 2, 3]
