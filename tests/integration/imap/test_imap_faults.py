@@ -29,6 +29,19 @@ from tests.integration.imap.imap_harness import (
 from tests.support.tcp_proxy import TcpProxy
 
 
+def _children(parent: int) -> list[int]:
+    """Processes whose parent is ``parent`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
+
+
 def assert_once_each(imap: ImapHarness, ids: list[str]) -> None:
     events = imap.events()
     added = Counter(r.key for r in events if r.value is not None and r.value["change"] == "ADDED")
@@ -80,8 +93,12 @@ def test_sigkill_during_a_large_backfill(imap: ImapHarness) -> None:
     config = imap.write_config(batch_size=20)
     first = imap.spawn(config, log_name="first")
     wait_for(lambda: imap.cursor_at(100), "the backfill under way")
+    pool = _children(first.pid)
+    assert pool, "a backfill parses in a process pool"
     first.send_signal(signal.SIGKILL)
     first.wait(30)
+    # PR_SET_PDEATHSIG (and EOF on their pipes): nothing of the killed source lives on.
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pool), "no orphans")
     imap.spawn(config, log_name="second")
     wait_for(lambda: imap.cursor_at(600), "the backfill to finish after the restart")
     assert len(imap.events()) == 600
