@@ -43,6 +43,8 @@ from imapclient import IMAPClient
 from connectors.core.config import KafkaSettings, TopicNames
 from connectors.core.kafka import consumer_config, ensure_topics
 from connectors.core.mail import parse_mail
+from connectors.imap.config import ImapAccountSettings
+from connectors.imap.connection import ImapConnection
 from mailtap.dev import DevServices, status, up
 from mailtap.dev.layout import DEFAULT_STATE_DIR, REPO_ROOT
 
@@ -141,6 +143,64 @@ def _raw_fetch_rate(
     return fetched / elapsed, fetched
 
 
+def _connection_fetch_rate(info: DevServices, username: str, password: str) -> float:
+    """Mails/s of the source's own FETCH (strict fast parse of imaplib's data, imaplib's
+    debug formatting off): what the ingest pipeline pays for fetching."""
+    account = ImapAccountSettings.model_validate(
+        {
+            "name": ACCOUNT,
+            "host": info.imap.host,
+            "port": info.imap.port,
+            "security": "plain",
+            "username": username,
+            "password": password,
+        }
+    )
+    conn = ImapConnection(account, connect_timeout=10, read_timeout=60)
+    conn.connect()
+    conn.login()
+    conn.enable_condstore()
+    conn.select("INBOX", readonly=True)
+    uids = conn.uids_from(1)
+    started = time.monotonic()
+    fetched = sum(len(conn.fetch(uids[i : i + BATCH])) for i in range(0, len(uids), BATCH))
+    elapsed = time.monotonic() - started
+    conn.logout()
+    return fetched / elapsed
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_groups(source_pid: int) -> dict[str, float]:
+    """CPU seconds so far of the source, its parse processes, Dovecot and the Kafka broker."""
+    groups = dict.fromkeys(("source", "parse_processes", "dovecot", "kafka"), 0.0)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        pid = int(stat.parent.name)
+        try:
+            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if pid == source_pid:
+            group = "source"
+        elif ppid == source_pid:
+            group = "parse_processes"
+        elif b"dovecot" in cmdline or cmdline.startswith(b"dovecot/"):
+            group = "dovecot"
+        elif b"kafka.Kafka" in cmdline:
+            group = "kafka"
+        else:
+            continue
+        groups[group] += _cpu_seconds(pid)
+    return groups
+
+
 @dataclass
 class Arrivals:
     """Committed records on the events topic, as a read_committed consumer sees them."""
@@ -176,6 +236,17 @@ class Arrivals:
     def count(self) -> int:
         with self.lock:
             return len(self.times)
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
 
 
 def _rss_kb(pid: int, field_name: str) -> int:
@@ -243,6 +314,10 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
     _say("second baseline: raw FETCH + the shared parser (no Kafka, no claim-check) ...")
     parse_rate, _ = _raw_fetch_rate(info, username, password, parse=True)
     figures["raw_fetch_and_parse_mails_per_s"] = round(parse_rate, 1)
+    _say("third figure: mailtap's own FETCH path (ImapConnection.fetch), nothing else ...")
+    figures["mailtap_fetch_mails_per_s"] = round(
+        _connection_fetch_rate(info, username, password), 1
+    )
 
     claims = Path(tempfile.mkdtemp(prefix="claims-", dir=os.environ.get(ENV_CLAIMS_DIR) or work))
     figures["claims_dir"] = str(claims.parent)
@@ -287,8 +362,11 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
     rss_samples: list[tuple[int, int]] = []
     next_sample = 0
     progressed, last_done = time.monotonic(), -1
+    cpu_start: tuple[float, dict[str, float]] | None = None
     try:
         while arrivals.count() < mails:
+            if cpu_start is None and arrivals.count() > 0:
+                cpu_start = (time.monotonic(), _cpu_groups(proc.pid))
             if proc.poll() is not None:
                 raise RuntimeError(f"the source exited early; see {work / 'source.log'}")
             done = arrivals.count()
@@ -304,6 +382,16 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
                 next_sample += max(mails // 10, 1)
             time.sleep(0.05)
         finished = time.monotonic()
+        if cpu_start is not None:
+            # Cores each part kept busy while events arrived (2 cores in all here).
+            used = _cpu_groups(proc.pid)
+            span = max(finished - cpu_start[0], 1e-6)
+            figures["ingest_cores_used"] = {
+                name: round((used[name] - cpu_start[1][name]) / span, 2) for name in used
+            }
+            figures["parse_processes_rss_mb"] = round(
+                sum(_rss_kb(pid, "VmRSS") for pid in _children(proc.pid)) / 1024, 1
+            )
         rss_samples.append((mails, _rss_kb(proc.pid, "VmRSS")))
         peak_backfill = _rss_kb(proc.pid, "VmHWM")
         assert arrivals.first is not None and arrivals.last is not None
