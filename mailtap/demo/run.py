@@ -156,6 +156,8 @@ def run_demo(state_dir: Path | None, follow: bool, timeout: float = STAGE_TIMEOU
         time.sleep(1.0)  # let the last delivery events arrive for the summary
         ok = ok and _count_replies(trace) == expected and _skipped_auto_reply(trace)
         result = DemoResult(run, len(mails), expected, trace, ok, time.monotonic() - begin)
+        if not follow:
+            tracer.stop()  # the summary is the last word
         _summary(result)
         if follow:
             _say("demo", "following (Ctrl-C stops everything the demo started)…")
@@ -194,7 +196,20 @@ def _summary(result: DemoResult) -> None:
     tr = result.trace
     with tr.lock:
         sent = sum(1 for d in tr.delivery if d["status"] == "SENT")
-        skipped = [w for w in tr.workflow if w["status"] in ("SKIPPED", "UNROUTED")]
+        answered = {c.get("event_key") for c in tr.commands}
+        # A mail read twice (the streams worker is at-least-once) is skipped the second time by
+        # the dedupe guard: that is not a mail left unanswered.
+        redelivered = [
+            w
+            for w in tr.workflow
+            if w["status"] == "SKIPPED" and w["attributes"].get("guard") == "dedupe"
+        ]
+        skipped_by_key: dict[str, Any] = {}
+        for w in tr.workflow:
+            if w["status"] in ("SKIPPED", "UNROUTED") and w["event_key"] not in answered:
+                if w not in redelivered or w["event_key"] not in skipped_by_key:
+                    skipped_by_key[w["event_key"]] = w
+        skipped = list(skipped_by_key.values())
         rows = {
             "mails appended to the mailbox": result.appended,
             "MailEvents on Kafka": len({e["key"] for e in tr.events}),
@@ -202,6 +217,7 @@ def _summary(result: DemoResult) -> None:
             "reply commands": len(tr.command_ids),
             "SENT delivery events": sent,
             "replies received by the SMTP server": f"{len(tr.received)} (expected {result.expected_replies})",
+            "redeliveries stopped by dedupe": len(redelivered),
             "mails not answered, with reason": len(skipped),
         }
     click.echo("")

@@ -16,7 +16,10 @@ from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
 from connectors.core.kafka import consumer_config
 from connectors.core.serde import AnyAvroDecoder
-from mailtap.dev.received import ReceivedMessage, received_messages
+from mailtap.dev.received import ReceivedMessage, received_messages, received_names
+
+#: How often the tracer looks for new mail in the SMTP server's folder.
+SMTP_CHECK_S = 0.25
 
 
 @dataclass
@@ -63,7 +66,7 @@ class Tracer:
         self._decoder = AnyAvroDecoder(kafka.schema_registry_url)
 
     def start(self) -> Tracer:
-        self._seen_files = {m.path.name for m in received_messages(self.received_dir)}
+        self._seen_files = received_names(self.received_dir)
         self._thread.start()
         return self
 
@@ -84,13 +87,16 @@ class Tracer:
                 for p in meta.partitions if meta else {}:
                     wanted.append(TopicPartition(topic, p, self.since_ms))
             consumer.assign(self._start_offsets(consumer, wanted))
+            smtp_due = 0.0
             while not self._stop.is_set():
-                msg = consumer.poll(0.1)
-                if msg is not None and msg.error() is None:
+                for msg in consumer.consume(500, 0.1):
                     name, value = msg.topic(), msg.value()
-                    if name is not None and value is not None:
+                    if msg.error() is None and name is not None and value is not None:
                         self._record(name, value)
-                self._check_smtp()
+                if time.monotonic() >= smtp_due:
+                    # Listing a folder of many thousand messages takes a while: not every loop.
+                    smtp_due = time.monotonic() + SMTP_CHECK_S
+                    self._check_smtp()
         finally:
             consumer.close()
 
@@ -136,9 +142,7 @@ class Tracer:
                 self.emit("delivery", f"{value['status']:<8} {value.get('recipient')} {code}")
 
     def _check_smtp(self) -> None:
-        for message in received_messages(self.received_dir):
-            if message.path.name in self._seen_files:
-                continue
+        for message in received_messages(self.received_dir, skip=self._seen_files):
             self._seen_files.add(message.path.name)
             parsed = message.message
             threading_ids = f"{parsed['In-Reply-To'] or ''} {parsed['References'] or ''}"

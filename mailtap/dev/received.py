@@ -15,6 +15,7 @@ import email.policy
 import json
 import os
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.message import EmailMessage
@@ -54,14 +55,25 @@ def store(folder: Path, sequence: int, mail_from: str, rcpt_tos: list[str], raw:
     return eml
 
 
-def received_messages(folder: Path) -> list[ReceivedMessage]:
-    """Every complete message in ``folder``, oldest first."""
+def received_names(folder: Path) -> set[str]:
+    """The ``.eml`` names of the complete messages in ``folder``, without reading them."""
+    if not folder.exists():
+        return set()
+    with os.scandir(folder) as entries:
+        return {e.name[:-5] + ".eml" for e in entries if e.name.endswith(".json")}
+
+
+def received_messages(folder: Path, skip: Container[str] = frozenset()) -> list[ReceivedMessage]:
+    """Every complete message in ``folder`` whose ``.eml`` name is not in ``skip``, oldest
+    first. A folder used for long holds many thousands: pass what you have read already."""
     if not folder.exists():
         return []
     messages = []
-    for sidecar in sorted(folder.glob("*.json")):
-        envelope = json.loads(sidecar.read_text())
-        eml = sidecar.with_suffix(".eml")
+    for name in sorted(received_names(folder)):
+        if name in skip:
+            continue
+        eml = folder / name
+        envelope = json.loads(eml.with_suffix(".json").read_text())
         messages.append(
             ReceivedMessage(
                 path=eml,
