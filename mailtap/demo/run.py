@@ -206,9 +206,10 @@ def _summary(result: DemoResult) -> None:
         ]
         skipped_by_key: dict[str, Any] = {}
         for w in tr.workflow:
-            if w["status"] in ("SKIPPED", "UNROUTED") and w["event_key"] not in answered:
-                if w not in redelivered or w["event_key"] not in skipped_by_key:
-                    skipped_by_key[w["event_key"]] = w
+            key = w["event_key"]
+            unanswered = w["status"] in ("SKIPPED", "UNROUTED") and key not in answered
+            if unanswered and (w not in redelivered or key not in skipped_by_key):
+                skipped_by_key[key] = w
         skipped = list(skipped_by_key.values())
         rows = {
             "mails appended to the mailbox": result.appended,
