@@ -121,6 +121,8 @@ def prescan(raw: bytes, limits: ParseLimits) -> Prescan:
     result = _prescan(raw, limits)
     if result.skip_mime:
         return result
+    if (len(raw) + 1) * (result.max_depth + 1) <= limits.max_parse_work:
+        return result  # no need to count lines: there are at most len(raw) + 1
     lines = raw.count(b"\n") + 1
     if lines * (result.max_depth + 1) <= limits.max_parse_work:
         return result

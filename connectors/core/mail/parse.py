@@ -34,7 +34,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 
@@ -62,6 +62,7 @@ ChangeKind = Literal["ADDED", "UPDATED", "RESCANNED"]
 
 _SOURCE_OPTIONAL = ("uidvalidity", "uid", "modseq", "item_id", "change_key")
 _ANGLE_ID = re.compile(rb"<([^<>]*)>")
+_BARE_CR = re.compile(rb"\r(?!\n)")
 _MAX_PARSE_ERROR = 1_000
 
 
@@ -143,7 +144,7 @@ def _without_bare_cr(raw: bytes) -> bytes:
     """The stdlib parser ends lines at a bare CR too; the pre-scan and our header parser only
     at LF. When bare CRs occur, the copy that is parsed gets LF line ends throughout, so that
     all three see the same lines (the raw MIME, its fingerprint and raw_ref are untouched)."""
-    if raw.count(b"\r") == raw.count(b"\r\n"):
+    if _BARE_CR.search(raw) is None:  # one regex pass: two bytes.count() cost 3x more
         return raw
     return raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
@@ -289,11 +290,55 @@ def _message_ids(value: bytes | None) -> list[str]:
     return ids
 
 
+#: The RFC 5322 section 3.3 form nearly every mailer writes, ``Sun, 29 Nov 2026 12:00:00
+#: +0000``: read by one regex instead of the stdlib's token juggling. Four-digit years from
+#: 1000 only (the stdlib maps years below 100 into 1969-2068); anything else takes the stdlib.
+_RFC5322_DATE = re.compile(
+    r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun), ([0-9]{1,2}) "
+    r"(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) ([1-9][0-9]{3}) "
+    r"([0-9]{2}):([0-9]{2}):([0-9]{2}) ([+-])([0-9]{2})([0-9]{2})"
+)
+_MONTHS = {
+    name: number
+    for number, name in enumerate(
+        ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+    )
+}
+
+
+def _rfc5322_date(value: str) -> datetime | None:
+    """``parsedate_to_datetime(value)`` for the common form; None when not that form (or
+    not a valid moment: the stdlib then decides)."""
+    match = _RFC5322_DATE.fullmatch(value)
+    if match is None:
+        return None
+    day, month, year, hour, minute, second, sign, tz_hours, tz_minutes = match.groups()
+    offset = int(tz_hours) * 3600 + int(tz_minutes) * 60
+    try:
+        if sign == "-":
+            if not offset:  # "-0000": UTC, source zone unknown; the stdlib returns it naive
+                return datetime(
+                    int(year), _MONTHS[month], int(day), int(hour), int(minute), int(second)
+                )
+            offset = -offset
+        return datetime(
+            int(year),
+            _MONTHS[month],
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+            tzinfo=timezone(timedelta(seconds=offset)),
+        )
+    except (ValueError, OverflowError):
+        return None
+
+
 def _date(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        parsed = parsedate_to_datetime(value)
+        parsed = _rfc5322_date(value) or parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed

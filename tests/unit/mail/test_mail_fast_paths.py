@@ -1,0 +1,117 @@
+"""The parser's shortcuts for common input give exactly what the general code gives.
+
+Each shortcut is compared with the code it bypasses (kept as the reference) on generated
+input around its edges: dates in and near the RFC 5322 form, line ends with and without
+bare CRs.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from connectors.core.mail import parse
+
+pytestmark = pytest.mark.unit
+
+
+def _stdlib_date(value: str) -> datetime | None:
+    try:
+        return parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
+_days = st.sampled_from(["Mon", "Tue", "Sun", "mon", "Xyz"])
+_months = st.sampled_from(["Jan", "Feb", "Nov", "Dec", "nov", "Foo"])
+_digits = st.text("0123456789", min_size=1, max_size=5)
+
+
+def _number(low: int, high: int, width: int) -> st.SearchStrategy[str]:
+    """Mostly well-formed numbers around the valid range, sometimes any digit string."""
+    return st.one_of(st.integers(low, high).map(lambda n: f"{n:0{width}d}"), _digits)
+
+
+_date_parts = st.tuples(
+    _days,
+    _number(0, 32, 1),
+    _months,
+    _number(990, 10000, 4),
+    _number(0, 25, 2),
+    _number(0, 61, 2),
+    _number(0, 61, 2),
+    st.sampled_from("+-"),
+    _number(0, 2500, 4),
+)
+
+
+def _render(parts: tuple[str, ...]) -> str:
+    day, dd, month, year, hh, mm, ss, sign, zone = parts
+    return f"{day}, {dd} {month} {year} {hh}:{mm}:{ss} {sign}{zone}"
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_date_parts)
+def test_rfc5322_date_shortcut_matches_the_stdlib(parts: tuple[str, ...]) -> None:
+    value = _render(parts)
+    fast = parse._rfc5322_date(value)
+    if fast is not None:
+        reference = _stdlib_date(value)
+        assert reference is not None
+        assert (fast, fast.tzinfo, fast.utcoffset()) == (
+            reference,
+            reference.tzinfo,
+            reference.utcoffset(),
+        )
+    assert repr(parse._date(value)) == repr(_reference_date(value))
+
+
+def _reference_date(value: str) -> datetime | None:
+    """parse._date as it was before the shortcut."""
+    parsed = _stdlib_date(value)
+    if parsed is None:
+        return None
+    parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+    try:
+        parsed.astimezone(UTC)
+    except (OverflowError, ValueError):
+        return None
+    return parsed
+
+
+@pytest.mark.parametrize(
+    ("value", "fast"),
+    [
+        ("Sun, 29 Nov 2026 12:00:00 +0000", True),
+        ("Mon, 2 Dec 2024 10:00:00 -0500", True),
+        ("Mon, 2 Dec 2024 10:00:00 -0000", True),
+        ("Mon, 2 Dec 2024 10:00:00 +0100 (CET)", False),
+        ("2 Dec 2024 10:00:00 +0100", False),
+        ("Mon, 2 Dec 24 10:00:00 +0100", False),
+        ("Mon, 2 Dec 0024 10:00:00 +0100", False),
+        ("Mon, 31 Feb 2024 10:00:00 +0100", False),
+        ("Mon, 2 Dec 2024 10:00:00 GMT", False),
+        ("Mon, 2 Dec 2024 10:00:00 +9999", False),
+        ("Mon, 2 Dec 2024 10:00:00 +\u0661\u0661\u0661\u0661", False),
+    ],
+)
+def test_which_dates_take_the_shortcut(value: str, fast: bool) -> None:
+    assert (parse._rfc5322_date(value) is not None) is fast
+    assert repr(parse._date(value)) == repr(_reference_date(value))
+
+
+def _reference_without_bare_cr(raw: bytes) -> bytes:
+    if raw.count(b"\r") == raw.count(b"\r\n"):
+        return raw
+    return raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.sampled_from([b"a", b"\r", b"\n", b"\r\n", b"\r\r\n", b" "]), max_size=30))
+def test_bare_cr_detection_matches_counting(pieces: list[bytes]) -> None:
+    raw = b"".join(pieces)
+    assert parse._without_bare_cr(raw) == _reference_without_bare_cr(raw)
