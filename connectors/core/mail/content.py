@@ -46,7 +46,7 @@ from typing import Any
 
 from connectors.core.claimcheck import BlobRef, ClaimCheckStore
 from connectors.core.mail.charsets import clean_text, decode_text
-from connectors.core.mail.headers import parse_fields, split_head
+from connectors.core.mail.headers import Head, read_head
 from connectors.core.mail.limits import ParseLimits
 from connectors.core.mail.params import content_type_of, param_value, parse_params
 
@@ -64,7 +64,6 @@ _FOLD = re.compile(r"\r?\n(?=[ \t])")
 #: A header line as the stdlib feed parser accepts it (``email.feedparser.headerRE`` without
 #: its ``From `` and continuation branches, and with a non-empty name).
 _FIELD_LINE = re.compile(rb"[\041-\071\073-\176]+:")
-_LINE_END = re.compile(rb"\r?\n")
 #: Transfer encodings whose payload the stdlib returns as the body bytes themselves.
 _IDENTITY_CTE = frozenset({"", "7bit", "8bit", "binary"})
 _BODY_TYPES = ("text/plain", "text/html")
@@ -106,12 +105,16 @@ class _Body:
 
 
 def extract_content(
-    raw: bytes, limits: ParseLimits, claim_check: ClaimCheckStore | None
+    raw: bytes,
+    limits: ParseLimits,
+    claim_check: ClaimCheckStore | None,
+    head: Head | None = None,
 ) -> MailContent:
-    """Bodies and attachments of a (pre-scanned, patched) raw message."""
+    """Bodies and attachments of a (pre-scanned, patched) raw message; ``head`` is
+    ``read_head(raw)`` when the caller has it already."""
     content = MailContent()
     bodies = {"text/plain": _Body(), "text/html": _Body()}
-    single = _single_text_part(raw, limits)
+    single = _single_text_part(raw, limits, head)
     if single is not None:
         ctype, ctype_params, text = single
         _add_body(text, ctype_params, bodies[ctype], limits)
@@ -161,7 +164,7 @@ def _raw_field(part: Message, name: str) -> str | None:
 
 
 def _single_text_part(
-    raw: bytes, limits: ParseLimits
+    raw: bytes, limits: ParseLimits, head: Head | None = None
 ) -> tuple[str, list[tuple[str, str]], bytes] | None:
     """The common mail, one text/plain or text/html body without a file name, read without
     the stdlib parser: ``(content type, its parameters, decoded body)``, or None when the mail
@@ -173,15 +176,16 @@ def _single_text_part(
     8-bit bytes as surrogates), and the payload is decoded as ``Message.get_payload(decode=
     True)`` does for these transfer encodings. ``tests/unit/mail`` checks both paths agree.
     """
-    head, body = split_head(raw)
-    lines = _LINE_END.split(head)
+    if head is None:
+        head = read_head(raw)
+    lines = head.lines
     if not lines[0] or not _FIELD_LINE.match(lines[0]):
         return None
     for line in lines[1:]:
         if not _FIELD_LINE.match(line) and line[:1] not in (b" ", b"\t"):
             return None
     wanted: dict[str, str] = {}
-    for name, value in parse_fields(head):
+    for name, value in head.fields:
         lowered = name.lower()
         if lowered in ("content-type", "content-disposition", "content-transfer-encoding"):
             wanted.setdefault(lowered, value.decode("ascii", "surrogateescape"))
@@ -200,9 +204,9 @@ def _single_text_part(
         return None
     cte = wanted.get("content-transfer-encoding", "").lower()
     if cte == "quoted-printable":
-        return ctype, ctype_params, quopri.decodestring(body)
+        return ctype, ctype_params, quopri.decodestring(head.body)
     if cte in _IDENTITY_CTE:
-        return ctype, ctype_params, body
+        return ctype, ctype_params, head.body
     return None
 
 

@@ -22,25 +22,76 @@ b'body'
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-__all__ = ["parse_fields", "split_head"]
+__all__ = ["Head", "parse_fields", "read_head", "split_head", "split_lines"]
 
 # The head ends at the first empty line. Bare CR is not treated as a line end here: it is
 # rare, and accepting it makes "\r\n" ambiguous.
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
-_LINE_END = re.compile(rb"\r?\n")
+#: Where the end of the head is looked for with bytes.find() first (C speed, a few times
+#: faster than the regex); a head that does not end within it takes the regex.
+_HEAD_WINDOW = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A message split at its first empty line, for readers that need more than one view."""
+
+    head: bytes
+    body: bytes
+    #: ``head`` split at line ends (LF or CRLF).
+    lines: list[bytes]
+    #: :func:`parse_fields` of ``head``.
+    fields: list[tuple[str, bytes]]
+
+
+def read_head(raw: bytes) -> Head:
+    """:func:`split_head`, :func:`split_lines` and :func:`parse_fields` in one go."""
+    head, body = split_head(raw)
+    lines = split_lines(head)
+    return Head(head, body, lines, _fields_of(lines))
 
 
 def split_head(raw: bytes) -> tuple[bytes, bytes]:
     """Split a message into its header block (without the empty line) and its body."""
     if raw.startswith((b"\r\n", b"\n")):
         return b"", raw[2 if raw.startswith(b"\r\n") else 1 :]
-    match = _HEAD_END.search(raw)
-    if match is None:
+    bounds = _head_end(raw)
+    if bounds is None:
         return raw, b""
     # Keep the line end of the last header line out of the head.
-    end_of_last_line = match.start()
-    return raw[:end_of_last_line], raw[match.end() :]
+    end_of_last_line, start_of_body = bounds
+    return raw[:end_of_last_line], raw[start_of_body:]
+
+
+def _head_end(raw: bytes) -> tuple[int, int] | None:
+    """Start and end of the first ``\\r?\\n\\r?\\n`` in ``raw``, as ``_HEAD_END.search`` finds it.
+
+    That match begins at (or one CR before) the first LF followed by ``\\r?\\n``: the
+    earliest ``\\n\\n`` or ``\\n\\r\\n``. Looked for in a window first; an occurrence
+    before one found in the window lies in the window too.
+    """
+    window = min(len(raw), _HEAD_WINDOW)
+    lf = raw.find(b"\n\n", 0, window)
+    crlf = raw.find(b"\n\r\n", 0, window if lf < 0 else lf + 2)
+    if crlf >= 0:
+        newline, end = crlf, crlf + 3
+    elif lf >= 0:
+        newline, end = lf, lf + 2
+    else:
+        match = _HEAD_END.search(raw, max(0, window - 3))
+        return None if match is None else (match.start(), match.end())
+    start = newline - 1 if newline and raw[newline - 1] == 0x0D else newline
+    return start, end
+
+
+def split_lines(head: bytes) -> list[bytes]:
+    """Lines of a header block, split at LF or CRLF (a CR elsewhere stays in its line).
+
+    The same as ``re.split(rb"\\r?\\n", head)``, at C speed.
+    """
+    return head.replace(b"\r\n", b"\n").split(b"\n")
 
 
 def parse_fields(head: bytes) -> list[tuple[str, bytes]]:
@@ -51,15 +102,29 @@ def parse_fields(head: bytes) -> list[tuple[str, bytes]]:
     Lines that are neither a field nor a continuation (an mbox ``From `` line, garbage) are
     skipped.
     """
-    fields: list[tuple[str, list[bytes]]] = []
-    for line in _LINE_END.split(head):
+    return _fields_of(split_lines(head))
+
+
+def _fields_of(lines: list[bytes]) -> list[tuple[str, bytes]]:
+    names: list[str] = []
+    # A field's value, or the chunks of a folded one (a list only once a fold occurs).
+    values: list[bytes | list[bytes]] = []
+    for line in lines:
         if line[:1] in (b" ", b"\t"):
-            if fields:
-                fields[-1][1].append(line)
+            if values:
+                last = values[-1]
+                if isinstance(last, list):
+                    last.append(line)
+                else:
+                    values[-1] = [last, line]
             continue
         name, colon, value = line.partition(b":")
         name = name.rstrip(b" \t")
         if not colon or not name or b" " in name:
             continue
-        fields.append((name.decode("latin-1"), [value.lstrip(b" \t")]))
-    return [(name, b"".join(chunks).rstrip(b"\r")) for name, chunks in fields]
+        names.append(name.decode("latin-1"))
+        values.append(value.lstrip(b" \t"))
+    return [
+        (name, (b"".join(value) if isinstance(value, list) else value).rstrip(b"\r"))
+        for name, value in zip(names, values, strict=True)
+    ]

@@ -44,7 +44,7 @@ from connectors.core.mail.budget import fit_event_budget
 from connectors.core.mail.charsets import clean_text, decode_text
 from connectors.core.mail.content import extract_content
 from connectors.core.mail.encodedwords import decode_words
-from connectors.core.mail.headers import parse_fields, split_head
+from connectors.core.mail.headers import read_head
 from connectors.core.mail.identity import (
     KeyKind,
     content_fingerprint,
@@ -109,8 +109,8 @@ def parse_mail(
         scan = prescan(parseable, limits)
         problems.extend(scan.problems)
         patched = apply_patches(parseable, scan.patches)
-        fields = parse_fields(split_head(patched)[0])
-        _fill_from_headers(event, fields, account, raw)
+        head = read_head(patched)
+        _fill_from_headers(event, head.fields, account, raw)
     except ClaimCheckError:
         raise
     except Exception as exc:  # bad input must never stop a mailbox
@@ -121,7 +121,7 @@ def parse_mail(
         return _finish(event, blobs)
     if not scan.skip_mime:
         try:
-            content = extract_content(patched, limits, claim_check)
+            content = extract_content(patched, limits, claim_check, head)
         except ClaimCheckError:
             raise
         except Exception as exc:  # RecursionError included, should the pre-scan miss a case

@@ -7,6 +7,7 @@ bare CRs.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.core.mail import parse
+from connectors.core.mail import headers, parse
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +116,58 @@ def _reference_without_bare_cr(raw: bytes) -> bytes:
 def test_bare_cr_detection_matches_counting(pieces: list[bytes]) -> None:
     raw = b"".join(pieces)
     assert parse._without_bare_cr(raw) == _reference_without_bare_cr(raw)
+
+
+_REF_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_REF_LINE_END = re.compile(rb"\r?\n")
+
+
+def _reference_split_head(raw: bytes) -> tuple[bytes, bytes]:
+    """headers.split_head as it was: one regex search."""
+    if raw.startswith((b"\r\n", b"\n")):
+        return b"", raw[2 if raw.startswith(b"\r\n") else 1 :]
+    match = _REF_HEAD_END.search(raw)
+    if match is None:
+        return raw, b""
+    return raw[: match.start()], raw[match.end() :]
+
+
+def _reference_parse_fields(head: bytes) -> list[tuple[str, bytes]]:
+    """headers.parse_fields as it was."""
+    fields: list[tuple[str, list[bytes]]] = []
+    for line in _REF_LINE_END.split(head):
+        if line[:1] in (b" ", b"\t"):
+            if fields:
+                fields[-1][1].append(line)
+            continue
+        name, colon, value = line.partition(b":")
+        name = name.rstrip(b" \t")
+        if not colon or not name or b" " in name:
+            continue
+        fields.append((name.decode("latin-1"), [value.lstrip(b" \t")]))
+    return [(name, b"".join(chunks).rstrip(b"\r")) for name, chunks in fields]
+
+
+_head_bytes = st.lists(
+    st.sampled_from([b"A", b"b", b":", b" ", b"\t", b"\r", b"\n", b"\r\n", b"\n\n", b"\r\n\r\n"]),
+    max_size=40,
+).map(b"".join)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_head_bytes, st.sampled_from([1, 2, 3, 4, 5, 8, 16 * 1024]))
+def test_split_head_matches_the_regex(raw: bytes, window: int) -> None:
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(headers, "_HEAD_WINDOW", window)
+        assert headers.split_head(raw) == _reference_split_head(raw)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(_head_bytes)
+def test_lines_and_fields_match_the_regex_split(head: bytes) -> None:
+    assert headers.split_lines(head) == _REF_LINE_END.split(head)
+    assert headers.parse_fields(head) == _reference_parse_fields(head)
+    whole = headers.read_head(head + b"\r\n\r\nbody")
+    reference_head, reference_body = _reference_split_head(head + b"\r\n\r\nbody")
+    assert (whole.head, whole.body) == (reference_head, reference_body)
+    assert whole.fields == _reference_parse_fields(reference_head)
