@@ -73,12 +73,19 @@ def _head_end(raw: bytes) -> tuple[int, int] | None:
     before one found in the window lies in the window too.
     """
     window = min(len(raw), _HEAD_WINDOW)
-    lf = raw.find(b"\n\n", 0, window)
-    crlf = raw.find(b"\n\r\n", 0, window if lf < 0 else lf + 2)
-    if crlf >= 0:
-        newline, end = crlf, crlf + 3
-    elif lf >= 0:
+    # The line end style of the first line goes first; the other search then stops where
+    # the first one hit (a find that runs through the whole window costs more than the regex).
+    first_newline = raw.find(b"\n", 0, window)
+    if first_newline > 0 and raw[first_newline - 1] == 0x0D:
+        crlf = raw.find(b"\n\r\n", 0, window)
+        lf = raw.find(b"\n\n", 0, window if crlf < 0 else crlf + 3)
+    else:
+        lf = raw.find(b"\n\n", 0, window)
+        crlf = raw.find(b"\n\r\n", 0, window if lf < 0 else lf + 2)
+    if lf >= 0 and (crlf < 0 or lf < crlf):
         newline, end = lf, lf + 2
+    elif crlf >= 0:
+        newline, end = crlf, crlf + 3
     else:
         match = _HEAD_END.search(raw, max(0, window - 3))
         return None if match is None else (match.start(), match.end())
