@@ -129,6 +129,8 @@ def decode_text(data: bytes, declared: str | None, *, partial: bool = False) -> 
     ``partial=True`` says ``data`` is a prefix cut at an arbitrary byte: an incomplete
     character at the end is dropped instead of disqualifying the charset.
     """
+    if declared is None and data.isascii() and b"\x1b$" not in data:
+        return data.decode("ascii")  # most header values: what the branch below returns
     codec = normalize_charset(declared)
     if data.isascii():
         # 7-bit charsets with escape sequences (ISO-2022-JP is still common in Japan).
@@ -211,6 +213,8 @@ def clean_text(text: str) -> str:
     >>> clean_text("a\\udce9b")
     'a?b'
     """
+    if text.isascii():  # O(1) for str: no surrogates in it
+        return text
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

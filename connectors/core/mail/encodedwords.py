@@ -39,6 +39,8 @@ def decode_words(text: str | bytes) -> str:
     declared charset.
     """
     raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+    if b"=?" not in raw:  # no encoded word: what the loop below gives for no match
+        return decode_text(raw, None)
     out: list[str] = []
     pending_charset: str | None = None
     pending: list[bytes] = []

@@ -226,6 +226,8 @@ def _text(value: bytes | None) -> str | None:
     """A header value as text, verbatim (no RFC 2047 decoding), 8-bit bytes via fallbacks."""
     if value is None:
         return None
+    if value.isascii() and b"\x1b$" not in value:
+        return value.decode("ascii").strip()  # what decode_text and clean_text give it
     return clean_text(decode_text(value, None)).strip()
 
 
@@ -273,7 +275,8 @@ def _fill_from_headers(
     event["date"] = _date(_text(first("date")))
     guards = event["guard_headers"]
     for name, field_name in _GUARD_FIELDS.items():
-        guards[name] = _text(first(field_name))
+        values = by_name.get(field_name)
+        guards[name] = _text(values[0]) if values else None
     guards["authentication_results"] = texts("authentication-results")
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.core.mail import headers, parse
+from connectors.core.mail import charsets, encodedwords, headers, parse
 
 pytestmark = pytest.mark.unit
 
@@ -171,3 +171,57 @@ def test_lines_and_fields_match_the_regex_split(head: bytes) -> None:
     reference_head, reference_body = _reference_split_head(head + b"\r\n\r\nbody")
     assert (whole.head, whole.body) == (reference_head, reference_body)
     assert whole.fields == _reference_parse_fields(reference_head)
+
+
+_header_value = st.lists(
+    st.sampled_from(
+        [b"a", b" ", b"\x1b$B", b"\x1b(B", b"=?", b"?=", b"\xe9", b"\xc3\xa9", b"\x00", b"\r"]
+    ),
+    max_size=12,
+).map(b"".join)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(_header_value)
+def test_ascii_shortcuts_give_the_general_answer(value: bytes) -> None:
+    # An empty declared charset takes the general path (normalize_charset("") is None).
+    assert charsets.decode_text(value, None) == charsets.decode_text(value, "")
+    text = value.decode("utf-8", "surrogateescape")
+    try:
+        text.encode("utf-8")
+        cleaned = text
+    except UnicodeEncodeError:
+        cleaned = text.encode("utf-8", errors="replace").decode("utf-8")
+    assert charsets.clean_text(text) == cleaned
+    reference = charsets.clean_text(charsets.decode_text(value, "")).strip()
+    assert parse._text(value) == reference
+
+
+def _reference_decode_words(raw: bytes) -> str:
+    """encodedwords.decode_words as it was, without the shortcut for no encoded word."""
+    out: list[str] = []
+    pending_charset: str | None = None
+    pending: list[bytes] = []
+    position = 0
+    for match in encodedwords._WORD.finditer(raw):
+        between = raw[position : match.start()]
+        charset = match.group(1).decode("ascii", "replace")
+        if between.strip(b" \t\r\n") or not pending:
+            encodedwords._flush(out, pending_charset, pending)
+            pending = []
+            out.append(charsets.decode_text(between, None))
+        elif charset.lower() != (pending_charset or "").lower():
+            encodedwords._flush(out, pending_charset, pending)
+            pending = []
+        pending_charset = charset
+        pending.append(encodedwords._decode_payload(match.group(2), match.group(3)))
+        position = match.end()
+    encodedwords._flush(out, pending_charset, pending)
+    out.append(charsets.decode_text(raw[position:], None))
+    return "".join(out)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.one_of(_header_value, _header_value.map(lambda v: v + b"=?utf-8?q?caf=C3=A9?=")))
+def test_decode_words_shortcut(value: bytes) -> None:
+    assert encodedwords.decode_words(value) == _reference_decode_words(value)
