@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.core.mail import charsets, encodedwords, headers, parse
+from connectors.core.mail import charsets, encodedwords, headers, limits, parse
 
 pytestmark = pytest.mark.unit
 
@@ -225,3 +225,50 @@ def _reference_decode_words(raw: bytes) -> str:
 @given(st.one_of(_header_value, _header_value.map(lambda v: v + b"=?utf-8?q?caf=C3=A9?=")))
 def test_decode_words_shortcut(value: bytes) -> None:
     assert encodedwords.decode_words(value) == _reference_decode_words(value)
+
+
+_prescan_lines = st.lists(
+    st.sampled_from(
+        [
+            b"Content-Type: text/plain",
+            b"content-type:multipart/mixed; boundary=b",
+            b" CONTENT-DISPOSITION : attachment",
+            b"\x0bContent-Type: x/y",
+            b"Content-Disposition: inline;",
+            b" filename=a.txt",
+            b"\tcharset=utf-8",
+            b"Subject: a",
+            b"garbage",
+            b":",
+            b"",
+            b"\r",
+            b"X: 1\r",
+        ]
+    ),
+    max_size=10,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    _prescan_lines,
+    st.sampled_from([b"\r\n", b"\n"]),
+    st.sampled_from([b"", b"\r\n", b"\n", b"\r\n\r\nbody", b"\n\nbody"]),
+    st.integers(0, 12),
+    st.integers(0, 300),
+)
+def test_quick_head_scan_matches_the_line_loop(
+    lines: list[bytes], newline: bytes, tail: bytes, max_lines: int, max_bytes: int
+) -> None:
+    raw = b"preamble" + newline + newline.join(lines) + tail
+    pos = len(b"preamble" + newline)
+    quick_result, slow_result = limits.Prescan(), limits.Prescan()
+    quick, quick_end = limits._scan_head(raw, pos, max_lines, max_bytes, quick_result)
+    slow, slow_end = limits._scan_head_by_line(raw, pos, max_lines, max_bytes, slow_result)
+    assert quick_end == slow_end
+    assert (quick_result.patches, quick_result.problems) == (
+        slow_result.patches,
+        slow_result.problems,
+    )
+    for name in (b"content-type", b"content-disposition"):
+        assert limits._first(quick, name) == limits._first(slow, name)
