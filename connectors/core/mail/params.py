@@ -93,13 +93,24 @@ def content_type_of(value: str | None, default: str = "text/plain") -> str:
 def param_value(params: list[tuple[str, str]], wanted: str) -> str | None:
     """A parameter's decoded value: RFC 2231 form wins over the plain one, which may carry
     RFC 2047 encoded words (non-standard, but what many mailers send for file names)."""
-    joined = rfc2231_bytes(params, wanted, _surrogate_bytes)
-    if joined is not None:
-        return decode_text(joined[1], joined[0])
-    plain = next((raw for name, raw in params if name == wanted), None)
+    plain: str | None = None
+    sections = False  # any RFC 2231 section (a "*" in a name) at all
+    for name, raw in params:
+        if plain is None and name == wanted:
+            plain = raw
+        if "*" in name:
+            sections = True
+    if sections:
+        joined = rfc2231_bytes(params, wanted, _surrogate_bytes)
+        if joined is not None:
+            return decode_text(joined[1], joined[0])
     if plain is None:
         return None
-    return decode_words(plain) if "=?" in plain else decode_text(_surrogate_bytes(plain), None)
+    if "=?" in plain:
+        return decode_words(plain)
+    if plain.isascii() and "\x1b$" not in plain:
+        return plain  # what decode_text gives for its ASCII bytes
+    return decode_text(_surrogate_bytes(plain), None)
 
 
 def rfc2231_bytes(
@@ -109,6 +120,8 @@ def rfc2231_bytes(
     joined and percent-decoded, or None when the parameter has no RFC 2231 form."""
     sections: dict[int, tuple[str, bool]] = {}
     for name, raw in params:
+        if "*" not in name:
+            continue  # what _SECTION says, without running it for every plain parameter
         match = _SECTION.match(name)
         if match is None or match.group("name") != wanted:
             continue

@@ -346,6 +346,8 @@ def _date(value: str | None) -> datetime | None:
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     parsed = parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+    if 1 < parsed.year < 9999:
+        return parsed  # an offset under 24 h cannot leave the datetime range
     try:
         parsed.astimezone(UTC)  # out-of-range offsets near year 1/9999
     except (OverflowError, ValueError):

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.core.mail import charsets, encodedwords, headers, limits, parse
+from connectors.core.mail import charsets, encodedwords, headers, limits, params, parse
 
 pytestmark = pytest.mark.unit
 
@@ -272,3 +272,33 @@ def test_quick_head_scan_matches_the_line_loop(
     )
     for name in (b"content-type", b"content-disposition"):
         assert limits._first(quick, name) == limits._first(slow, name)
+
+
+def _reference_param_value(parsed: list[tuple[str, str]], wanted: str) -> str | None:
+    """params.param_value as it was, without its shortcuts."""
+    joined = params.rfc2231_bytes(parsed, wanted, params._surrogate_bytes)
+    if joined is not None:
+        return charsets.decode_text(joined[1], joined[0])
+    plain = next((raw for name, raw in parsed if name == wanted), None)
+    if plain is None:
+        return None
+    if "=?" in plain:
+        return encodedwords.decode_words(plain)
+    return charsets.decode_text(params._surrogate_bytes(plain), None)
+
+
+_param_names = st.sampled_from(
+    ["name", "filename", "charset", "filename*", "filename*0", "filename*0*", "filename*1", "x*"]
+)
+_param_values = st.sampled_from(
+    ["a.txt", "utf-8", "UTF-8''%E6%8A%A5.pdf", "=?utf-8?q?caf=C3=A9?=", "\x1b$B", "caf\udce9", ""]
+)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(
+    st.lists(st.tuples(_param_names, _param_values), max_size=5),
+    st.sampled_from(["name", "filename", "charset"]),
+)
+def test_param_value_shortcuts(parsed: list[tuple[str, str]], wanted: str) -> None:
+    assert params.param_value(parsed, wanted) == _reference_param_value(parsed, wanted)
