@@ -50,6 +50,7 @@ __all__ = [
     "KeyKind",
     "content_fingerprint",
     "message_key",
+    "message_key_of_normalized",
     "normalize_message_id",
 ]
 
@@ -176,9 +177,16 @@ def message_key(account: str, message_id: str | None, raw: bytes) -> tuple[str, 
 
     ``message_id`` is the value of the (first) Message-ID field, raw or already normalized.
     """
+    return message_key_of_normalized(account, normalize_message_id(message_id), raw)
+
+
+def message_key_of_normalized(
+    account: str, normalized: str | None, raw: bytes
+) -> tuple[str, KeyKind]:
+    """:func:`message_key` for a Message-ID already passed through
+    :func:`normalize_message_id` (None when unusable), for callers that need both."""
     if not account or "/" in account:
         raise ValueError(f"account name must be non-empty and contain no '/': {account!r}")
-    normalized = normalize_message_id(message_id)
     if normalized is not None:
         return f"{account}/mid:{normalized}", KeyKind.MESSAGE_ID
     return f"{account}/fp:{content_fingerprint(raw)}", KeyKind.FINGERPRINT

@@ -48,7 +48,7 @@ from connectors.core.mail.headers import read_head
 from connectors.core.mail.identity import (
     KeyKind,
     content_fingerprint,
-    message_key,
+    message_key_of_normalized,
     normalize_message_id,
 )
 from connectors.core.mail.limits import ParseLimits, apply_patches, prescan
@@ -248,37 +248,48 @@ def _fill_from_headers(
 ) -> None:
     by_name: dict[str, list[bytes]] = {}
     for name, value in fields:
-        by_name.setdefault(name.lower(), []).append(value)
-
-    def first(name: str) -> bytes | None:
-        values = by_name.get(name)
-        return values[0] if values else None
-
-    def texts(name: str) -> list[str]:
-        return [clean_text(decode_text(value, None)) for value in by_name.get(name, ())]
+        lowered = name.lower()
+        same_name = by_name.get(lowered)
+        if same_name is None:
+            by_name[lowered] = [value]
+        else:
+            same_name.append(value)
+    get = by_name.get
 
     # Duplicate Message-ID fields: the first counts (identity.py explains why).
-    message_id = _text(first("message-id"))
-    event["key"], kind = message_key(account, message_id, raw)
+    values = get("message-id")
+    message_id = normalize_message_id(_text(values[0]) if values else None)
+    event["key"], kind = message_key_of_normalized(account, message_id, raw)
     event["key_kind"] = kind.value
-    event["message_id"] = normalize_message_id(message_id)
-    in_reply_to = _message_ids(first("in-reply-to"))
+    event["message_id"] = message_id
+    values = get("in-reply-to")
+    in_reply_to = _message_ids(values[0]) if values else []
     event["in_reply_to"] = in_reply_to[0] if in_reply_to else None
-    event["references"] = _message_ids(first("references"))
-    sender = parse_addresses(texts("from")[:1])
+    values = get("references")
+    event["references"] = _message_ids(values[0]) if values else []
+    values = get("from")
+    sender = parse_addresses(_texts(values[:1])) if values else []
     event["from"] = sender[0] if sender else None
-    event["reply_to"] = parse_addresses(texts("reply-to"))
-    event["to"] = parse_addresses(texts("to"))
-    event["cc"] = parse_addresses(texts("cc"))
-    subject = first("subject")
-    if subject is not None:
-        event["subject"] = clean_text(decode_words(subject)).strip()
-    event["date"] = _date(_text(first("date")))
+    event["reply_to"] = parse_addresses(_texts(get("reply-to")))
+    event["to"] = parse_addresses(_texts(get("to")))
+    event["cc"] = parse_addresses(_texts(get("cc")))
+    values = get("subject")
+    if values:
+        event["subject"] = clean_text(decode_words(values[0])).strip()
+    values = get("date")
+    event["date"] = _date(_text(values[0])) if values else None
     guards = event["guard_headers"]
     for name, field_name in _GUARD_FIELDS.items():
-        values = by_name.get(field_name)
+        values = get(field_name)
         guards[name] = _text(values[0]) if values else None
-    guards["authentication_results"] = texts("authentication-results")
+    guards["authentication_results"] = _texts(get("authentication-results"))
+
+
+def _texts(values: list[bytes] | None) -> list[str]:
+    """Header values as text, verbatim (see :func:`_text`), not stripped."""
+    if not values:
+        return []
+    return [clean_text(decode_text(value, None)) for value in values]
 
 
 def _message_ids(value: bytes | None) -> list[str]:
