@@ -46,7 +46,7 @@ from typing import Any
 
 from connectors.core.claimcheck import BlobRef, ClaimCheckStore
 from connectors.core.mail.charsets import clean_text, decode_text
-from connectors.core.mail.headers import Head, read_head
+from connectors.core.mail.headers import Head, read_head, split_lines
 from connectors.core.mail.limits import ParseLimits
 from connectors.core.mail.params import content_type_of, param_value, parse_params
 
@@ -178,12 +178,13 @@ def _single_text_part(
     """
     if head is None:
         head = read_head(raw)
-    lines = head.lines
-    if not lines[0] or not _FIELD_LINE.match(lines[0]):
-        return None
-    for line in lines[1:]:
-        if not _FIELD_LINE.match(line) and line[:1] not in (b" ", b"\t"):
+    if not head.plain:  # a block of plain field lines passes the checks below
+        lines = split_lines(head.head)
+        if not lines[0] or not _FIELD_LINE.match(lines[0]):
             return None
+        for line in lines[1:]:
+            if not _FIELD_LINE.match(line) and line[:1] not in (b" ", b"\t"):
+                return None
     wanted: dict[str, str] = {}
     for name, value in head.fields:
         lowered = name.lower()

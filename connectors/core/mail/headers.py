@@ -34,23 +34,41 @@ _HEAD_END = re.compile(rb"\r?\n\r?\n")
 _HEAD_WINDOW = 16 * 1024
 
 
+#: A header line every reader agrees on: a name of printable characters (no space, no colon)
+#: right before the colon, no CR but the one before the line end. When every line of a block
+#: is one, the block has no folds and no garbage, and one regex pass reads all its fields.
+_PLAIN_FIELD = re.compile(rb"^([\041-\071\073-\176]+):[ \t]*([^\r\n]*)\r?$", re.MULTILINE)
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """A message split at its first empty line, for readers that need more than one view."""
 
     head: bytes
     body: bytes
-    #: ``head`` split at line ends (LF or CRLF).
-    lines: list[bytes]
     #: :func:`parse_fields` of ``head``.
     fields: list[tuple[str, bytes]]
+    #: Every line of ``head`` is a plain ``Name: value`` line (see ``_PLAIN_FIELD``).
+    plain: bool
 
 
 def read_head(raw: bytes) -> Head:
-    """:func:`split_head`, :func:`split_lines` and :func:`parse_fields` in one go."""
+    """:func:`split_head` and :func:`parse_fields` in one go."""
     head, body = split_head(raw)
-    lines = split_lines(head)
-    return Head(head, body, lines, _fields_of(lines))
+    plain = _plain_fields(head)
+    if plain is not None:
+        return Head(head, body, plain, True)
+    return Head(head, body, _fields_of(split_lines(head)), False)
+
+
+def _plain_fields(head: bytes) -> list[tuple[str, bytes]] | None:
+    """:func:`parse_fields` of a block of plain field lines only, else None. Each match is
+    one whole line, so as many matches as lines means every line is plain; such a line's
+    name needs no strip and its value is the rest after the colon's white space."""
+    found = _PLAIN_FIELD.findall(head)
+    if len(found) != head.count(b"\n") + 1:
+        return None
+    return [(name.decode("latin-1"), value) for name, value in found]
 
 
 def split_head(raw: bytes) -> tuple[bytes, bytes]:
@@ -109,7 +127,8 @@ def parse_fields(head: bytes) -> list[tuple[str, bytes]]:
     Lines that are neither a field nor a continuation (an mbox ``From `` line, garbage) are
     skipped.
     """
-    return _fields_of(split_lines(head))
+    plain = _plain_fields(head)
+    return plain if plain is not None else _fields_of(split_lines(head))
 
 
 def _fields_of(lines: list[bytes]) -> list[tuple[str, bytes]]:

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connectors.core.mail import charsets, encodedwords, headers, limits, params, parse
+from connectors.core.mail import charsets, content, encodedwords, headers, limits, params, parse
 
 pytestmark = pytest.mark.unit
 
@@ -302,3 +302,46 @@ _param_values = st.sampled_from(
 )
 def test_param_value_shortcuts(parsed: list[tuple[str, str]], wanted: str) -> None:
     assert params.param_value(parsed, wanted) == _reference_param_value(parsed, wanted)
+
+
+_field_lines = st.lists(
+    st.one_of(
+        st.sampled_from(
+            [
+                b"Subject: hello",
+                b"X-Tab:\tvalue",
+                b"Empty:",
+                b"Spaces:   ",
+                b"Name : spaced",
+                b"Bad Name: x",
+                b" folded",
+                b"\tfolded",
+                b"a:b:c",
+                b"Inner: a\rb",
+                b"Trailing: cr\r",
+                b"8bit: caf\xe9",
+                b"\xe9: name",
+                b"no colon",
+                b"",
+            ]
+        ),
+        st.binary(max_size=8),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_field_lines, st.sampled_from([b"\r\n", b"\n"]))
+def test_plain_field_blocks_read_like_the_line_loop(lines: list[bytes], newline: bytes) -> None:
+    head = newline.join(lines)
+    assert headers.parse_fields(head) == _reference_parse_fields(head)
+    whole = headers.read_head(head + newline + newline + b"body")
+    if whole.head == head:
+        assert whole.fields == _reference_parse_fields(head)
+        if whole.plain:
+            # content._single_text_part skips its line checks for plain blocks.
+            split = _REF_LINE_END.split(head)
+            assert split[0] and content._FIELD_LINE.match(split[0])
+            assert all(content._FIELD_LINE.match(line) for line in split)
