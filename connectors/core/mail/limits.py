@@ -274,27 +274,52 @@ def _scan_head_within_caps(
     # The line loop cuts when a line's count or its end passes a cap; ends are <= last_newline.
     if last_newline - pos > max_bytes or raw.count(b"\n", pos, last_newline + 1) > max_lines:
         return None
+    # Only lines that mention "content-" can hold a wanted field: find those at C speed.
+    block = raw[pos:last_newline]  # every line in it is followed by an LF
+    lowered = block.lower()
     fields: list[_Field] = []
-    tracking = False  # whether the last field read is one of _PRESCAN_FIELDS
-    next_start = pos
-    for line in raw[pos:last_newline].split(b"\n"):
-        start = next_start
-        next_start = start + len(line) + 1
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        if line[:1] in (b" ", b"\t"):
-            if tracking:
-                fields[-1].value += line
-                fields[-1].end = start + len(line)
-        else:
-            colon = line.find(b":")
-            if colon <= 0:
-                continue  # not a field: a continuation after it still extends the last one
-            tracking = line[:colon].strip().lower() in _PRESCAN_FIELDS
-            if tracking:
-                value = bytearray(line[colon + 1 :].lstrip(b" \t"))
-                fields.append(_Field(line[:colon], start, start + len(line), value))
+    read_line = -1
+    hit = lowered.find(b"content-")
+    while hit >= 0:
+        line_start = block.rfind(b"\n", 0, hit) + 1
+        if line_start != read_line:
+            read_line = line_start
+            _read_wanted_field(block, pos, line_start, fields)
+        hit = lowered.find(b"content-", hit + 1)
     return fields, body_start
+
+
+def _line_in(block: bytes, start: int) -> tuple[int, int]:
+    """``(end of the line's content, end of the line)`` for a line of ``block``."""
+    line_end = block.find(b"\n", start)
+    if line_end == -1:
+        line_end = len(block)
+    if line_end > start and block[line_end - 1] == 0x0D:
+        return line_end - 1, line_end
+    return line_end, line_end
+
+
+def _read_wanted_field(block: bytes, offset: int, start: int, fields: list[_Field]) -> None:
+    """Append the field on the line at ``start`` when it is one of ``_PRESCAN_FIELDS``,
+    unfolded as the line loop does it: continuation lines extend it, lines that are not
+    fields are skipped, the next field ends it."""
+    if block[start : start + 1] in (b" ", b"\t"):
+        return
+    end, line_end = _line_in(block, start)
+    colon = block.find(b":", start, end)
+    if colon <= start or block[start:colon].strip().lower() not in _PRESCAN_FIELDS:
+        return
+    value = bytearray(block[colon + 1 : end].lstrip(b" \t"))
+    found = _Field(block[start:colon], offset + start, offset + end, value)
+    fields.append(found)
+    while line_end < len(block):
+        start = line_end + 1
+        end, line_end = _line_in(block, start)
+        if block[start : start + 1] in (b" ", b"\t"):
+            found.value += block[start:end]
+            found.end = offset + end
+        elif block.find(b":", start, end) > start:
+            return
 
 
 def _scan_head_by_line(

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from connectors.core.mail import charsets, content, encodedwords, headers, limits, params, parse
@@ -238,6 +238,9 @@ _prescan_lines = st.lists(
             b" filename=a.txt",
             b"\tcharset=utf-8",
             b"Subject: a",
+            b"X-Content-Type: content-type content-disposition",
+            b"garbage content-type",
+            b"Content-Type \t\x0c: a; b=c",
             b"garbage",
             b":",
             b"",
@@ -250,6 +253,8 @@ _prescan_lines = st.lists(
 
 
 @settings(max_examples=1500, deadline=None)
+@example([b"Content-Type: a", b":", b" filename=a.txt"], b"\r\n", b"\r\n\r\nbody", 12, 300)
+@example([b"Content-Type: a", b"garbage", b"\tb=c", b"X: 1\r"], b"\n", b"\n\nbody", 12, 300)
 @given(
     _prescan_lines,
     st.sampled_from([b"\r\n", b"\n"]),
