@@ -283,6 +283,12 @@ class ImapConnection:
             found = self.client.search(["UID", f"{max(first_uid, 1)}:*"])
         return sorted(u for u in found if u >= first_uid)
 
+    def uids_larger(self, first_uid: int, last_uid: int, size: int) -> list[int]:
+        """UIDs in ``first_uid..last_uid`` of mails over ``size`` bytes (SEARCH LARGER)."""
+        with _wire("search larger"):
+            found = self.client.search(["UID", f"{first_uid}:{last_uid}", "LARGER", str(size)])
+        return sorted(u for u in found if first_uid <= u <= last_uid)
+
     def all_uids(self) -> list[int]:
         with _wire("search all"):
             return sorted(self.client.search(["ALL"]))
@@ -450,13 +456,18 @@ class ImapConnection:
             with _wire("store"):
                 self.client.add_flags(list(uids), list(flags), silent=True)
 
-    def move(self, uids: Sequence[int], folder: str) -> None:
+    def move(self, uids: Sequence[int], folder: str) -> MovedTo | None:
         """UID MOVE (RFC 6851), or COPY + \\Deleted + UID EXPUNGE where MOVE is missing.
 
-        Moving UIDs that are already gone is a no-op on the server, so a repair may repeat it.
+        Returns where the mails went when the server says so (UIDPLUS ``COPYUID``, RFC 4315),
+        else None. Moving UIDs that are already gone is a no-op on the server, so a repair may
+        repeat it.
         """
         if not uids:
-            return
+            return None
+        # imaplib files response codes (also the tagged one) under their name; drop a stale one.
+        codes = self.client._imap.untagged_responses
+        codes.pop("COPYUID", None)
         with _wire(f"move {folder}"):
             if b"MOVE" in self._capabilities:
                 self.client.move(list(uids), folder)
@@ -469,6 +480,45 @@ class ImapConnection:
                     # Without UIDPLUS only a plain EXPUNGE exists: it also removes mail others
                     # marked \Deleted in this folder, which they asked for anyway.
                     self.client.expunge()
+        found = codes.pop("COPYUID", None)
+        return parse_copyuid(found[-1]) if found else None
+
+
+@dataclass(frozen=True)
+class MovedTo:
+    """A COPYUID response code: the target folder's UIDVALIDITY and source UID -> new UID."""
+
+    uidvalidity: int
+    uids: dict[int, int]
+
+
+def parse_copyuid(data: bytes | str) -> MovedTo | None:
+    """``b"1700000000 41:43,45 101:104"`` -> MovedTo; None when it does not parse or the two
+    sets differ in size (the code is then ignored, not trusted).
+
+    >>> parse_copyuid(b"17 41:43,45 101:104")
+    MovedTo(uidvalidity=17, uids={41: 101, 42: 102, 43: 103, 45: 104})
+    """
+    text = data.decode("ascii", "replace") if isinstance(data, bytes) else data
+    parts = text.split()
+    if len(parts) != 3 or not parts[0].isdigit():
+        return None
+    source, target = _uid_set(parts[1]), _uid_set(parts[2])
+    if source is None or target is None or len(source) != len(target):
+        return None
+    return MovedTo(int(parts[0]), dict(zip(source, target, strict=True)))
+
+
+def _uid_set(text: str) -> list[int] | None:
+    """An RFC 3501 uid-set without ``*``, expanded in its order (ranges ascending)."""
+    out: list[int] = []
+    for item in text.split(","):
+        low, _, high = item.partition(":")
+        if not low.isdigit() or (high and not high.isdigit()):
+            return None
+        a, b = int(low), int(high or low)
+        out.extend(range(min(a, b), max(a, b) + 1))
+    return out
 
 
 def socket_is_timeout(exc: BaseException) -> bool:

@@ -96,12 +96,15 @@ class RecordBuilder:
         uidvalidity: int,
         change_for: Callable[[str], ChangeKind],
         folder: str | None = None,
+        location: tuple[int, int] | None = None,
     ) -> BuiltMail:
         """Records for ``mail``; ``change_for(key)`` decides ADDED/UPDATED/RESCANNED.
 
-        ``folder`` overrides the folder in the event (a mail we moved: it lives there now).
+        ``folder`` overrides the folder in the event (a mail we moved: it lives there now), and
+        ``location`` is its (uidvalidity, uid) there when the server said (COPYUID).
         """
-        return self.finish(mail, uidvalidity, self.parse(mail, uidvalidity, folder), change_for)
+        parsed = self.parse(mail, uidvalidity, folder, location=location)
+        return self.finish(mail, uidvalidity, parsed, change_for)
 
     def begin_blobs(self) -> ClaimCheckBatch | None:
         """A claim-check batch for :meth:`build_all`; the caller commits it before the Kafka
@@ -129,16 +132,18 @@ class RecordBuilder:
         uidvalidity: int,
         folder: str | None = None,
         blobs: ClaimCheckBatch | None = None,
+        location: tuple[int, int] | None = None,
     ) -> Any:
         """The parser's result, or the exception a parser bug raised (never for bad input)."""
         flags = [f for f in mail.flags if f not in SESSION_FLAGS]
         moved = folder is not None and folder != self.folder
+        # After our own move the mail's UID in the target folder is known only from COPYUID.
+        there = location if moved else (uidvalidity, mail.uid)
         source = {
             "kind": "IMAP",
             "folder": folder or self.folder,
-            # After our own move the UID in the target folder is unknown (no COPYUID parsing).
-            "uidvalidity": None if moved else uidvalidity,
-            "uid": None if moved else mail.uid,
+            "uidvalidity": there[0] if there else None,
+            "uid": there[1] if there else None,
             "modseq": None if moved else mail.modseq,
             "item_id": None,
             "change_key": None,

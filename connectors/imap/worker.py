@@ -66,6 +66,8 @@ SOURCE_KIND = "imap"
 IDLE_SLICE_S = 1.0
 #: A backfill logs its progress every this many mails (the console of a long first start).
 PROGRESS_EVERY = 2000
+#: New UIDs whose sizes are looked up together (one SEARCH LARGER round trip).
+SIZE_WINDOW = 5000
 
 
 class Writer(Protocol):
@@ -412,10 +414,21 @@ class MailboxWorker:
         return total
 
     def _groups(self, conn: ImapConnection, uids: list[int]) -> Iterator[list[int]]:
-        """UIDs in FETCH round trips: ``batch_size`` mails, at most ``max_batch_bytes``."""
-        for chunk in chunks(uids, self.settings.batch_size):
-            sizes = conn.sizes(chunk)
-            yield from split_by_bytes(chunk, sizes, self.settings.max_batch_bytes)
+        """UIDs in FETCH round trips: ``batch_size`` mails, at most ``max_batch_bytes``.
+
+        A full batch of mails no larger than ``max_batch_bytes / batch_size`` fits the budget,
+        so only the mails above that size need their exact size: one ``SEARCH LARGER`` per
+        window of UIDs finds them (asking every mail's RFC822.SIZE cost the worker thread as
+        much as fetching the mails), and those few are sized with FETCH RFC822.SIZE.
+        """
+        batch, budget = self.settings.batch_size, self.settings.max_batch_bytes
+        small = budget // batch
+        for window in chunks(uids, SIZE_WINDOW):
+            large = set(conn.uids_larger(window[0], window[-1], small))
+            exact = conn.sizes([u for u in window if u in large]) if large else {}
+            for chunk in chunks(window, batch):
+                sizes = {u: exact.get(u, small) if u in large else small for u in chunk}
+                yield from split_by_bytes(chunk, sizes, budget)
 
     def _backfill(self, conn: ImapConnection, uids: list[int], hms: int | None) -> None:
         """New mails in a pipeline: batch N commits (committer thread) while N+1.. parse (the
@@ -608,17 +621,19 @@ class MailboxWorker:
             present = (
                 [*fetched.values(), *conn.fetch(missing)] if missing else list(fetched.values())
             )
-            for mail in present:
-                self._moved_record(mail, target, records)
-                self.index.remove(self.folder, mail.uid)
             conn.create_folder(target)
-            conn.move(uids, target)
+            moved = conn.move(uids, target)
+            for mail in present:
+                where = moved.uids.get(mail.uid) if moved is not None else None
+                location = (moved.uidvalidity, where) if moved and where else None
+                self.index.remove(self.folder, mail.uid)
+                self._moved_record(mail, target, records, location)
             gone = set(uids) - {m.uid for m in present}
             if gone and pending.target_uidnext is not None:
                 # The crash came after the move: the mails are in the target folder now.
-                conn.select(target, readonly=True)
+                there = conn.select(target, readonly=True)
                 for mail in conn.fetch(conn.uids_from(pending.target_uidnext)):
-                    self._moved_record(mail, target, records)
+                    self._moved_record(mail, target, records, (there.uidvalidity, mail.uid))
                 status = conn.select(self.folder)
                 if status.uidvalidity != self.cursor.uidvalidity:
                     raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
@@ -626,17 +641,24 @@ class MailboxWorker:
         self._commit(list(records.values()), replace(self.cursor, pending=None))
 
     def _moved_record(
-        self, mail: FetchedMail, target: str, records: dict[bytes, SourceRecord]
+        self,
+        mail: FetchedMail,
+        target: str,
+        records: dict[bytes, SourceRecord],
+        location: tuple[int, int] | None,
     ) -> None:
+        """The UPDATED event of a mail we moved to ``target``, at ``location`` (uidvalidity,
+        uid) there when known."""
         assert self.cursor is not None
         built = self.builder.build(
-            mail, self.cursor.uidvalidity, lambda _key: "UPDATED", folder=target
+            mail, self.cursor.uidvalidity, lambda _key: "UPDATED", folder=target, location=location
         )
         for record in built.records:
             if record.topic != self.builder.dlq_topic:
                 records[record.key] = record
         if built.key is not None:
-            self.index.register(built.key, target, None, None)
+            uidvalidity, uid = location if location is not None else (None, None)
+            self.index.register(built.key, target, uidvalidity, uid)
 
     # --- expunges --------------------------------------------------------------------------------
 

@@ -80,12 +80,18 @@ def test_kill_9_around_the_after_commit_move_is_repaired_at_start(
     )
     client = imap.client()
     assert client.search(["ALL"]) == []
-    client.select_folder("Processed")
-    assert len(client.search(["ALL"])) == 30
+    processed = client.select_folder("Processed")
+    uids = client.search(["ALL"])
+    assert len(uids) == 30
     client.logout()
     assert_once_each(imap, ids)
     latest = {r.key: r.value for r in imap.events()}
     assert all(v is not None and v["source"]["folder"] == "Processed" for v in latest.values())
+    # Where each mail is now (COPYUID, or the target read back when the crash was after the move)
+    assert sorted(v["source"]["uid"] for v in latest.values() if v is not None) == sorted(uids)
+    assert {v["source"]["uidvalidity"] for v in latest.values() if v is not None} == {
+        processed[b"UIDVALIDITY"]
+    }
 
 
 def test_sigkill_during_a_large_backfill(imap: ImapHarness) -> None:

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.core.contract import SourceRecord
-from connectors.imap.connection import FetchedMail, FlagState, FolderStatus, IdleOutcome
+from connectors.imap.connection import (
+    FetchedMail,
+    FlagState,
+    FolderStatus,
+    IdleOutcome,
+    MovedTo,
+)
 from connectors.imap.errors import ImapProtocolError
 
 
@@ -34,6 +40,7 @@ class FakeServer:
     connects: int = 0
     #: Refuse STATUS on the selected mailbox (RFC 3501 allows it).
     refuse_status: bool = False
+    size_searches: int = 0
 
     def append(self, raw: bytes, folder: str = "INBOX") -> int:
         uid = self.uidnext[folder]
@@ -104,6 +111,11 @@ class FakeConnection:
     def uids_changed_since(self, modseq: int) -> list[int]:
         return sorted(u for u, m in self._box().items() if m.modseq > modseq)
 
+    def uids_larger(self, first_uid: int, last_uid: int, size: int) -> list[int]:
+        self.server.size_searches += 1
+        box = self._box()
+        return [u for u in sorted(box) if first_uid <= u <= last_uid and len(box[u].raw) > size]
+
     def sizes(self, uids: Sequence[int]) -> dict[int, int]:
         return {u: len(self._box()[u].raw) for u in uids if u in self._box()}
 
@@ -139,11 +151,14 @@ class FakeConnection:
             for flag in flags:
                 self.server.flag(uid, flag, self.folder)
 
-    def move(self, uids: Sequence[int], folder: str) -> None:
+    def move(self, uids: Sequence[int], folder: str) -> MovedTo | None:
+        """Like a UIDPLUS server: COPYUID for the mails that were there."""
+        moved = {}
         for uid in uids:
             mail = self._box().pop(uid, None)
             if mail is not None:
-                self.server.append(mail.raw, folder)
+                moved[uid] = self.server.append(mail.raw, folder)
+        return MovedTo(self.server.uidvalidity, moved) if moved else None
 
     def close(self) -> None:
         pass

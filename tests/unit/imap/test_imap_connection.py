@@ -11,7 +11,7 @@ from imapclient import exceptions as imap_exc
 
 from connectors.core.errors import AuthenticationError, Disposition, classify
 from connectors.imap.config import ImapAccountSettings
-from connectors.imap.connection import ImapConnection, _wire
+from connectors.imap.connection import ImapConnection, _wire, parse_copyuid
 from connectors.imap.errors import ConnectionLost, ImapProtocolError
 
 
@@ -168,3 +168,20 @@ def test_a_refused_login_is_an_authentication_error(account: dict[str, str]) -> 
         conn.login()
     assert classify(caught.value) is Disposition.PERMANENT
     assert "tok" not in str(caught.value) and "'p'" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (b"17 41:43,45 101:104", (17, {41: 101, 42: 102, 43: 103, 45: 104})),
+        (b"17 43:41 3:1", (17, {41: 1, 42: 2, 43: 3})),
+        ("9 5 7", (9, {5: 7})),
+        (b"17 41:43 101", None),  # sets of different sizes: not trusted
+        (b"17 41:* 101:104", None),
+        (b"x 1 2", None),
+        (b"17 1", None),
+    ],
+)
+def test_copyuid_codes(code: bytes | str, expected: tuple[int, dict[int, int]] | None) -> None:
+    found = parse_copyuid(code)
+    assert (found.uidvalidity, found.uids) == expected if found else expected is None

@@ -299,6 +299,31 @@ def test_after_commit_move_records_moving_then_moved_with_the_new_folder() -> No
     assert moved_offsets[0]["pending"] is None  # MOVED
     assert [json.loads(r.value)["source"]["folder"] for r in moved_records] == ["Done", "Done"]
     assert server.folders["INBOX"] == {} and len(server.folders["Done"]) == 2
+    # Where they are now, from the server's COPYUID: the UIDs the target folder gave them.
+    assert [
+        (json.loads(r.value)["source"]["uidvalidity"], json.loads(r.value)["source"]["uid"])
+        for r in moved_records
+    ] == [(100, 1), (100, 2)]
+    assert worker.index.uids("Done", 100).tolist() == [1, 2]
+
+
+def test_a_move_without_copyuid_publishes_the_new_folder_without_a_uid() -> None:
+    server = filled(1)
+    worker, writer, _ = make_worker(server, after_commit="move:Done")
+    connection = FakeConnection
+    original = connection.move
+
+    def no_copyuid(self: FakeConnection, uids: Any, folder: str) -> None:
+        original(self, uids, folder)
+
+    connection.move = no_copyuid  # type: ignore[assignment,method-assign]
+    try:
+        worker.run()
+    finally:
+        connection.move = original  # type: ignore[method-assign]
+    (moved,) = writer.transactions[2][0]
+    source = json.loads(moved.value)["source"]
+    assert (source["folder"], source["uidvalidity"], source["uid"]) == ("Done", None, None)
 
 
 @pytest.mark.parametrize("already_moved", [False, True])
@@ -313,6 +338,7 @@ def test_an_unfinished_move_is_repaired_at_start(already_moved: bool) -> None:
     repaired_records, repaired_offsets = writer.transactions[0]
     assert repaired_offsets[0]["pending"] is None
     assert sorted(json.loads(r.value)["source"]["folder"] for r in repaired_records) == ["Done"] * 2
+    assert sorted(json.loads(r.value)["source"]["uid"] for r in repaired_records) == [1, 2]
     assert server.folders["INBOX"] == {} and len(server.folders["Done"]) == 2
 
 
@@ -496,3 +522,18 @@ def test_a_pipelined_backfill_fenced_midway_stops_for_good() -> None:
     worker.run()
     assert worker.fenced and stop.delays == []
     assert [e["source"]["uid"] for e in events(writer)] == [1, 2, 3]
+
+
+def test_batches_are_cut_by_bytes_with_only_the_large_mails_sized() -> None:
+    server = FakeServer()
+    for i in range(7):
+        body = b"x" * (500 if i in (2, 5) else 10)  # two mails above budget / batch_size
+        server.append(f"m{i}\r\n\r\n".encode() + body)
+    worker, writer, _ = make_worker(server)
+    worker.settings = worker.settings.model_copy(update={"max_batch_bytes": 600})
+    worker.run()
+    # batch_size 3 and 600 bytes: a mail up to 200 bytes fits a full batch unsized; uids 3
+    # and 6 (~506 bytes) are sized and go alone.
+    batches = [[json.loads(r.value)["source"]["uid"] for r in t[0]] for t in writer.transactions]
+    assert batches[1:] == [[1, 2], [3], [4, 5], [6], [7]]
+    assert server.size_searches == 1  # one SEARCH LARGER for the window
