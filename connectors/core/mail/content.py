@@ -89,7 +89,8 @@ class _Body:
         if self.size >= limit:
             self.truncated = True
             return
-        encoded_size = len(text.encode("utf-8", "replace"))
+        # An ASCII str is one UTF-8 byte per character (str.isascii is O(1)).
+        encoded_size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
         self.chunks.append(text)
         self.size += encoded_size + 1
 
@@ -97,6 +98,8 @@ class _Body:
         if not self.chunks:
             return None
         text = clean_text("\n".join(self.chunks))
+        if text.isascii() and len(text) <= limit:
+            return text  # what the general path below gives it
         encoded = text.encode("utf-8")
         if len(encoded) > limit:
             self.truncated = True
@@ -186,10 +189,10 @@ def _single_text_part(
             if not _FIELD_LINE.match(line) and line[:1] not in (b" ", b"\t"):
                 return None
     wanted: dict[str, str] = {}
-    for name, value in head.fields:
-        lowered = name.lower()
-        if lowered in ("content-type", "content-disposition", "content-transfer-encoding"):
-            wanted.setdefault(lowered, value.decode("ascii", "surrogateescape"))
+    for lowered in ("content-type", "content-disposition", "content-transfer-encoding"):
+        values = head.by_name.get(lowered)
+        if values:
+            wanted[lowered] = values[0].decode("ascii", "surrogateescape")
     ctype_value = wanted.get("content-type")
     ctype = content_type_of(ctype_value)
     if ctype not in _BODY_TYPES:

@@ -50,15 +50,26 @@ class Head:
     fields: list[tuple[str, bytes]]
     #: Every line of ``head`` is a plain ``Name: value`` line (see ``_PLAIN_FIELD``).
     plain: bool
+    #: The values of ``fields`` by lower-cased name, in order.
+    by_name: dict[str, list[bytes]]
 
 
 def read_head(raw: bytes) -> Head:
     """:func:`split_head` and :func:`parse_fields` in one go."""
     head, body = split_head(raw)
-    plain = _plain_fields(head)
-    if plain is not None:
-        return Head(head, body, plain, True)
-    return Head(head, body, _fields_of(split_lines(head)), False)
+    fields = _plain_fields(head)
+    plain = fields is not None
+    if fields is None:
+        fields = _fields_of(split_lines(head))
+    by_name: dict[str, list[bytes]] = {}
+    for name, value in fields:
+        lowered = name.lower()
+        same_name = by_name.get(lowered)
+        if same_name is None:
+            by_name[lowered] = [value]
+        else:
+            same_name.append(value)
+    return Head(head, body, fields, plain, by_name)
 
 
 def _plain_fields(head: bytes) -> list[tuple[str, bytes]] | None:

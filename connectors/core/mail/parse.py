@@ -64,7 +64,10 @@ _SOURCE_OPTIONAL = ("uidvalidity", "uid", "modseq", "item_id", "change_key")
 _ANGLE_ID = re.compile(rb"<([^<>]*)>")
 _BARE_CR = re.compile(rb"\r(?!\n)")
 _MAX_PARSE_ERROR = 1_000
-_DEFAULT_LIMITS = ParseLimits()  # frozen; building one per mail cost ~1 µs
+_DEFAULT_LIMITS = ParseLimits()
+# Enum look-ups cost more than dict ones; done per mail.
+_FINGERPRINT = KeyKind.FINGERPRINT.value
+_KEY_KINDS = {kind.value: kind for kind in KeyKind}  # frozen; building one per mail cost ~1 µs
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,13 +114,13 @@ def parse_mail(
         problems.extend(scan.problems)
         patched = apply_patches(parseable, scan.patches)
         head = read_head(patched)
-        _fill_from_headers(event, head.fields, account, raw)
+        _fill_from_headers(event, head.by_name, account, raw)
     except ClaimCheckError:
         raise
     except Exception as exc:  # bad input must never stop a mailbox
         logger.warning("mail headers unparseable", extra={"account": account, "error": repr(exc)})
         event["key"] = f"{account}/fp:{content_fingerprint(raw)}"
-        event["key_kind"] = KeyKind.FINGERPRINT.value
+        event["key_kind"] = _FINGERPRINT
         event["parse_error"] = _limit_text(f"headers not parsed: {type(exc).__name__}: {exc}")
         return _finish(event, blobs)
     if not scan.skip_mime:
@@ -153,7 +156,7 @@ def _without_bare_cr(raw: bytes) -> bytes:
 def _finish(event: dict[str, Any], blobs: list[BlobRef]) -> ParsedMail:
     return ParsedMail(
         key=event["key"],
-        key_kind=KeyKind(event["key_kind"]),
+        key_kind=_KEY_KINDS.get(event["key_kind"]) or KeyKind(event["key_kind"]),
         event=event,
         blobs=tuple(blobs),
         parse_error=event["parse_error"],
@@ -187,7 +190,7 @@ def _empty_event(
     return {
         "schema_version": SCHEMA_VERSION,
         "key": "",
-        "key_kind": KeyKind.FINGERPRINT.value,
+        "key_kind": _FINGERPRINT,
         "change": change,
         "account": account,
         "source": coordinates,
@@ -244,16 +247,9 @@ _GUARD_FIELDS = {
 
 
 def _fill_from_headers(
-    event: dict[str, Any], fields: list[tuple[str, bytes]], account: str, raw: bytes
+    event: dict[str, Any], by_name: dict[str, list[bytes]], account: str, raw: bytes
 ) -> None:
-    by_name: dict[str, list[bytes]] = {}
-    for name, value in fields:
-        lowered = name.lower()
-        same_name = by_name.get(lowered)
-        if same_name is None:
-            by_name[lowered] = [value]
-        else:
-            same_name.append(value)
+    """Header-derived fields; ``by_name`` is :attr:`Head.by_name` (lower-cased names)."""
     get = by_name.get
 
     # Duplicate Message-ID fields: the first counts (identity.py explains why).

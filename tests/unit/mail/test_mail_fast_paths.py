@@ -350,3 +350,30 @@ def test_plain_field_blocks_read_like_the_line_loop(lines: list[bytes], newline:
             split = _REF_LINE_END.split(head)
             assert split[0] and content._FIELD_LINE.match(split[0])
             assert all(content._FIELD_LINE.match(line) for line in split)
+
+
+def _reference_body(chunks: list[str], limit: int) -> tuple[str | None, bool]:
+    """content._Body as it was: sizes and the cut always via UTF-8 bytes."""
+    size, truncated, kept = 0, False, []
+    for text in chunks:
+        if size >= limit:
+            truncated = True
+            continue
+        kept.append(text)
+        size += len(text.encode("utf-8", "replace")) + 1
+    if not kept:
+        return None, truncated
+    joined = charsets.clean_text("\n".join(kept))
+    encoded = joined.encode("utf-8")
+    if len(encoded) > limit:
+        return encoded[:limit].decode("utf-8", "ignore"), True
+    return joined, truncated
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(st.text(alphabet="ab\né会\udce9", max_size=12), max_size=4), st.integers(0, 30))
+def test_body_sizes_with_ascii_shortcut(chunks: list[str], limit: int) -> None:
+    body = content._Body()
+    for text in chunks:
+        body.add(text, limit)
+    assert (body.result(limit), body.truncated) == _reference_body(chunks, limit)
