@@ -198,8 +198,9 @@ def _single_text_part(
     if ctype not in _BODY_TYPES:
         return None
     _, ctype_params = parse_params(ctype_value or "", limits.max_params)
-    disposition, disposition_params = parse_params(
-        wanted.get("content-disposition") or "", limits.max_params
+    disposition_value = wanted.get("content-disposition")
+    disposition, disposition_params = (
+        parse_params(disposition_value, limits.max_params) if disposition_value else ("", [])
     )
     if disposition == "attachment":
         return None

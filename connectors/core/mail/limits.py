@@ -366,8 +366,8 @@ def _cap_params_and_type(
     """Rewrite over-long parameter lists; return the part's media type."""
     for name in (b"content-type", b"content-disposition"):
         found = _first(fields, name)
-        if found is None:
-            continue
+        if found is None or found.value.count(b";") <= limits.max_params:
+            continue  # at most one more piece than separators: nothing to cut
         pieces = split_params(found.value.decode("latin-1"))
         if len(pieces) - 1 <= limits.max_params:
             continue

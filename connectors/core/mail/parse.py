@@ -317,6 +317,10 @@ _MONTHS = {
 }
 
 
+#: timezone objects by offset in seconds (immutable; at most 2 x 100 x 60 of them).
+_ZONES: dict[int, timezone] = {}
+
+
 def _rfc5322_date(value: str) -> datetime | None:
     """``parsedate_to_datetime(value)`` for the common form; None when not that form (or
     not a valid moment: the stdlib then decides)."""
@@ -332,14 +336,11 @@ def _rfc5322_date(value: str) -> datetime | None:
                     int(year), _MONTHS[month], int(day), int(hour), int(minute), int(second)
                 )
             offset = -offset
+        zone = _ZONES.get(offset)
+        if zone is None:
+            zone = _ZONES[offset] = timezone(timedelta(seconds=offset))
         return datetime(
-            int(year),
-            _MONTHS[month],
-            int(day),
-            int(hour),
-            int(minute),
-            int(second),
-            tzinfo=timezone(timedelta(seconds=offset)),
+            int(year), _MONTHS[month], int(day), int(hour), int(minute), int(second), tzinfo=zone
         )
     except (ValueError, OverflowError):
         return None
