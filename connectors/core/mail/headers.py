@@ -46,30 +46,30 @@ class Head:
 
     head: bytes
     body: bytes
-    #: :func:`parse_fields` of ``head``.
-    fields: list[tuple[str, bytes]]
     #: Every line of ``head`` is a plain ``Name: value`` line (see ``_PLAIN_FIELD``).
     plain: bool
-    #: The values of ``fields`` by lower-cased name, in order.
+    #: The values of :func:`parse_fields` by lower-cased name (``str.lower``), in order.
     by_name: dict[str, list[bytes]]
 
 
 def read_head(raw: bytes) -> Head:
-    """:func:`split_head` and :func:`parse_fields` in one go."""
+    """:func:`split_head`, and :func:`parse_fields` grouped by name, in one go."""
     head, body = split_head(raw)
-    fields = _plain_fields(head)
-    plain = fields is not None
-    if fields is None:
-        fields = _fields_of(split_lines(head))
     by_name: dict[str, list[bytes]] = {}
-    for name, value in fields:
-        lowered = name.lower()
+    found = _PLAIN_FIELD.findall(head)
+    plain = len(found) == head.count(b"\n") + 1
+    if plain:
+        # Plain names are ASCII: bytes.lower() is what str.lower() does to them.
+        pairs = [(name.lower().decode("ascii"), value) for name, value in found]
+    else:
+        pairs = [(name.lower(), value) for name, value in _fields_of(split_lines(head))]
+    for lowered, value in pairs:
         same_name = by_name.get(lowered)
         if same_name is None:
             by_name[lowered] = [value]
         else:
             same_name.append(value)
-    return Head(head, body, fields, plain, by_name)
+    return Head(head, body, plain, by_name)
 
 
 def _plain_fields(head: bytes) -> list[tuple[str, bytes]] | None:

@@ -285,7 +285,12 @@ def _texts(values: list[bytes] | None) -> list[str]:
     """Header values as text, verbatim (see :func:`_text`), not stripped."""
     if not values:
         return []
-    return [clean_text(decode_text(value, None)) for value in values]
+    return [
+        value.decode("ascii")  # what decode_text and clean_text give it
+        if value.isascii() and b"\x1b$" not in value
+        else clean_text(decode_text(value, None))
+        for value in values
+    ]
 
 
 def _message_ids(value: bytes | None) -> list[str]:
