@@ -37,7 +37,12 @@ _HEAD_WINDOW = 16 * 1024
 #: A header line every reader agrees on: a name of printable characters (no space, no colon)
 #: right before the colon, no CR but the one before the line end. When every line of a block
 #: is one, the block has no folds and no garbage, and one regex pass reads all its fields.
-_PLAIN_FIELD = re.compile(rb"^([\041-\071\073-\176]+):[ \t]*([^\r\n]*)\r?$", re.MULTILINE)
+#: The value starts at its first character that is not blank, so that the blanks before it
+#: are split off one way only (``[ \t]*[^\r\n]*`` backtracks quadratically on a line of
+#: blanks that does not match).
+_PLAIN_FIELD = re.compile(
+    rb"^([\041-\071\073-\176]+):[ \t]*((?:[^ \t\r\n][^\r\n]*)?)\r?$", re.MULTILINE
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -278,14 +278,12 @@ def _scan_head_within_caps(
     block = raw[pos:last_newline]  # every line in it is followed by an LF
     lowered = block.lower()
     fields: list[_Field] = []
-    read_line = -1
     hit = lowered.find(b"content-")
     while hit >= 0:
-        line_start = block.rfind(b"\n", 0, hit) + 1
-        if line_start != read_line:
-            read_line = line_start
-            _read_wanted_field(block, pos, line_start, fields)
-        hit = lowered.find(b"content-", hit + 1)
+        _read_wanted_field(block, pos, block.rfind(b"\n", 0, hit) + 1, fields)
+        # On from the next line: each line is looked back over once (linear).
+        line_end = block.find(b"\n", hit)
+        hit = -1 if line_end < 0 else lowered.find(b"content-", line_end + 1)
     return fields, body_start
 
 
