@@ -263,8 +263,16 @@ def _scan_head_within_caps(
     """
     if raw.startswith((b"\n", b"\r\n"), pos):
         return None  # an empty head: the line loop is as quick
-    crlf = raw.find(b"\n\r\n", pos)
-    lf = raw.find(b"\n\n", pos, len(raw) if crlf < 0 else crlf + 3)
+    # A block ending past the byte cap goes to the line loop anyway, so the searches stop
+    # there (unbounded, each part head of a big mail would search to its end).
+    limit = min(len(raw), pos + max_bytes + 3)
+    first_newline = raw.find(b"\n", pos, limit)
+    if first_newline > pos and raw[first_newline - 1] == 0x0D:
+        crlf = raw.find(b"\n\r\n", pos, limit)
+        lf = raw.find(b"\n\n", pos, limit if crlf < 0 else crlf + 3)
+    else:
+        lf = raw.find(b"\n\n", pos, limit)
+        crlf = raw.find(b"\n\r\n", pos, limit if lf < 0 else lf + 2)
     if lf >= 0 and (crlf < 0 or lf < crlf):
         last_newline, body_start = lf, lf + 2
     elif crlf >= 0:

@@ -274,3 +274,14 @@ def test_header_line_full_of_content_dash() -> None:
         (b"Content-Type", b"text/plain")
     ]
     assert raw[body_start:] == b"body"
+
+
+@pytest.mark.timeout(20)
+def test_many_lf_parts_before_a_big_epilogue(parse: Parse) -> None:
+    # Each part head's end is searched within its byte cap, not to the end of the mail
+    # (unbounded, this took ~20 s per 20 MB here).
+    parts = b"".join(b"--b\nContent-Type: text/plain\nX: y\n\npart\n" for _ in range(1_500))
+    raw = b"Subject: lf\nContent-Type: multipart/mixed; boundary=b\n\n" + parts + b"--b--\n"
+    mail = parse(raw + b"x" * 40_000_000)
+    assert mail.event["subject"] == "lf"
+    assert mail.event["text_body"] == "\n".join(["part"] * 1_500)
