@@ -41,6 +41,7 @@ import re
 import stat
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,7 @@ __all__ = [
     "LocalClaimCheckBatch",
     "LocalClaimCheckStore",
     "begin_batch",
+    "make_durable",
     "open_claim_check",
 ]
 
@@ -114,7 +116,7 @@ class ClaimCheckBatch(Protocol):
 
     def get(self, uri: str) -> bytes: ...
 
-    def commit(self) -> None: ...
+    def commit(self) -> list[str]: ...
 
     def discard(self) -> None: ...
 
@@ -137,8 +139,8 @@ class _DurableEachPut:
     def get(self, uri: str) -> bytes:
         return self._store.get(uri)
 
-    def commit(self) -> None:
-        return None
+    def commit(self) -> list[str]:
+        return []
 
     def discard(self) -> None:
         return None
@@ -202,9 +204,11 @@ class LocalClaimCheckStore:
         _fsync_dir(path.parent)
         return ref
 
-    def write(self, path: Path, data: bytes) -> None:
+    def write(self, path: Path, data: bytes, sync: bool = True) -> None:
         """Put ``data`` at ``path`` unless it is there: temporary file, fsync, rename. The
-        directory fsync is the caller's (one per directory and batch)."""
+        directory fsync is the caller's (one per directory and batch). ``sync=False`` leaves
+        the fsync to the caller too (:func:`make_durable`): only for a new, unique path that
+        nothing references before that fsync returned (a pack)."""
         if _is_stored(path, len(data)):
             return
         if path.parent not in self._known_dirs:
@@ -222,7 +226,8 @@ class LocalClaimCheckStore:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -303,12 +308,22 @@ class LocalClaimCheckBatch:
         """A stored blob (one still in flight may not be readable before :meth:`commit`)."""
         return self._store.get(uri)
 
-    def commit(self) -> None:
-        """Make every blob of the batch durable under its name; raises ClaimCheckError."""
+    def commit(self, defer_pack_sync: bool = False) -> list[str]:
+        """Make every blob of the batch durable under its name; raises ClaimCheckError.
+
+        With ``defer_pack_sync`` the pack file is written but not fsynced: the paths returned
+        must go through :func:`make_durable` before anything that references the batch
+        commits (a parse process hands them to the source's commit, so the fsync overlaps the
+        records going out instead of holding up the parsing). Otherwise returns [].
+        """
         pending, self._pending = self._pending, {}
         pack, path = self._take_pack()
+        deferred: list[str] = []
         try:
-            if path is not None:
+            if path is not None and defer_pack_sync:
+                self._store.write(path, pack, sync=False)
+                deferred = [str(path)]
+            elif path is not None:
                 # The pack is one more file of the batch, written like the others.
                 pending[path] = self._store.fsync_pool().submit(self._store.write, path, pack)
             for written in pending.values():
@@ -323,6 +338,7 @@ class LocalClaimCheckBatch:
             raise ClaimCheckError(
                 f"cannot store claim-check blobs under {self._store.root}: {exc}"
             ) from exc
+        return deferred
 
     def discard(self) -> None:
         """Wait for the writes in flight (so none outlives the batch) and forget them. What
@@ -336,6 +352,22 @@ class LocalClaimCheckBatch:
         pack, path = bytes(self._pack), self._pack_path
         self._pack, self._pack_path, self._packed = bytearray(), None, {}
         return pack, path
+
+
+def make_durable(paths: Sequence[str]) -> None:
+    """fsync files written with ``defer_pack_sync`` (fsync covers the file's data whichever
+    descriptor asks), then their directories. Raises ClaimCheckError."""
+    try:
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for directory in {Path(path).parent for path in paths}:
+            _fsync_dir(directory, strict=True)
+    except OSError as exc:
+        raise ClaimCheckError(f"cannot make claim-check blobs durable: {exc}") from exc
 
 
 def _read_packed(uri: str, path: Path, fragment: str) -> bytes:

@@ -6,42 +6,45 @@ third of the FETCH rate. A :class:`ParsePool` runs :meth:`RecordBuilder.build_al
 batches in ``parse_workers`` processes while the mailbox thread fetches the next batch and the
 previous one commits (see ``MailboxWorker._backfill``).
 
-A job returns only once the claim-check blobs of its batch are durable (the child commits its
-own :class:`~connectors.core.claimcheck.ClaimCheckBatch`), so the order "blobs durable, then the
-transaction that references them commits" holds as in the single-threaded path. What a job
+A job returns once the claim-check blobs of its batch are written (the child commits its own
+:class:`~connectors.core.claimcheck.ClaimCheckBatch`); the batch's pack file comes back
+unsynced and the source's commit fsyncs it between producing the records and committing them
+(``before_commit``), so the order "blobs durable, then the transaction that references them
+commits" holds as in the single-threaded path while the child goes on parsing. What a job
 decides is the default change kind (ADDED, or RESCANNED below the rescan mark); whether a key is
 already known to the account (a move or copy: UPDATED) is the account index's to say, in the
 parent, which rebuilds those few mails itself.
 
 Children are started with ``spawn`` (the parent has Kafka and IMAP threads; ``fork`` would copy
-their locks), ignore Ctrl-C (the parent shuts them down) and, on Linux, die with the parent
-(``PR_SET_PDEATHSIG``), so a ``kill -9`` of the source leaves no orphan behind.
+their locks), ignore Ctrl-C (the parent shuts them down) and exit within half a second of the
+parent's death, so a ``kill -9`` of the source leaves no orphan behind.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import multiprocessing
+import os
 import signal
-import sys
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from connectors.core.claimcheck import ClaimCheckStore, open_claim_check
+from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckBatch, open_claim_check
 from connectors.core.config import KafkaSettings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.serde import AvroSerde
 from connectors.imap.connection import FetchedMail
-from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
+from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
+#: How often a parse process checks that the source is still its parent.
+PARENT_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class ParsePool:
 
     def submit(
         self, spec: BuilderSpec, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
-    ) -> Future[list[BuiltMail]]:
+    ) -> Future[ParsedBatch]:
         """Build ``mails`` in a child; the future's result comes with the batch's blobs durable."""
         batch = list(mails)
         executor = self._running()
@@ -99,6 +102,13 @@ class ParsePool:
             log.warning("parse pool broken; starting new processes")
             self._reset(executor)
             return self._running().submit(_build_batch, spec, batch, uidvalidity, rescan_until)
+
+    def warm_up(self) -> None:
+        """Start the processes now (spawning and importing takes ~1 s), not in the middle of
+        the first backfill."""
+        executor = self._running()
+        for done in [executor.submit(_ready) for _ in range(self.workers)]:
+            done.result()
 
     def _running(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -131,12 +141,20 @@ _stores: dict[str | None, ClaimCheckStore | None] = {}
 
 def _init_child() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):  # pragma: no cover - exotic libc
-            log.debug("PR_SET_PDEATHSIG unavailable", exc_info=True)
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_with(parent: int) -> None:
+    """Leave when the source is gone (a ``kill -9`` gives no chance to shut the pool down).
+    Not PR_SET_PDEATHSIG: that fires when the *thread* that spawned the child ends."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(1)
+
+
+def _ready() -> None:
+    """A job that makes a child start (and import what it needs)."""
+    import connectors.core.mail  # noqa: F401
 
 
 def _builder(spec: BuilderSpec) -> RecordBuilder:
@@ -157,7 +175,7 @@ def _builder(spec: BuilderSpec) -> RecordBuilder:
 
 def _build_batch(
     spec: BuilderSpec, mails: list[FetchedMail], uidvalidity: int, rescan_until: int
-) -> list[BuiltMail]:
+) -> ParsedBatch:
     builder = _builder(spec)
 
     def change(mail: FetchedMail, _key: str) -> ChangeKind:
@@ -166,9 +184,13 @@ def _build_batch(
     blobs = builder.begin_blobs()
     try:
         built = builder.build_all(mails, uidvalidity, change, blobs)
-        if blobs is not None:
+        unsynced: list[str] = []
+        if isinstance(blobs, LocalClaimCheckBatch):
+            # The pack's fsync is the committing thread's (it overlaps the produce there).
+            unsynced = blobs.commit(defer_pack_sync=True)
+        elif blobs is not None:
             blobs.commit()
-        return built
+        return ParsedBatch(built, tuple(unsynced))
     finally:
         if blobs is not None:
             blobs.discard()  # what a failed batch staged; nothing after the commit
@@ -187,5 +209,5 @@ class MailboxParsing:
 
     def submit(
         self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
-    ) -> Future[list[BuiltMail]]:
+    ) -> Future[ParsedBatch]:
         return self.pool.submit(self.spec, mails, uidvalidity, rescan_until)

@@ -56,6 +56,15 @@ class BuiltMail:
     dlq: bool
 
 
+@dataclass(frozen=True)
+class ParsedBatch:
+    """A batch built elsewhere (a parse process): its mails, and the claim-check files it
+    wrote but did not fsync, which must be made durable before the batch commits."""
+
+    mails: list[BuiltMail]
+    unsynced: tuple[str, ...] = ()
+
+
 class RecordBuilder:
     """Builds the records of one mailbox (account, folder)."""
 

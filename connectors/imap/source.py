@@ -138,6 +138,9 @@ class ImapSource:
             self.metrics, health.host, health.port, health.max_sync_age_seconds
         ).start()
         self.workers = self.build_workers()
+        if self._pool is not None:
+            # In the background: a mailbox with nothing to catch up must not wait for it.
+            threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
         for worker in self.workers:
             thread = threading.Thread(
                 target=worker.run, name=f"imap-{worker.account.name}-{worker.folder}", daemon=True
@@ -145,6 +148,15 @@ class ImapSource:
             self._threads.append(thread)
             thread.start()
         log.info("imap source: %d mailboxes started", len(self.workers))
+
+    def _warm_up(self) -> None:
+        pool = self._pool
+        if pool is None:
+            return
+        try:
+            pool.warm_up()
+        except Exception:  # the first backfill starts the processes (and reports) instead
+            log.warning("parse processes did not start ahead of time", exc_info=True)
 
     @property
     def health_port(self) -> int | None:

@@ -25,6 +25,7 @@ Crash points for tests (:mod:`connectors.core.faults`): besides the shared ``bef
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -35,7 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from connectors.core.backoff import Backoff
-from connectors.core.claimcheck import ClaimCheckBatch
+from connectors.core.claimcheck import ClaimCheckBatch, make_durable
 from connectors.core.contract import FencedError, SourceRecord
 from connectors.core.faults import CrashPoints
 from connectors.core.metrics import SourceMetrics
@@ -54,7 +55,7 @@ from connectors.imap.cursor import (
 )
 from connectors.imap.errors import ConnectionLost, ImapProtocolError
 from connectors.imap.index import AccountIndex
-from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
+from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, RecordBuilder
 from connectors.imap.state import StateMachine, WorkerState
 
 log = logging.getLogger(__name__)
@@ -84,14 +85,15 @@ class Writer(Protocol):
 
 class BatchParsing(Protocol):
     """Builds a batch of this mailbox elsewhere (:class:`connectors.imap.parsepool.MailboxParsing`):
-    default change kinds only, blobs durable when the future is done."""
+    default change kinds only; its blobs are durable when the future is done, except the files
+    in ``ParsedBatch.unsynced``, which the commit makes durable (:func:`make_durable`)."""
 
     @property
     def workers(self) -> int: ...
 
     def submit(
         self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
-    ) -> Future[list[BuiltMail]]: ...
+    ) -> Future[ParsedBatch]: ...
 
 
 @dataclass
@@ -99,7 +101,7 @@ class _InFlight:
     """A fetched batch on its way: parsing in the pool, then committing."""
 
     fetched: list[FetchedMail]
-    built: Future[list[BuiltMail]]
+    built: Future[ParsedBatch]
     cursor: Cursor
 
 
@@ -473,14 +475,18 @@ class MailboxWorker:
     ) -> Future[None]:
         """Hand ``batch`` to the committer once the previous batch committed."""
         assert self._committer is not None
-        built = self._known_elsewhere(batch.fetched, batch.built.result())
+        parsed = batch.built.result()
         if previous is not None:
             previous.result()  # its error (abort, fenced) ends the backfill here
-        records = [r for b in built for r in b.records]
         self._crash.reached("before_write")
 
         def commit() -> None:
-            self._commit(records, batch.cursor)
+            # On the committer thread, off the fetching one: the index, then the transaction.
+            built = self._known_elsewhere(batch.fetched, parsed.mails)
+            records = [r for b in built for r in b.records]
+            # The pack the parse process wrote becomes durable while the records go out.
+            durable = functools.partial(make_durable, parsed.unsynced) if parsed.unsynced else None
+            self._commit(records, batch.cursor, before_commit=durable)
             self._count(built)
 
         return self._committer.submit(commit)
@@ -573,7 +579,8 @@ class MailboxWorker:
         records = [r for b in built for r in b.records]
         self._crash.reached("before_write")
         # The batch's blobs become durable while its records go out, before the commit.
-        self._commit(records, cursor, before_commit=blobs.commit if blobs is not None else None)
+        durable = functools.partial(_make_durable, blobs) if blobs is not None else None
+        self._commit(records, cursor, before_commit=durable)
         self._count(built)
 
     def _count(self, built: list[BuiltMail]) -> None:
@@ -702,6 +709,10 @@ class MailboxWorker:
                 len(tombstones),
             )
             self._commit(tombstones, self.cursor)
+
+
+def _make_durable(blobs: ClaimCheckBatch) -> None:
+    blobs.commit()
 
 
 def _advanced(

@@ -104,8 +104,10 @@ def _populate(info: DevServices, username: str, password: str, tag: str, count: 
     now = int(time.time())
     for i in range(count):
         data = _mail(tag, i)
-        # S= is the file size; Dovecot trusts it (a wrong one is a "broken physical size").
-        path = maildir / "cur" / f"{now}.M{i}P{os.getpid()}.{host},S={len(data)}:2,"
+        # S= is the file size, W= the size with CRLF line ends (RFC822.SIZE), as Dovecot's own
+        # delivery writes them; Dovecot trusts both (a wrong one is a "broken physical size").
+        # The mails have CRLF line ends already, so W = S.
+        path = maildir / "cur" / f"{now}.M{i}P{os.getpid()}.{host},S={len(data)},W={len(data)}:2,"
         path.write_bytes(data)
         os.chown(path, owner.st_uid, owner.st_gid)
     info.doveadm("force-resync", "-u", username, "INBOX")

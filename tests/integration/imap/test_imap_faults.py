@@ -103,7 +103,7 @@ def test_sigkill_during_a_large_backfill(imap: ImapHarness) -> None:
     assert pool, "a backfill parses in a process pool"
     first.send_signal(signal.SIGKILL)
     first.wait(30)
-    # PR_SET_PDEATHSIG (and EOF on their pipes): nothing of the killed source lives on.
+    # The parse processes watch their parent: nothing of the killed source lives on.
     wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in pool), "no orphans")
     imap.spawn(config, log_name="second")
     wait_for(lambda: imap.cursor_at(600), "the backfill to finish after the restart")

@@ -23,7 +23,7 @@ from connectors.imap.connection import FetchedMail
 from connectors.imap.cursor import Cursor, PendingSideEffect, source_partition
 from connectors.imap.errors import ConnectionLost
 from connectors.imap.index import AccountIndex
-from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
+from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder
 from connectors.imap.state import WorkerState
 from connectors.imap.worker import MailboxWorker
 from tests.unit.imap.fake_imap import (
@@ -128,16 +128,22 @@ class ThreadedParsing:
         self.builder = builder
         self.executor = ThreadPoolExecutor(2)
         self.batches: list[list[int]] = []
+        #: Files a parse process wrote without fsync: the commit must make them durable.
+        self.unsynced: tuple[str, ...] = ()
 
     def submit(
         self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
-    ) -> Future[list[BuiltMail]]:
+    ) -> Future[ParsedBatch]:
         self.batches.append([m.uid for m in mails])
 
         def kind(mail: FetchedMail, _key: str) -> ChangeKind:
             return "RESCANNED" if mail.uid < rescan_until else "ADDED"
 
-        return self.executor.submit(self.builder.build_all, list(mails), uidvalidity, kind)
+        def build() -> ParsedBatch:
+            built = self.builder.build_all(list(mails), uidvalidity, kind)
+            return ParsedBatch(built, self.unsynced)
+
+        return self.executor.submit(build)
 
 
 def events(writer: RecordingWriter) -> list[dict[str, Any]]:
@@ -537,3 +543,20 @@ def test_batches_are_cut_by_bytes_with_only_the_large_mails_sized() -> None:
     batches = [[json.loads(r.value)["source"]["uid"] for r in t[0]] for t in writer.transactions]
     assert batches[1:] == [[1, 2], [3], [4, 5], [6], [7]]
     assert server.size_searches == 1  # one SEARCH LARGER for the window
+
+
+def test_a_pipelined_batch_commits_only_once_its_unsynced_pack_is_durable(tmp_path: Path) -> None:
+    pack = tmp_path / "batch.pack"
+    pack.write_bytes(b"blobs")
+    worker, writer, stop = make_worker(filled(7), pipelined=True)
+    parsing = worker._parsing
+    assert isinstance(parsing, ThreadedParsing)
+    parsing.unsynced = (str(tmp_path / "gone.pack"),)  # fsync fails: nothing may commit
+    stop.limit = 1
+    worker.run()
+    assert writer.transactions[1:] == [] and len(stop.delays) == 1
+    parsing.unsynced = (str(pack),)
+    worker, writer, _ = make_worker(filled(7), pipelined=True)
+    worker._parsing = parsing
+    worker.run()
+    assert [len(records) for records, _ in writer.transactions] == [0, 3, 3, 1]

@@ -14,6 +14,7 @@ from connectors.core.claimcheck import (
     ClaimCheckError,
     LocalClaimCheckStore,
     begin_batch,
+    make_durable,
     open_claim_check,
 )
 from connectors.core.errors import ConfigError, Disposition, classify
@@ -267,3 +268,21 @@ def test_a_pack_write_failure_is_a_retriable_error_at_commit(tmp_path: Path) -> 
     with pytest.raises(ClaimCheckError) as caught:
         batch.commit()
     assert classify(caught.value) is Disposition.RETRY
+
+
+def test_a_deferred_pack_is_written_at_commit_and_made_durable_by_its_paths(
+    tmp_path: Path,
+) -> None:
+    store = LocalClaimCheckStore(tmp_path, pack_max_blob=1024)
+    batch = store.batch()
+    ref = batch.put(b"parsed elsewhere", kind="raw")
+    large = batch.put(b"L" * 2000, kind="raw")  # not packed: durable at commit as before
+    unsynced = batch.commit(defer_pack_sync=True)
+    assert unsynced == [str(p) for p in _packs(tmp_path)] and len(unsynced) == 1
+    make_durable(unsynced)
+    assert store.get(ref.uri) == b"parsed elsewhere" and store.get(large.uri) == b"L" * 2000
+    assert store.batch().commit(defer_pack_sync=True) == []  # no pack, nothing to sync
+    with pytest.raises(ClaimCheckError) as caught:
+        make_durable([str(tmp_path / "missing.pack")])
+    assert classify(caught.value) is Disposition.RETRY
+    store.close()
