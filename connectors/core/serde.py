@@ -64,6 +64,20 @@ def load_schema(name: str, path: Path | None = None) -> LoadedSchema:
     return LoadedSchema(name, raw, parsed, bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")))
 
 
+def _record_unions(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Top-level fields typed ``["null", <a record>]``: (field, the record's full name)."""
+    namespace = raw.get("namespace", "")
+    found = []
+    for field in raw.get("fields", []):
+        branches = field["type"] if isinstance(field["type"], list) else []
+        records = [b for b in branches if isinstance(b, dict) and b.get("type") == "record"]
+        if len(branches) == 2 and "null" in branches and len(records) == 1:
+            name = records[0]["name"]
+            space = records[0].get("namespace", namespace)
+            found.append((field["name"], name if "." in name or not space else f"{space}.{name}"))
+    return tuple(found)
+
+
 @cache
 def _known_writers() -> dict[bytes, LoadedSchema]:
     """Every schema version we can read: ``schemas/*.avsc`` and ``schemas/history/*.avsc``."""
@@ -97,6 +111,7 @@ class AvroSerde:
     def __init__(self, schema: LoadedSchema, registry_url: str | None = None) -> None:
         self.schema = schema
         self._registry_url = registry_url
+        self._record_unions = _record_unions(schema.raw)
         self._serializer: Any = None
         self._deserializer: Any = None
         if registry_url:
@@ -130,6 +145,8 @@ class AvroSerde:
         )
 
     def encode(self, value: dict[str, Any], topic: str) -> bytes:
+        if self._record_unions:
+            value = self._with_branches(value)
         if self._serializer is not None:
             from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -141,6 +158,18 @@ class AvroSerde:
         buf.write(self.schema.fingerprint)
         fastavro.schemaless_writer(buf, self.schema.parsed, value)
         return buf.getvalue()
+
+    def _with_branches(self, value: dict[str, Any]) -> dict[str, Any]:
+        """Name the branch of each top-level ``["null", record]`` union (fastavro's tuple
+        notation): the same bytes, without fastavro trying the record against each branch
+        (a fifth of a MailEvent's encoding time)."""
+        hinted = None
+        for field, name in self._record_unions:
+            datum = value.get(field)
+            if isinstance(datum, dict):
+                hinted = hinted if hinted is not None else dict(value)
+                hinted[field] = (name, datum)
+        return hinted if hinted is not None else value
 
     def decode(self, data: bytes, topic: str = "") -> dict[str, Any]:
         """Decode either encoding into a dict of the current (reader) schema."""

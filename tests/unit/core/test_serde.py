@@ -1,4 +1,5 @@
 import datetime as dt
+import io
 import json
 
 import fastavro
@@ -115,3 +116,23 @@ def test_reader_fills_defaults_for_fields_a_writer_did_not_have(tmp_path, monkey
         assert current.decode(data)["attributes"] == {}
     finally:
         serde_module._known_writers.cache_clear()
+
+
+@pytest.mark.parametrize("with_records", [True, False])
+def test_named_union_branches_encode_the_same_bytes_as_plain_fastavro(with_records: bool) -> None:
+    serde = AvroSerde(load_schema("MailEvent"))
+    event = mail_event()
+    blob = {"uri": "file:///b/pack/1.pack#offset=0&size=3&sha256=" + "0" * 64, "size": 3}
+    event["raw_ref"] = {**blob, "sha256": "0" * 64} if with_records else None
+    if not with_records:
+        event["from"] = None
+    plain = io.BytesIO()
+    fastavro.schemaless_writer(plain, serde.schema.parsed, event)
+    encoded = serde.encode(event, "mail.events")
+    assert encoded[10:] == plain.getvalue()
+    assert serde.decode(encoded)["from"] == event["from"]
+    assert serde._record_unions == (
+        ("from", "io.mailtap.v1.Address"),
+        ("raw_ref", "io.mailtap.v1.BlobRef"),
+    )
+    assert isinstance(event["from"], dict | None)  # the caller's dict is left alone
