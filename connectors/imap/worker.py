@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from connectors.core.backoff import Backoff
 from connectors.core.claimcheck import ClaimCheckBatch, make_durable
-from connectors.core.contract import FencedError, SourceRecord
+from connectors.core.contract import FencedError, SourceRecord, TransactionAborted
 from connectors.core.faults import CrashPoints
 from connectors.core.metrics import SourceMetrics
 from connectors.core.offsets import canonical_json
@@ -148,6 +148,8 @@ class MailboxWorker:
         self._parsing = parsing
         #: Commits a backfill's transactions while the next batches are fetched and parsed.
         self._committer: ThreadPoolExecutor | None = None
+        #: Set by a failed backfill commit: the committer commits nothing queued behind it.
+        self._commit_failed = False
         self.partition = source_partition(account.name, folder)
         self._partition_key = canonical_json(self.partition)
         self.machine = StateMachine(account.name, folder)
@@ -433,63 +435,72 @@ class MailboxWorker:
                 yield from split_by_bytes(chunk, sizes, budget)
 
     def _backfill(self, conn: ImapConnection, uids: list[int], hms: int | None) -> None:
-        """New mails in a pipeline: batch N commits (committer thread) while N+1.. parse (the
-        pool) and N+k is fetched (this thread). Each batch is still one transaction with its
-        cursor, committed in UID order; when anything fails, the batches behind it are dropped
-        and the session retries from the committed cursor (what is on its way is never
-        committed: the committer runs one batch at a time, in order, and stops at an error).
+        """New mails in a pipeline: this thread fetches batch after batch and hands each to
+        the parse pool and, at once, to the committer thread, which commits them one by one in
+        UID order as their parsing ends (each still one transaction with its cursor). This
+        thread waits only when too much is on its way. When a commit fails, the committer
+        commits nothing after it, the batches behind it are dropped, and the session retries
+        from the committed cursor.
 
-        Memory: at most ``parse_workers + 1`` batches in flight, each under ``max_batch_bytes``.
+        Memory: at most ``2 * parse_workers + 2`` batches on their way (fewer when they hold
+        more than ``2 * max_batch_bytes``), each under ``max_batch_bytes``.
         """
         assert self.cursor is not None and self._parsing is not None
+        most = 2 * self._parsing.workers + 2
         if self._committer is None:
             self._committer = ThreadPoolExecutor(1, thread_name_prefix=f"commit-{self.folder}")
-        depth = self._parsing.workers + 1
+        self._commit_failed = False
+        most_bytes = 2 * self.settings.max_batch_bytes
         planned = self.cursor
-        inflight: deque[_InFlight] = deque()
-        committing: Future[None] | None = None
+        pending: deque[tuple[Future[None], int]] = deque()
+        parsing: list[Future[ParsedBatch]] = []
         progress = _Progress(self.account.name, self.folder, len(uids))
         try:
             for group in self._groups(conn, uids):
                 fetched = conn.fetch(group)
                 job = self._parsing.submit(fetched, planned.uidvalidity, planned.rescan_until)
+                parsing.append(job)
                 planned = _advanced(planned, group, fetched, hms)
-                inflight.append(_InFlight(fetched, job, planned))
-                while len(inflight) > depth or (inflight and inflight[0].built.done()):
-                    committing = self._commit_in_background(inflight.popleft(), committing)
+                batch = _InFlight(fetched, job, planned)
+                size = sum(len(m.raw) for m in fetched)
+                pending.append((self._committer.submit(self._commit_parsed, batch), size))
+                # Done commits leave; errors (abort, fenced) end the backfill here.
+                while pending and (
+                    pending[0][0].done()
+                    or len(pending) > most
+                    or (len(pending) > 2 and sum(b for _, b in pending) > most_bytes)
+                ):
+                    pending.popleft()[0].result()
+                parsing = [j for j in parsing if not j.done()]
                 progress.add(len(group))
                 if self.stop.is_set():
                     break
-            while inflight:
-                committing = self._commit_in_background(inflight.popleft(), committing)
-            if committing is not None:
-                committing.result()
+            while pending:
+                pending.popleft()[0].result()
         finally:
-            for rest in inflight:
-                rest.built.cancel()
-            if committing is not None and not committing.done():
-                committing.exception()  # wait: the writer is this thread's again after
+            self._commit_failed = bool(pending)  # what is still queued must not commit
+            for job in parsing:
+                job.cancel()
+            for commit, _ in pending:
+                commit.exception()  # wait: the writer is this thread's again after
 
-    def _commit_in_background(
-        self, batch: _InFlight, previous: Future[None] | None
-    ) -> Future[None]:
-        """Hand ``batch`` to the committer once the previous batch committed."""
-        assert self._committer is not None
-        parsed = batch.built.result()
-        if previous is not None:
-            previous.result()  # its error (abort, fenced) ends the backfill here
-        self._crash.reached("before_write")
-
-        def commit() -> None:
-            # On the committer thread, off the fetching one: the index, then the transaction.
+    def _commit_parsed(self, batch: _InFlight) -> None:
+        """On the committer thread, in order: wait for the batch's parsing, register it in
+        the index, then produce and commit it with its cursor."""
+        if self._commit_failed:
+            raise TransactionAborted("an earlier batch of this backfill failed; not committed")
+        try:
+            parsed = batch.built.result()
+            self._crash.reached("before_write")
             built = self._known_elsewhere(batch.fetched, parsed.mails)
             records = [r for b in built for r in b.records]
             # The pack the parse process wrote becomes durable while the records go out.
             durable = functools.partial(make_durable, parsed.unsynced) if parsed.unsynced else None
             self._commit(records, batch.cursor, before_commit=durable)
             self._count(built)
-
-        return self._committer.submit(commit)
+        except BaseException:
+            self._commit_failed = True
+            raise
 
     def _known_elsewhere(
         self, fetched: list[FetchedMail], built: list[BuiltMail]
