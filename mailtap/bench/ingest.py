@@ -171,6 +171,19 @@ def _connection_fetch_rate(info: DevServices, username: str, password: str) -> f
     return fetched / elapsed
 
 
+def _backfill_started(log_path: Path) -> float | None:
+    """When the source logged ``... mails to read`` (epoch seconds), from its log line's
+    timestamp (``%Y-%m-%d %H:%M:%S,mmm``, local time)."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        if "mails to read" in line:
+            try:
+                stamp, millis = line[:23].split(",")
+                return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3
+            except ValueError:
+                return None
+    return None
+
+
 def _cpu_seconds(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -211,6 +224,7 @@ class Arrivals:
     times: dict[str, float] = field(default_factory=dict)
     first: float | None = None
     last: float | None = None
+    last_wall: float | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -232,6 +246,7 @@ class Arrivals:
                             self.times[key.decode()] = now
                             self.first = self.first or now
                             self.last = now
+                            self.last_wall = time.time()
         finally:
             consumer.close()
 
@@ -291,8 +306,30 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
+ROUND_FIGURES = ("raw_fetch_mails_per_s", "ingest_mails_per_s", "ingest_to_raw_ratio")
+
+
+def bench_ingest(json_out: bool, mails: int, rounds: int = 3) -> dict[str, Any]:
+    """``rounds`` rounds, each on a fresh mailbox and topics: raw FETCH, then the ingest. The
+    shared 2-core machine is noisy; the median ratio is the figure. The last round also
+    measures IDLE latency, and its full figures are printed."""
     info = _services()
+    results = []
+    for number in range(1, rounds + 1):
+        _say(f"round {number} of {rounds}")
+        results.append(_round(info, mails, idle=number == rounds))
+    figures = results[-1]
+    figures["rounds"] = [{name: r[name] for name in ROUND_FIGURES} for r in results]
+    figures["ingest_to_raw_ratio_median"] = statistics.median(
+        r["ingest_to_raw_ratio"] for r in results
+    )
+    if not json_out:
+        for name, value in figures.items():
+            print(f"{name:40s} {value}")
+    return figures
+
+
+def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
     tag = uuid.uuid4().hex[:8]
     username, password = f"bench-{tag}@example.com", "bench"
     info.add_user(username, password)
@@ -397,7 +434,14 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
         rss_samples.append((mails, _rss_kb(proc.pid, "VmRSS")))
         peak_backfill = _rss_kb(proc.pid, "VmHWM")
         assert arrivals.first is not None and arrivals.last is not None
-        ingest_rate = (mails - 1) / max(arrivals.last - arrivals.first, 1e-6)
+        started = _backfill_started(work / "source.log")
+        if started is not None and arrivals.last_wall is not None:
+            # From the source's "N mails to read" (just before its first FETCH) to the last
+            # event committed: like the raw FETCH loop, it includes filling the pipeline.
+            ingest_rate = mails / max(arrivals.last_wall - started, 1e-6)
+        else:  # pragma: no cover - the source logs that line at INFO
+            ingest_rate = (mails - 1) / max(arrivals.last - arrivals.first, 1e-6)
+            figures["ingest_rate_from_first_arrival"] = True
         figures["ingest_mails_per_s"] = round(ingest_rate, 1)
         figures["ingest_wall_seconds_incl_startup"] = round(finished - spawned, 2)
         figures["ingest_to_raw_ratio"] = round(ingest_rate / raw_rate, 3)
@@ -405,6 +449,8 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
         figures["peak_rss_mb"] = round(peak_backfill / 1024, 1)
         figures["rss_mb_samples"] = [[n, round(kb / 1024, 1)] for n, kb in rss_samples]
 
+        if not idle:
+            return figures
         _say(f"IDLE latency over {IDLE_SAMPLES} APPENDs ...")
         time.sleep(2.0)  # let the source settle into IDLE
         raw = RawIdle(info, username, password)
@@ -451,15 +497,14 @@ def bench_ingest(json_out: bool, mails: int) -> dict[str, Any]:
         info.doveadm("expunge", "-u", username, "mailbox", "INBOX", "all", check=False)
         shutil.rmtree(claims, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
-    if not json_out:
-        for name, value in figures.items():
-            print(f"{name:40s} {value}")
     return figures
 
 
 if __name__ == "__main__":  # pragma: no cover
     print(
         json.dumps(
-            bench_ingest(json_out=True, mails=int(sys.argv[1]) if len(sys.argv) > 1 else 2000)
+            bench_ingest(
+                json_out=True, mails=int(sys.argv[1]) if len(sys.argv) > 1 else 2000, rounds=1
+            )
         )
     )

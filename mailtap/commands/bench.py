@@ -27,10 +27,13 @@ def bench() -> None:
 @bench.command("ingest")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
 @click.option("--mails", type=int, default=20_000, show_default=True, help="Backfill size.")
-def ingest(as_json: bool, mails: int) -> None:
+@click.option(
+    "--rounds", type=click.IntRange(1), default=3, show_default=True, help="Median of rounds."
+)
+def ingest(as_json: bool, mails: int, rounds: int) -> None:
     """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, IDLE latency, peak RSS."""
     module = import_optional("mailtap.bench.ingest")
-    _emit(module.bench_ingest(json_out=as_json, mails=mails), as_json)
+    _emit(module.bench_ingest(json_out=as_json, mails=mails, rounds=rounds), as_json)
 
 
 @bench.command("sink")
