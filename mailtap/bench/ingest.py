@@ -145,19 +145,22 @@ def _raw_fetch_rate(
     return fetched / elapsed, fetched
 
 
+def _account(info: DevServices, username: str, password: str) -> dict[str, Any]:
+    """The bench mailbox as an ``imap.accounts`` entry."""
+    return {
+        "name": ACCOUNT,
+        "host": info.imap.host,
+        "port": info.imap.port,
+        "security": "plain",
+        "username": username,
+        "password": password,
+    }
+
+
 def _connection_fetch_rate(info: DevServices, username: str, password: str) -> float:
     """Mails/s of the source's own FETCH (strict fast parse of imaplib's data, imaplib's
     debug formatting off): what the ingest pipeline pays for fetching."""
-    account = ImapAccountSettings.model_validate(
-        {
-            "name": ACCOUNT,
-            "host": info.imap.host,
-            "port": info.imap.port,
-            "security": "plain",
-            "username": username,
-            "password": password,
-        }
-    )
+    account = ImapAccountSettings.model_validate(_account(info, username, password))
     conn = ImapConnection(account, connect_timeout=10, read_timeout=60)
     conn.connect()
     conn.login()
@@ -366,16 +369,7 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
         "health": {"port": 0},
         "imap": {
             "accounts": [
-                {
-                    "name": ACCOUNT,
-                    "host": info.imap.host,
-                    "port": info.imap.port,
-                    "security": "plain",
-                    "username": username,
-                    "password": password,
-                    "folders": ["INBOX"],
-                    "start": "all",
-                }
+                {**_account(info, username, password), "folders": ["INBOX"], "start": "all"}
             ],
             "batch_size": BATCH,
         },
