@@ -120,6 +120,8 @@ class EwsTestServer:
         self.seconds_per_minute = seconds_per_minute
         self.keepalive_seconds = keepalive_seconds
         self.requests: list[RequestRecord] = []
+        #: NTLM handshakes completed (NEGOTIATE, CHALLENGE, AUTHENTICATE), one per connection.
+        self.ntlm_handshakes = 0
         self._tokens: dict[str, str] = {}
         self._passwords: dict[str, str] = {}
         self.ntlm_user_file = ntlm_user_file
@@ -392,6 +394,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(401, b"", "text/plain", [("WWW-Authenticate", challenge)])
                 return _CHALLENGE_SENT
             self._connection_address = self.ews._mailbox_of_principal(principal or "")
+            with self.ews.store.cond:
+                self.ews.ntlm_handshakes += 1
             return self._connection_address
         if header:
             return self.ews._authenticate(header)

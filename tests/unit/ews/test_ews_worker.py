@@ -295,7 +295,10 @@ def test_ntlm_handshake_per_connection_streams_and_fetches(
         assert ntlm_server.wait_until(lambda: run.worker.events_published == 1, WAIT_S)
     statuses = [(r.operation, r.status) for r in ntlm_server.requests]
     assert ("GetStreamingEvents", 200) in statuses and ("GetItem", 200) in statuses
-    assert ("Subscribe", 401) in statuses or ("ConvertId", 401) in statuses  # the handshake
+    # The handshake, per connection: the stream holds one connection, GetItem another. (Which
+    # request gets the first bare 401 depends on exchangelib's per-process protocol cache: a
+    # cached version skips its ConvertId probe; so count handshakes, not 401s.)
+    assert ntlm_server.ntlm_handshakes >= 2
 
 
 def test_ntlm_wrong_password_is_an_authentication_error(ntlm_server: EwsTestServer) -> None:
