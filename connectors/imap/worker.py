@@ -67,6 +67,8 @@ SOURCE_KIND = "imap"
 IDLE_SLICE_S = 1.0
 #: A backfill logs its progress every this many mails (the console of a long first start).
 PROGRESS_EVERY = 2000
+#: A backfill transaction takes up to this many batches whose parsing is done.
+MERGE_BATCHES = 4
 #: New UIDs whose sizes are looked up together (one SEARCH LARGER round trip).
 SIZE_WINDOW = 5000
 
@@ -96,7 +98,7 @@ class BatchParsing(Protocol):
     ) -> Future[ParsedBatch]: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class _InFlight:
     """A fetched batch on its way: parsing in the pool, then committing."""
 
@@ -150,6 +152,9 @@ class MailboxWorker:
         self._committer: ThreadPoolExecutor | None = None
         #: Set by a failed backfill commit: the committer commits nothing queued behind it.
         self._commit_failed = False
+        #: Backfill batches handed to the committer and not committed yet, in UID order.
+        self._queued: deque[_InFlight] = deque()
+        self._queue_lock = threading.Lock()
         self.partition = source_partition(account.name, folder)
         self._partition_key = canonical_json(self.partition)
         self.machine = StateMachine(account.name, folder)
@@ -463,6 +468,8 @@ class MailboxWorker:
                 planned = _advanced(planned, group, fetched, hms)
                 batch = _InFlight(fetched, job, planned)
                 size = sum(len(m.raw) for m in fetched)
+                with self._queue_lock:
+                    self._queued.append(batch)
                 pending.append((self._committer.submit(self._commit_parsed, batch), size))
                 # Done commits leave; errors (abort, fenced) end the backfill here.
                 while pending and (
@@ -483,20 +490,40 @@ class MailboxWorker:
                 job.cancel()
             for commit, _ in pending:
                 commit.exception()  # wait: the writer is this thread's again after
+            with self._queue_lock:
+                self._queued.clear()
 
     def _commit_parsed(self, batch: _InFlight) -> None:
         """On the committer thread, in order: wait for the batch's parsing, register it in
-        the index, then produce and commit it with its cursor."""
+        the index, then produce and commit it with its cursor. Batches queued behind it whose
+        parsing is done already go into the same transaction (up to ``MERGE_BATCHES``), with
+        the last one's cursor: when the committer is behind, that saves a commit round trip
+        and an fsync per batch. Their own turns then find them committed."""
         if self._commit_failed:
             raise TransactionAborted("an earlier batch of this backfill failed; not committed")
+        with self._queue_lock:
+            if batch not in self._queued:
+                return  # committed with an earlier batch
         try:
-            parsed = batch.built.result()
+            parts = [(batch, batch.built.result())]
+            with self._queue_lock:
+                self._queued.popleft()  # ``batch``: the committer takes them in order
+                while self._queued and len(parts) < MERGE_BATCHES:
+                    ready = self._queued[0].built
+                    if not ready.done() or ready.cancelled() or ready.exception() is not None:
+                        break
+                    parts.append((self._queued.popleft(), ready.result()))
             self._crash.reached("before_write")
-            built = self._known_elsewhere(batch.fetched, parsed.mails)
+            built = [
+                b
+                for part, parsed in parts
+                for b in self._known_elsewhere(part.fetched, parsed.mails)
+            ]
             records = [r for b in built for r in b.records]
-            # The pack the parse process wrote becomes durable while the records go out.
-            durable = functools.partial(make_durable, parsed.unsynced) if parsed.unsynced else None
-            self._commit(records, batch.cursor, before_commit=durable)
+            unsynced = [path for _, parsed in parts for path in parsed.unsynced]
+            # The packs the parse processes wrote become durable while the records go out.
+            durable = functools.partial(make_durable, unsynced) if unsynced else None
+            self._commit(records, parts[-1][0].cursor, before_commit=durable)
             self._count(built)
         except BaseException:
             self._commit_failed = True

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -468,8 +469,7 @@ def test_a_pipelined_backfill_commits_the_same_batches_in_uid_order() -> None:
     assert worker._parsing is not None and worker._parsing.batches == [  # type: ignore[attr-defined]
         [1, 2, 3], [4, 5, 6], [7, 8, 9], [10],
     ]  # fmt: skip
-    assert [len(records) for records, _ in writer.transactions] == [0, 3, 3, 3, 1]
-    assert [o[0]["last_uid"] for _, o in writer.transactions] == [0, 3, 6, 9, 10]
+    assert_whole_batches_in_order(writer, [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]])
     assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 11))
     assert [e["change"] for e in events(writer)] == ["ADDED"] * 10
     assert writer.last_offset == serial._writer.last_offset  # type: ignore[union-attr]
@@ -559,4 +559,37 @@ def test_a_pipelined_batch_commits_only_once_its_unsynced_pack_is_durable(tmp_pa
     worker, writer, _ = make_worker(filled(7), pipelined=True)
     worker._parsing = parsing
     worker.run()
-    assert [len(records) for records, _ in writer.transactions] == [0, 3, 3, 1]
+    assert_whole_batches_in_order(writer, [[1, 2, 3], [4, 5, 6], [7]])
+
+
+def assert_whole_batches_in_order(writer: RecordingWriter, batches: list[list[int]]) -> None:
+    """After the pinned start position, each transaction holds whole fetched batches, in UID
+    order, with the cursor at its last UID."""
+    expected = iter(batches)
+    for records, offsets in writer.transactions[1:]:
+        uids = [json.loads(r.value)["source"]["uid"] for r in records]
+        taken: list[int] = []
+        while len(taken) < len(uids):
+            taken += next(expected)
+        assert uids == taken and offsets[0]["last_uid"] == uids[-1]
+    assert next(expected, None) is None
+
+
+def test_batches_parsed_while_the_committer_was_busy_share_one_transaction() -> None:
+    writer = RecordingWriter()
+    original = writer.write
+    first = threading.Event()
+
+    def slow_first(records: Any, offsets: Any, before_commit: Any = None) -> None:
+        if records and not first.is_set():
+            first.set()
+            time.sleep(0.3)  # the next batches are parsed meanwhile
+        original(records, offsets, before_commit)
+
+    writer.write = slow_first  # type: ignore[method-assign]
+    worker, _, _ = make_worker(filled(13), writer=writer, pipelined=True)
+    worker.run()
+    assert_whole_batches_in_order(writer, [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12], [13]])
+    sizes = [len(records) for records, _ in writer.transactions[1:]]
+    assert sizes[0] == 3 and max(sizes) > 3  # later batches went out together
+    assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 14))
