@@ -56,6 +56,8 @@ IDLE_SAMPLES = 40
 #: The source made no progress for this long: report it instead of waiting forever.
 STALL_S = 120.0
 ACCOUNT = "bench"
+#: The issue's target: ingest at >= 80 % of the raw FETCH rate.
+TARGET_RATIO = 0.8
 
 
 def _say(text: str) -> None:
@@ -114,9 +116,20 @@ def _populate(info: DevServices, username: str, password: str, tag: str, count: 
     return time.monotonic() - started
 
 
+@dataclass
+class RawFetch:
+    """The baseline loop's rate and what it cost: CPU seconds of this process (the imapclient
+    client) and of Dovecot while it ran."""
+
+    rate: float
+    fetched: int
+    client_cpu_s: float
+    dovecot_cpu_s: float
+
+
 def _raw_fetch_rate(
     info: DevServices, username: str, password: str, parse: bool = False
-) -> tuple[float, int]:
+) -> RawFetch:
     """Mails/s of a bare imapclient FETCH loop; with ``parse``, plus the shared MIME parser
     (no claim-check store, no Kafka): what is left is the cost of exactly-once and blobs."""
     client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
@@ -124,6 +137,8 @@ def _raw_fetch_rate(
     client.enable("CONDSTORE")
     client.select_folder("INBOX", readonly=True)
     uids = client.search(["ALL"])
+    dovecot_before = _cpu_groups(os.getpid())["dovecot"]
+    cpu_before = time.process_time()
     started = time.monotonic()
     fetched = 0
     for i in range(0, len(uids), BATCH):
@@ -141,8 +156,10 @@ def _raw_fetch_rate(
                     observed_at=dt.datetime.now(dt.UTC),
                 )
     elapsed = time.monotonic() - started
+    client_cpu = time.process_time() - cpu_before
+    dovecot_cpu = _cpu_groups(os.getpid())["dovecot"] - dovecot_before
     client.logout()
-    return fetched / elapsed, fetched
+    return RawFetch(fetched / elapsed, fetched, client_cpu, dovecot_cpu)
 
 
 def _account(info: DevServices, username: str, password: str) -> dict[str, Any]:
@@ -196,8 +213,10 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _cpu_groups(source_pid: int) -> dict[str, float]:
-    """CPU seconds so far of the source, its parse processes, Dovecot and the Kafka broker."""
-    groups = dict.fromkeys(("source", "parse_processes", "dovecot", "kafka"), 0.0)
+    """CPU seconds so far of the source, its parse processes, Dovecot, the Kafka broker and
+    this process (its consumer of the events topic, which measures the arrivals)."""
+    groups = dict.fromkeys(("source", "parse_processes", "dovecot", "kafka", "bench"), 0.0)
+    groups["bench"] = _cpu_seconds(os.getpid())
     for stat in Path("/proc").glob("[0-9]*/stat"):
         pid = int(stat.parent.name)
         try:
@@ -350,11 +369,16 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
     figures["populate_seconds"] = round(_populate(info, username, password, tag, mails), 2)
 
     _say("baseline: raw imapclient FETCH ...")
-    raw_rate, fetched = _raw_fetch_rate(info, username, password)
+    raw = _raw_fetch_rate(info, username, password)
+    raw_rate = raw.rate
     figures["raw_fetch_mails_per_s"] = round(raw_rate, 1)
-    figures["raw_fetched"] = fetched
+    figures["raw_fetched"] = raw.fetched
+    figures["raw_fetch_cpu_us_per_mail"] = {
+        "client": round(raw.client_cpu_s / raw.fetched * 1e6, 1),
+        "dovecot": round(raw.dovecot_cpu_s / raw.fetched * 1e6, 1),
+    }
     _say("second baseline: raw FETCH + the shared parser (no Kafka, no claim-check) ...")
-    parse_rate, _ = _raw_fetch_rate(info, username, password, parse=True)
+    parse_rate = _raw_fetch_rate(info, username, password, parse=True).rate
     figures["raw_fetch_and_parse_mails_per_s"] = round(parse_rate, 1)
     _say("third figure: mailtap's own FETCH path (ImapConnection.fetch), nothing else ...")
     figures["mailtap_fetch_mails_per_s"] = round(
@@ -395,11 +419,11 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
     rss_samples: list[tuple[int, int]] = []
     next_sample = 0
     progressed, last_done = time.monotonic(), -1
-    cpu_start: tuple[float, dict[str, float]] | None = None
+    cpu_start: tuple[float, dict[str, float], int] | None = None
     try:
         while arrivals.count() < mails:
             if cpu_start is None and arrivals.count() > 0:
-                cpu_start = (time.monotonic(), _cpu_groups(proc.pid))
+                cpu_start = (time.monotonic(), _cpu_groups(proc.pid), arrivals.count())
             if proc.poll() is not None:
                 raise RuntimeError(f"the source exited early; see {work / 'source.log'}")
             done = arrivals.count()
@@ -422,6 +446,22 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
             figures["ingest_cores_used"] = {
                 name: round((used[name] - cpu_start[1][name]) / span, 2) for name in used
             }
+            counted = max(arrivals.count() - cpu_start[2], 1)
+            cost = {
+                name: (used[name] - cpu_start[1][name]) / counted * 1e6
+                for name in used
+                if name != "bench"
+            }
+            # CPU per mail of each part while events arrived, and what the target rate would
+            # take at that cost: past the machine's cores, the ratio cannot reach it here.
+            figures["ingest_cpu_us_per_mail"] = {
+                **{name: round(us, 1) for name, us in cost.items()},
+                "total": round(sum(cost.values()), 1),
+            }
+            figures["cores_needed_at_target_ratio"] = round(
+                sum(cost.values()) * TARGET_RATIO * raw_rate / 1e6, 2
+            )
+            figures["cores_here"] = os.cpu_count()
             figures["parse_processes_rss_mb"] = round(
                 sum(_rss_kb(pid, "VmRSS") for pid in _children(proc.pid)) / 1024, 1
             )
