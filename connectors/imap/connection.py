@@ -35,6 +35,7 @@ from typing import Any
 
 from imapclient import IMAPClient, SocketTimeout
 from imapclient import exceptions as imap_exc
+from imapclient.imapclient import _normalise_search_criteria
 
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.errors import (
@@ -44,6 +45,7 @@ from connectors.imap.errors import (
     ImapProtocolError,
 )
 from connectors.imap.fetchparse import FetchResponse, parse_fetch
+from connectors.imap.uidset import UidSet, parse_esearch
 
 log = logging.getLogger(__name__)
 
@@ -277,25 +279,45 @@ class ImapConnection:
 
     # --- search ------------------------------------------------------------------------------
 
-    def uids_from(self, first_uid: int) -> list[int]:
+    def search(self, criteria: list[Any]) -> UidSet:
+        """The UIDs matching ``criteria``, as ranges.
+
+        With ESEARCH (RFC 4731) the server sends the ranges themselves
+        (``UID SEARCH RETURN (ALL) ...``), so a folder of any size costs a few bytes here;
+        without it, the plain SEARCH answer is compacted.
+        """
+        if b"ESEARCH" not in self._capabilities:
+            return UidSet.from_uids(self.client.search(criteria))
+        args = [b"RETURN", b"(ALL)", *_normalise_search_criteria(criteria, None)]
+        # imapclient has no ESEARCH: its raw command, with the untagged ESEARCH answer.
+        lines = self.client._raw_command_untagged(b"SEARCH", args, response_name="ESEARCH")
+        try:
+            return parse_esearch(lines)
+        except ValueError as exc:
+            raise ImapProtocolError(f"search {criteria!r}: {exc}") from exc
+
+    def uids_from(self, first_uid: int) -> UidSet:
         """UIDs >= first_uid, ascending. ("N:*" always matches the highest UID, so filter.)"""
         with _wire("search uid"):
-            found = self.client.search(["UID", f"{max(first_uid, 1)}:*"])
-        return sorted(u for u in found if u >= first_uid)
+            return self.search(["UID", f"{max(first_uid, 1)}:*"]).from_uid(first_uid)
 
-    def uids_larger(self, first_uid: int, last_uid: int, size: int) -> list[int]:
+    def uids_larger(self, first_uid: int, last_uid: int, size: int) -> UidSet:
         """UIDs in ``first_uid..last_uid`` of mails over ``size`` bytes (SEARCH LARGER)."""
         with _wire("search larger"):
-            found = self.client.search(["UID", f"{first_uid}:{last_uid}", "LARGER", str(size)])
-        return sorted(u for u in found if first_uid <= u <= last_uid)
+            found = self.search(["UID", f"{first_uid}:{last_uid}", "LARGER", str(size)])
+        return UidSet(
+            (max(a, first_uid), min(b, last_uid))
+            for a, b in found.ranges
+            if b >= first_uid and a <= last_uid
+        )
 
-    def all_uids(self) -> list[int]:
+    def all_uids(self) -> UidSet:
         with _wire("search all"):
-            return sorted(self.client.search(["ALL"]))
+            return self.search(["ALL"])
 
-    def uids_since(self, day: dt.date) -> list[int]:
+    def uids_since(self, day: dt.date) -> UidSet:
         with _wire("search since"):
-            return sorted(self.client.search(["SINCE", day]))
+            return self.search(["SINCE", day])
 
     def uids_changed_since(self, modseq: int) -> list[int]:
         """UIDs whose MODSEQ is greater than ``modseq`` (RFC 7162 SEARCH MODSEQ)."""

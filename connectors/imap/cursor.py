@@ -21,6 +21,7 @@ Meaning (the invariant every write keeps):
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -163,11 +164,11 @@ def skip_unchanged(fresh: tuple[tuple[int, int], ...], uid: int, modseq: int | N
     return modseq is not None and (uid, modseq) in fresh
 
 
-def chunks(uids: list[int], size: int) -> list[list[int]]:
+def chunks(uids: Sequence[int], size: int) -> list[list[int]]:
     """>>> chunks([1, 2, 3, 4, 5], 2)
     [[1, 2], [3, 4], [5]]
     """
-    return [uids[i : i + size] for i in range(0, len(uids), size)]
+    return [list(uids[i : i + size]) for i in range(0, len(uids), size)]
 
 
 def split_by_bytes(uids: list[int], sizes: dict[int, int], budget: int) -> list[list[int]]:

@@ -422,7 +422,7 @@ class MailboxWorker:
             progress.add(len(group))
         return total
 
-    def _groups(self, conn: ImapConnection, uids: list[int]) -> Iterator[list[int]]:
+    def _groups(self, conn: ImapConnection, uids: Sequence[int]) -> Iterator[list[int]]:
         """UIDs in FETCH round trips: ``batch_size`` mails, at most ``max_batch_bytes``.
 
         A full batch of mails no larger than ``max_batch_bytes / batch_size`` fits the budget,
@@ -433,13 +433,13 @@ class MailboxWorker:
         batch, budget = self.settings.batch_size, self.settings.max_batch_bytes
         small = budget // batch
         for window in chunks(uids, SIZE_WINDOW):
-            large = set(conn.uids_larger(window[0], window[-1], small))
+            large = conn.uids_larger(window[0], window[-1], small)
             exact = conn.sizes([u for u in window if u in large]) if large else {}
             for chunk in chunks(window, batch):
                 sizes = {u: exact.get(u, small) if u in large else small for u in chunk}
                 yield from split_by_bytes(chunk, sizes, budget)
 
-    def _backfill(self, conn: ImapConnection, uids: list[int], hms: int | None) -> None:
+    def _backfill(self, conn: ImapConnection, uids: Sequence[int], hms: int | None) -> None:
         """New mails in a pipeline: this thread fetches batch after batch and hands each to
         the parse pool and, at once, to the committer thread, which commits them one by one in
         UID order as their parsing ends (each still one transaction with its cursor). This
@@ -713,7 +713,7 @@ class MailboxWorker:
         known = self.index.uids(self.folder, self.cursor.uidvalidity)
         if not known:
             return
-        present = set(conn.all_uids())
+        present = conn.all_uids()  # ranges: membership by bisection, not a set of ints
         gone = [u for u in known if u not in present and u <= self.cursor.last_uid]
         del known, present
         if not gone:
