@@ -369,13 +369,13 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
     figures["populate_seconds"] = round(_populate(info, username, password, tag, mails), 2)
 
     _say("baseline: raw imapclient FETCH ...")
-    raw = _raw_fetch_rate(info, username, password)
-    raw_rate = raw.rate
+    baseline = _raw_fetch_rate(info, username, password)
+    raw_rate = baseline.rate
     figures["raw_fetch_mails_per_s"] = round(raw_rate, 1)
-    figures["raw_fetched"] = raw.fetched
+    figures["raw_fetched"] = baseline.fetched
     figures["raw_fetch_cpu_us_per_mail"] = {
-        "client": round(raw.client_cpu_s / raw.fetched * 1e6, 1),
-        "dovecot": round(raw.dovecot_cpu_s / raw.fetched * 1e6, 1),
+        "client": round(baseline.client_cpu_s / baseline.fetched * 1e6, 1),
+        "dovecot": round(baseline.dovecot_cpu_s / baseline.fetched * 1e6, 1),
     }
     _say("second baseline: raw FETCH + the shared parser (no Kafka, no claim-check) ...")
     parse_rate = _raw_fetch_rate(info, username, password, parse=True).rate
