@@ -257,7 +257,14 @@ class Arrivals:
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         try:
             while not self.stop.is_set():
-                for msg in consumer.consume(1000, 0.05):
+                # Drain what is there without waiting; when nothing is, wait for one record.
+                # (consume(n, timeout) returns only when n records came or the timeout passed:
+                # a lone record, an IDLE mail, would be timed up to that timeout late.)
+                msgs = consumer.consume(1000, 0)
+                if not msgs:
+                    msg = consumer.poll(0.05)
+                    msgs = [msg] if msg is not None else []
+                for msg in msgs:
                     err = msg.error()
                     if err is not None and err.code() != KafkaError._PARTITION_EOF:
                         raise RuntimeError(str(err))
