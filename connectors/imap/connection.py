@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import logging
 import socket
 import ssl
@@ -128,7 +129,13 @@ def _stdlib_tz(value: Any) -> dt.datetime | None:
     if not isinstance(value, dt.datetime):
         return None
     offset = value.utcoffset()
-    return value if offset is None else value.replace(tzinfo=dt.timezone(offset))
+    return value if offset is None else value.replace(tzinfo=_timezone(offset))
+
+
+@functools.lru_cache(maxsize=64)
+def _timezone(offset: dt.timedelta) -> dt.timezone:
+    """One ``datetime.timezone`` per UTC offset (a mailbox has a handful), not one per mail."""
+    return dt.timezone(offset)
 
 
 class ImapConnection:

@@ -100,7 +100,7 @@ class UidSet(Sequence[int]):
             start, stop, step = index.indices(len(self))
             if step != 1:
                 return [self[i] for i in range(start, stop, step)]
-            return list(itertools.islice(self._iter_from(start), max(stop - start, 0)))
+            return self._slice(start, stop)
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
@@ -108,14 +108,18 @@ class UidSet(Sequence[int]):
         at = bisect.bisect_right(self._offsets, index) - 1
         return self._starts[at] + index - self._offsets[at]
 
-    def _iter_from(self, index: int) -> Iterator[int]:
-        """The UIDs from position ``index`` on."""
-        if index >= len(self):
-            return
-        at = bisect.bisect_right(self._offsets, index) - 1
-        yield from range(self._starts[at] + index - self._offsets[at], self._ends[at] + 1)
-        for low, high in zip(self._starts[at + 1 :], self._ends[at + 1 :], strict=True):
-            yield from range(low, high + 1)
+    def _slice(self, start: int, stop: int) -> list[int]:
+        """The UIDs at positions ``start..stop-1``, built range by range (no per-UID loop)."""
+        found: list[int] = []
+        at = bisect.bisect_right(self._offsets, start) - 1
+        while start < stop and at < len(self._starts):
+            offset, low = self._offsets[at], self._starts[at]
+            found.extend(
+                range(low + max(start - offset, 0), low + min(stop, self._offsets[at + 1]) - offset)
+            )
+            at += 1
+            start = self._offsets[at]
+        return found
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, UidSet):

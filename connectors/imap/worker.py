@@ -434,7 +434,10 @@ class MailboxWorker:
         small = budget // batch
         for window in chunks(uids, SIZE_WINDOW):
             large = conn.uids_larger(window[0], window[-1], small)
-            exact = conn.sizes([u for u in window if u in large]) if large else {}
+            if not large:  # the usual case: every batch is full-sized and fits the budget
+                yield from chunks(window, batch)
+                continue
+            exact = conn.sizes([u for u in window if u in large])
             for chunk in chunks(window, batch):
                 sizes = {u: exact.get(u, small) if u in large else small for u in chunk}
                 yield from split_by_bytes(chunk, sizes, budget)
