@@ -20,6 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from connectors.core.claimcheck import (
+    ClaimCheckBatch,
+    ClaimCheckError,
+    ClaimCheckStore,
+    begin_batch,
+)
 from connectors.core.contract import SourceRecord
 from connectors.core.records import MailEventRecords
 from connectors.core.serde import AvroSerde
@@ -54,10 +60,13 @@ class EwsRecordBuilder:
         events_topic: str,
         dlq_topic: str,
         max_record_bytes: int,
+        claim_check: ClaimCheckStore | None = None,
     ) -> None:
         self.account = account
         self.folder = folder
         self._parse = parser
+        #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
+        self._claim_check = claim_check
         self._records = MailEventRecords(
             source_kind="EWS",
             account=account,
@@ -68,7 +77,14 @@ class EwsRecordBuilder:
             max_record_bytes=max_record_bytes,
         )
 
-    def build(self, item: FetchedItem) -> BuiltItem:
+    def begin_blobs(self) -> ClaimCheckBatch | None:
+        """A claim-check batch for :meth:`build` (small blobs share one pack file); the caller
+        commits it before the Kafka transaction that references it and discards it otherwise."""
+        return begin_batch(self._claim_check) if self._claim_check is not None else None
+
+    def build(self, item: FetchedItem, blobs: ClaimCheckBatch | None = None) -> BuiltItem:
+        """The records of ``item``. Raises ClaimCheckError when the store fails: that is not a
+        bad mail, and the batch must be retried rather than published without its content."""
         source = {
             "kind": "EWS",
             "folder": self.folder,
@@ -79,6 +95,8 @@ class EwsRecordBuilder:
             "change_key": item.change_key,
         }
         located = (("mailtap.source.item_id", item.item_id.encode()),)
+        # The parser has the store bound; a batch replaces it for this call.
+        stores = {"claim_check": blobs} if blobs is not None else {}
         try:
             parsed = self._parse(
                 item.mime,
@@ -87,10 +105,13 @@ class EwsRecordBuilder:
                 flags=["\\Seen"] if item.is_read else [],
                 internal_date=item.received,
                 observed_at=dt.datetime.now(dt.UTC),
+                **stores,
             )
             event: dict[str, Any] = dict(parsed.event)
             key = str(parsed.key)
             value = self._records.encode(event)
+        except ClaimCheckError:
+            raise  # the store is down, not the mail bad: fail the batch and retry it
         except Exception as exc:  # a parser bug must not stop the mailbox
             log.exception(
                 "ews %s/%s item %s: mail could not be turned into an event",

@@ -60,7 +60,9 @@ class EwsSource:
         self._serve_health = serve_health
         self._health: HealthServer | None = None
         self._threads: list[threading.Thread] = []
-        self._claim_check = open_claim_check(cfg.claim_check.url)
+        self._claim_check = open_claim_check(
+            cfg.claim_check.url, pack_max_blob=cfg.claim_check.pack_max_blob_bytes
+        )
         self.workers = [
             self._worker(account, folder)
             for account in settings.accounts
@@ -82,6 +84,7 @@ class EwsSource:
             events_topic=kafka.topics.events,
             dlq_topic=kafka.topics.dlq,
             max_record_bytes=self.settings.max_record_bytes,
+            claim_check=self._claim_check,
         )
         crash = faults.CrashPoints.from_env()
 

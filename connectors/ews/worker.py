@@ -308,11 +308,18 @@ class EwsFolderWorker:
             if not fetched:
                 continue
             assert self.cursor is not None
-            built = [self.builder.build(item) for item in fetched]
-            progress = self.cursor.advanced(
-                [(f.item_id, f.received) for f in fetched], self._margin
-            )
-            self._commit_batch(built, progress)
+            blobs = self.builder.begin_blobs()
+            try:
+                built = [self.builder.build(item, blobs) for item in fetched]
+                progress = self.cursor.advanced(
+                    [(f.item_id, f.received) for f in fetched], self._margin
+                )
+                if blobs is not None:
+                    blobs.commit()  # durable before the transaction that references them
+                self._commit_batch(built, progress)
+            finally:
+                if blobs is not None:
+                    blobs.discard()  # what a failed batch staged; nothing after a commit
             count += len(fetched)
         return count
 

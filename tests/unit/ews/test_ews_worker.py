@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import datetime as dt
+import functools
 import ssl
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,6 +20,7 @@ import trustme
 from exchangelib.folders import BaseFolder, FolderCollection
 from exchangelib.services import SyncFolderItems
 
+from connectors.core.claimcheck import ClaimCheckError, ClaimCheckStore, open_claim_check
 from connectors.core.contract import SourceRecord
 from connectors.core.errors import AuthenticationError, ConfigError
 from connectors.core.mail import parse_mail
@@ -81,15 +83,16 @@ def settings_for(
     )
 
 
-def builder(parser: Any = parse_mail) -> EwsRecordBuilder:
+def builder(parser: Any = parse_mail, store: ClaimCheckStore | None = None) -> EwsRecordBuilder:
     return EwsRecordBuilder(
         account="ops",
         folder="inbox",
-        parser=parser,
+        parser=functools.partial(parser, claim_check=store) if store is not None else parser,
         serde=AvroSerde.for_schema("MailEvent"),
         events_topic="events",
         dlq_topic="dlq",
         max_record_bytes=900_000,
+        claim_check=store,
     )
 
 
@@ -101,6 +104,7 @@ class Running:
         ews: EwsTestServer,
         settings: EwsSourceSettings,
         connection_class: type[EwsConnection] = EwsConnection,
+        records: EwsRecordBuilder | None = None,
     ) -> None:
         self.writer = MemoryWriter()
         self.stop = threading.Event()
@@ -110,7 +114,7 @@ class Running:
             account=account,
             folder="inbox",
             settings=settings,
-            builder=builder(),
+            builder=records or builder(),
             metrics=SourceMetrics(),
             stop=self.stop,
             writer_factory=lambda _txn: self.writer,
@@ -416,3 +420,38 @@ def test_event_carries_ews_coordinates_and_seen_flag() -> None:
     assert event["source"]["item_id"] == "AAMk2" and event["source"]["change_key"] == "CQA2"
     assert event["flags"] == ["\\Seen"]
     assert event["internal_date"] == read.received
+
+
+def test_a_claim_check_failure_is_not_a_bad_mail() -> None:
+    def store_down(*args: Any, **kwargs: Any) -> Any:
+        raise ClaimCheckError("cannot store blob: No space left on device")
+
+    with pytest.raises(ClaimCheckError):
+        builder(store_down).build(item(mime(1)))
+
+
+def test_a_store_outage_delays_the_batch_and_then_every_mail_is_an_event_with_its_raw_in_a_pack(
+    ews: EwsTestServer, tmp_path: Path
+) -> None:
+    store = open_claim_check((tmp_path / "claims").as_uri(), pack_max_blob=256 * 1024)
+    failures = [ClaimCheckError("disk full"), ClaimCheckError("disk full")]
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return parse_mail(*args, **kwargs)
+
+    for n in range(3):
+        ews.deliver(USER, mime(n))
+    with Running(ews, settings_for(ews), records=builder(flaky, store)) as run:
+        assert ews.wait_until(lambda: run.worker.events_published == 3, WAIT_S)
+    assert not failures  # the outage was hit, and retried
+    assert run.writer.keys("dlq") == []
+    assert sorted(run.writer.keys()) == [f"ops/mid:m{n}@example.org".encode() for n in range(3)]
+    serde = AvroSerde.for_schema("MailEvent")
+    for records, _ in run.writer.batches:
+        for record in records:
+            event = serde.decode(record.value or b"")
+            uri = event["raw_ref"]["uri"]
+            assert ".pack#offset=" in uri  # the batch's blobs share one pack file
+            assert store.get(uri) == mime(int(event["subject"][1:]))
