@@ -105,6 +105,9 @@ class _InFlight:
     fetched: list[FetchedMail]
     built: Future[ParsedBatch]
     cursor: Cursor
+    #: The backfill's console progress, told of the batch's UIDs once they are committed.
+    progress: _Progress
+    uids: int
 
 
 class UidValidityChanged(ConnectionLost):
@@ -469,7 +472,7 @@ class MailboxWorker:
                 job = self._parsing.submit(fetched, planned.uidvalidity, planned.rescan_until)
                 parsing.append(job)
                 planned = _advanced(planned, group, fetched, hms)
-                batch = _InFlight(fetched, job, planned)
+                batch = _InFlight(fetched, job, planned, progress, len(group))
                 size = sum(len(m.raw) for m in fetched)
                 with self._queue_lock:
                     self._queued.append(batch)
@@ -482,7 +485,6 @@ class MailboxWorker:
                 ):
                     pending.popleft()[0].result()
                 parsing = [j for j in parsing if not j.done()]
-                progress.add(len(group))
                 if self.stop.is_set():
                     break
             while pending:
@@ -528,6 +530,8 @@ class MailboxWorker:
             durable = functools.partial(make_durable, unsynced) if unsynced else None
             self._commit(records, parts[-1][0].cursor, before_commit=durable)
             self._count(built)
+            for part, _ in parts:
+                part.progress.add(part.uids)
         except BaseException:
             self._commit_failed = True
             raise
@@ -774,16 +778,26 @@ def _advanced(
 
 
 class _Progress:
-    """The console of a long first start: a line every PROGRESS_EVERY mails."""
+    """The console of a long first start: a line every PROGRESS_EVERY committed mails, with the
+    rate so far and the time left at that rate."""
 
     def __init__(self, account: str, folder: str, total: int) -> None:
         self.label = f"imap {account}/{folder}"
         self.total = total
         self.done = 0
         self._next = PROGRESS_EVERY
+        self._started = time.monotonic()
 
     def add(self, count: int) -> None:
         self.done += count
         if self.done >= self._next and self.total > PROGRESS_EVERY:
-            self._next += PROGRESS_EVERY
-            log.info("%s: %d/%d mails published", self.label, self.done, self.total)
+            self._next = (self.done // PROGRESS_EVERY + 1) * PROGRESS_EVERY
+            rate = self.done / max(time.monotonic() - self._started, 1e-3)
+            log.info(
+                "%s: %d/%d mails published (%.0f/s, about %.0f s left)",
+                self.label,
+                self.done,
+                self.total,
+                rate,
+                max(self.total - self.done, 0) / rate,
+            )

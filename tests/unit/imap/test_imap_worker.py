@@ -19,6 +19,7 @@ from connectors.core.contract import FencedError, TransactionAborted
 from connectors.core.errors import AuthenticationError
 from connectors.core.metrics import SourceMetrics
 from connectors.core.offsets import canonical_json
+from connectors.imap import worker as worker_module
 from connectors.imap.config import ImapSourceSettings
 from connectors.imap.connection import FetchedMail
 from connectors.imap.cursor import Cursor, PendingSideEffect, source_partition
@@ -593,3 +594,17 @@ def test_batches_parsed_while_the_committer_was_busy_share_one_transaction() -> 
     sizes = [len(records) for records, _ in writer.transactions[1:]]
     assert sizes[0] == 3 and max(sizes) > 3  # later batches went out together
     assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 14))
+
+
+def test_a_pipelined_backfill_reports_committed_mails_with_rate_and_time_left(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(worker_module, "PROGRESS_EVERY", 4)
+    worker, writer, _ = make_worker(filled(10), pipelined=True)
+    with caplog.at_level("INFO", logger="connectors.imap.worker"):
+        worker.run()
+    lines = [r.getMessage() for r in caplog.records if "mails published" in r.getMessage()]
+    # Counted as batches of 3 commit, so the lines come at 6/10 and 9/10 (past 4 and 8).
+    assert [line.split(": ")[1].split(" mails")[0] for line in lines] == ["6/10", "9/10"]
+    assert all(line.endswith(" s left)") and "/s, about " in line for line in lines)
+    assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 11))
