@@ -55,6 +55,9 @@ class Cursor:
     last_uid: int
     highestmodseq: int = 0
     epoch: int = 0
+    #: (UID, MODSEQ) of mails published at a MODSEQ above ``highestmodseq``: the next change
+    #: sync finds them changed and must not publish them again as they are. Bounded by what
+    #: changes while a sync runs.
     fresh: tuple[tuple[int, int], ...] = ()
     pending: PendingSideEffect | None = None
     #: After a UIDVALIDITY change, mails below this UID are re-publications (RESCANNED).
@@ -62,6 +65,11 @@ class Cursor:
     #: Mails up to this UID predate the start position (latest/since) and were never published:
     #: their flag changes are not published either.
     floor_uid: int = 0
+    #: (MODSEQ, UID) of the last flag change an unfinished change sync published. Changes go
+    #: out in that order, so after a crash the ones at or below it are not published again;
+    #: None between change syncs. (Listing each published change instead made the cursor grow
+    #: with a mass flag change, past the broker's record size at ~60,000 mails.)
+    changes_done: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +81,7 @@ class Cursor:
             "pending": self.pending.to_json() if self.pending else None,
             "rescan_until": self.rescan_until,
             "floor_uid": self.floor_uid,
+            "changes_done": list(self.changes_done) if self.changes_done else None,
         }
 
     @classmethod
@@ -95,10 +104,15 @@ class Cursor:
             ),
             rescan_until=int(data.get("rescan_until") or 0),
             floor_uid=int(data.get("floor_uid") or 0),
+            changes_done=_pair(data.get("changes_done")),
         )
 
     def advanced(self, last_uid: int, fresh: tuple[tuple[int, int], ...] = ()) -> Cursor:
         return replace(self, last_uid=max(self.last_uid, last_uid), fresh=self.fresh + fresh)
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    return (int(value[0]), int(value[1])) if value else None
 
 
 @dataclass(frozen=True)

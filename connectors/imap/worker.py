@@ -373,16 +373,26 @@ class MailboxWorker:
         states = [
             s for s in conn.flags(candidates) if not skip_unchanged(cursor.fresh, s.uid, s.modseq)
         ]
-        states.sort(key=lambda s: s.modseq or 0)
-        emitted: list[tuple[int, int]] = []
+        done = cursor.changes_done  # an earlier change sync stopped after publishing these
+        if done is not None:
+            states = [s for s in states if (s.modseq or 0, s.uid) > done]
+        states.sort(key=lambda s: (s.modseq or 0, s.uid))
+        # Published at a MODSEQ above ``hms`` (changed again since STATUS): not a change next time.
+        above: list[tuple[int, int]] = []
         count = 0
-        for group in chunks([s.uid for s in states], self.settings.batch_size):
-            fetched = conn.fetch(group)
+        size = self.settings.batch_size
+        for start in range(0, len(states), size):
+            group = states[start : start + size]
+            fetched = conn.fetch([s.uid for s in group])
             blobs = self.builder.begin_blobs()
             try:
                 built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
-                emitted += [(m.uid, m.modseq) for m in fetched if m.modseq is not None]
-                progress = replace(cursor, fresh=cursor.fresh + tuple(emitted))
+                above += [(m.uid, m.modseq) for m in fetched if m.modseq and m.modseq > hms]
+                progress = replace(
+                    cursor,
+                    fresh=cursor.fresh + tuple(above),
+                    changes_done=(group[-1].modseq or 0, group[-1].uid),
+                )
                 self._commit_batch(built, progress, blobs)
             finally:
                 if blobs is not None:
@@ -390,9 +400,12 @@ class MailboxWorker:
             count += len(fetched)
         # Every change up to ``hms`` is published now; keep only what went out above it.
         self.cursor = replace(
-            cursor, highestmodseq=hms, fresh=tuple((u, m) for u, m in emitted if m > hms)
+            cursor,
+            highestmodseq=hms,
+            fresh=tuple(p for p in cursor.fresh + tuple(above) if p[1] > hms),
+            changes_done=None,
         )
-        if count or cursor.fresh:
+        if count or cursor.fresh or cursor.changes_done:
             self._commit([], self.cursor)
         return count
 

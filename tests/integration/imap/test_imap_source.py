@@ -87,6 +87,27 @@ def test_flag_change_is_a_complete_updated_event(imap: ImapHarness) -> None:
     assert update.value["subject"] == "m 0" and update.value["text_body"]
 
 
+def test_marking_a_whole_folder_read_is_one_update_each_with_a_small_cursor(
+    imap: ImapHarness,
+) -> None:
+    imap.append_numbered(60)
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(60), "the first events")
+        client = imap.client()
+        client.add_flags(client.search(["ALL"]), [b"\\Seen"])  # one STORE for the folder
+        client.logout()
+        wait_for(lambda: changes(imap.events()).count("UPDATED") == 60, "60 UPDATED events")
+        wait_for(lambda: (imap.cursor() or {}).get("changes_done", 0) is None, "the sync's end")
+    updated = [
+        r.value["source"]["uid"]
+        for r in imap.events()
+        if r.value and r.value["change"] == "UPDATED"
+    ]
+    assert sorted(updated) == list(range(1, 61))
+    cursor = imap.cursor()
+    assert cursor is not None and len(json.dumps(cursor)) < 400  # not one entry per change
+
+
 def test_uidvalidity_change_rescans_without_new_keys(imap: ImapHarness) -> None:
     imap.append_numbered(12)
     with running(imap, catchup_poll_seconds=2) as source:

@@ -608,3 +608,48 @@ def test_a_pipelined_backfill_reports_committed_mails_with_rate_and_time_left(
     assert [line.split(": ")[1].split(" mails")[0] for line in lines] == ["6/10", "9/10"]
     assert all(line.endswith(" s left)") and "/s, about " in line for line in lines)
     assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 11))
+
+
+def flag_all(server: FakeServer, flag: str, one_modseq: bool) -> None:
+    """Flag every mail of INBOX: one STORE giving all the same MODSEQ, or one each."""
+    if one_modseq:
+        server.modseq += 1
+    for mail in server.folders["INBOX"].values():
+        if not one_modseq:
+            server.modseq += 1
+        mail.flags, mail.modseq = (*mail.flags, flag), server.modseq
+
+
+@pytest.mark.parametrize("one_modseq", [True, False], ids=["one-store", "a-store-each"])
+def test_a_mass_flag_change_keeps_the_cursor_small_and_survives_a_failed_commit(
+    one_modseq: bool,
+) -> None:
+    server = filled(40)
+    first, writer, _ = make_worker(server)
+    first.run()
+    flag_all(server, "\\Seen", one_modseq)
+    again = RecordingWriter()
+    original = again.write
+    calls = {"n": 0}
+
+    def flaky(records: Any, offsets: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 6:  # the sixth batch of the change sync fails; the rest is redone
+            raise TransactionAborted("broker hiccup")
+        original(records, offsets)
+
+    again.write = flaky  # type: ignore[method-assign]
+    worker, _, stop = make_worker(
+        server, stored=Cursor.from_json(dict(writer.last_offset)), writer=again
+    )
+    worker.run()
+    updated = [e["source"]["uid"] for e in events(again) if e["change"] == "UPDATED"]
+    assert sorted(updated) == list(range(1, 41))  # each change once, through the retry
+    assert len(stop.delays) == 1
+    cursors = [offsets[-1] for _, offsets in again.transactions]
+    # The cursor does not list the published changes: its size does not grow with them.
+    assert all(c["fresh"] == [] for c in cursors)
+    marks = [tuple(c["changes_done"]) for c in cursors if c["changes_done"]]
+    assert marks == sorted(marks) and len(marks) >= 13
+    assert again.last_offset["changes_done"] is None
+    assert again.last_offset["highestmodseq"] == server.modseq
