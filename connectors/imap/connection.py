@@ -312,11 +312,7 @@ class ImapConnection:
         """UIDs in ``first_uid..last_uid`` of mails over ``size`` bytes (SEARCH LARGER)."""
         with _wire("search larger"):
             found = self.search(["UID", f"{first_uid}:{last_uid}", "LARGER", str(size)])
-        return UidSet(
-            (max(a, first_uid), min(b, last_uid))
-            for a, b in found.ranges
-            if b >= first_uid and a <= last_uid
-        )
+        return found.between(first_uid, last_uid)
 
     def all_uids(self) -> UidSet:
         with _wire("search all"):
@@ -326,10 +322,10 @@ class ImapConnection:
         with _wire("search since"):
             return self.search(["SINCE", day])
 
-    def uids_changed_since(self, modseq: int) -> list[int]:
+    def uids_changed_since(self, modseq: int) -> UidSet:
         """UIDs whose MODSEQ is greater than ``modseq`` (RFC 7162 SEARCH MODSEQ)."""
         with _wire("search modseq"):
-            return sorted(self.client.search(["MODSEQ", str(modseq + 1)]))
+            return self.search(["MODSEQ", str(modseq + 1)])
 
     def uids_with_message_id(self, folder: str, message_id: str) -> list[int]:
         """Look for a Message-ID in another folder (read-only), for the expunge-vs-move decision.

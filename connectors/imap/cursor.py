@@ -65,10 +65,11 @@ class Cursor:
     #: Mails up to this UID predate the start position (latest/since) and were never published:
     #: their flag changes are not published either.
     floor_uid: int = 0
-    #: (MODSEQ, UID) of the last flag change an unfinished change sync published. Changes go
-    #: out in that order, so after a crash the ones at or below it are not published again;
-    #: None between change syncs. (Listing each published change instead made the cursor grow
-    #: with a mass flag change, past the broker's record size at ~60,000 mails.)
+    #: An unfinished change sync: (its target HIGHESTMODSEQ, the last UID it got through).
+    #: Changes go out in UID order, so after a crash a mail at or below that UID whose MODSEQ
+    #: is still at most the target was published already; None between change syncs. (Listing
+    #: each published change instead made the cursor grow with a mass flag change, past the
+    #: broker's record size at ~60,000 mails.)
     changes_done: tuple[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -76,6 +76,18 @@ class UidSet(Sequence[int]):
         """The UIDs >= ``first``."""
         return UidSet((max(low, first), high) for low, high in self.ranges if high >= first)
 
+    def between(self, first: int, last: int) -> UidSet:
+        """The UIDs in ``first..last``.
+
+        >>> UidSet.parse("1:5,9,12:20").between(3, 14).ranges
+        ((3, 5), (9, 9), (12, 14))
+        """
+        return UidSet(
+            (max(low, first), min(high, last))
+            for low, high in self.ranges
+            if high >= first and low <= last
+        )
+
     def __len__(self) -> int:
         return self._offsets[-1]
 

@@ -365,39 +365,36 @@ class MailboxWorker:
             # Nothing published yet, so no change to publish; the next batch commits this.
             self.cursor = replace(cursor, highestmodseq=hms, fresh=())
             return 0
-        candidates = [
-            u
-            for u in conn.uids_changed_since(cursor.highestmodseq)
-            if cursor.floor_uid < u <= cursor.last_uid
-        ]
-        states = [
-            s for s in conn.flags(candidates) if not skip_unchanged(cursor.fresh, s.uid, s.modseq)
-        ]
-        done = cursor.changes_done  # an earlier change sync stopped after publishing these
-        if done is not None:
-            states = [s for s in states if (s.modseq or 0, s.uid) > done]
-        states.sort(key=lambda s: (s.modseq or 0, s.uid))
+        # Mails we published (above the start position, up to the last UID), in windows: a
+        # whole folder marked read is streamed, not held.
+        changed = conn.uids_changed_since(cursor.highestmodseq)
+        candidates = changed.between(cursor.floor_uid + 1, cursor.last_uid)
+        # An earlier change sync toward ``target`` got through ``done_uid`` before it stopped.
+        target, done_uid = cursor.changes_done or (0, 0)
         # Published at a MODSEQ above ``hms`` (changed again since STATUS): not a change next time.
         above: list[tuple[int, int]] = []
         count = 0
-        size = self.settings.batch_size
-        for start in range(0, len(states), size):
-            group = states[start : start + size]
-            fetched = conn.fetch([s.uid for s in group])
-            blobs = self.builder.begin_blobs()
-            try:
-                built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
-                above += [(m.uid, m.modseq) for m in fetched if m.modseq and m.modseq > hms]
-                progress = replace(
-                    cursor,
-                    fresh=cursor.fresh + tuple(above),
-                    changes_done=(group[-1].modseq or 0, group[-1].uid),
-                )
-                self._commit_batch(built, progress, blobs)
-            finally:
-                if blobs is not None:
-                    blobs.discard()  # what a failed batch staged; nothing after a commit
-            count += len(fetched)
+        for window in chunks(candidates, SIZE_WINDOW):
+            states = [
+                s
+                for s in conn.flags(window)
+                if not skip_unchanged(cursor.fresh, s.uid, s.modseq)
+                and not (s.uid <= done_uid and (s.modseq or 0) <= target)
+            ]
+            for group in chunks([s.uid for s in states], self.settings.batch_size):
+                fetched = conn.fetch(group)
+                blobs = self.builder.begin_blobs()
+                try:
+                    built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
+                    above += [(m.uid, m.modseq) for m in fetched if m.modseq and m.modseq > hms]
+                    progress = replace(
+                        cursor, fresh=cursor.fresh + tuple(above), changes_done=(hms, group[-1])
+                    )
+                    self._commit_batch(built, progress, blobs)
+                finally:
+                    if blobs is not None:
+                        blobs.discard()  # what a failed batch staged; nothing after a commit
+                count += len(fetched)
         # Every change up to ``hms`` is published now; keep only what went out above it.
         self.cursor = replace(
             cursor,

@@ -18,6 +18,7 @@ from connectors.imap.connection import (
     MovedTo,
 )
 from connectors.imap.errors import ImapProtocolError
+from connectors.imap.uidset import UidSet
 
 
 @dataclass
@@ -108,8 +109,8 @@ class FakeConnection:
     def uids_since(self, day: dt.date) -> list[int]:
         return self.all_uids()
 
-    def uids_changed_since(self, modseq: int) -> list[int]:
-        return sorted(u for u, m in self._box().items() if m.modseq > modseq)
+    def uids_changed_since(self, modseq: int) -> UidSet:
+        return UidSet.from_uids(u for u, m in self._box().items() if m.modseq > modseq)
 
     def uids_larger(self, first_uid: int, last_uid: int, size: int) -> list[int]:
         self.server.size_searches += 1

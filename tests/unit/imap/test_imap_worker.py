@@ -653,3 +653,32 @@ def test_a_mass_flag_change_keeps_the_cursor_small_and_survives_a_failed_commit(
     assert marks == sorted(marks) and len(marks) >= 13
     assert again.last_offset["changes_done"] is None
     assert again.last_offset["highestmodseq"] == server.modseq
+
+
+def test_a_change_sync_resumed_from_its_cursor_publishes_the_rest_and_what_changed_again() -> None:
+    server = filled(12)
+    first, writer, _ = make_worker(server)
+    first.run()
+    flag_all(server, "\\Seen", one_modseq=True)
+    interrupted = RecordingWriter()
+    original = interrupted.write
+
+    def dies_at_the_third(records: Any, offsets: Any) -> None:
+        if len(interrupted.transactions) == 2:
+            raise FencedError("another instance took over")
+        original(records, offsets)
+
+    interrupted.write = dies_at_the_third  # type: ignore[method-assign]
+    worker, _, _ = make_worker(
+        server, stored=Cursor.from_json(dict(writer.last_offset)), writer=interrupted
+    )
+    worker.run()
+    stored = Cursor.from_json(dict(interrupted.last_offset))
+    assert stored.changes_done == (server.modseq, 6) and stored.fresh == ()
+    server.flag(2, "\\Flagged")  # published before the stop, changed again since
+    resumed, rest, _ = make_worker(server, stored=stored)
+    resumed.run()
+    again = {e["source"]["uid"]: e["flags"] for e in events(rest) if e["change"] == "UPDATED"}
+    assert sorted(again) == [2, 7, 8, 9, 10, 11, 12]
+    assert again[2] == ["\\Seen", "\\Flagged"]
+    assert rest.last_offset["changes_done"] is None
