@@ -138,6 +138,24 @@ def _timezone(offset: dt.timedelta) -> dt.timezone:
     return dt.timezone(offset)
 
 
+#: Message-IDs asked for in one SEARCH (``OR`` of ``HEADER Message-ID`` keys).
+SEARCH_OR_CHUNK = 25
+
+
+def _any_message_id(message_ids: Sequence[str]) -> list[str]:
+    """SEARCH criteria matching any of ``message_ids``: ``OR k1 OR k2 k3`` (RFC 3501 6.4.4).
+
+    >>> _any_message_id(["a@x", "b@x", "c@x"])
+    ['OR', 'HEADER', 'Message-ID', 'a@x', 'OR', 'HEADER', 'Message-ID', 'b@x', 'HEADER', 'Message-ID', 'c@x']
+    """
+    criteria: list[str] = []
+    for i, message_id in enumerate(message_ids):
+        if i < len(message_ids) - 1:
+            criteria.append("OR")
+        criteria += ["HEADER", "Message-ID", message_id]
+    return criteria
+
+
 class ImapConnection:
     """One connection to one account. Not thread-safe (neither is imapclient): one per worker."""
 
@@ -327,16 +345,29 @@ class ImapConnection:
         with _wire("search modseq"):
             return self.search(["MODSEQ", str(modseq + 1)])
 
-    def uids_with_message_id(self, folder: str, message_id: str) -> list[int]:
-        """Look for a Message-ID in another folder (read-only), for the expunge-vs-move decision.
+    def message_ids_in(self, folder: str, message_ids: Sequence[str]) -> set[str]:
+        """Which of ``message_ids`` another folder holds (``SEARCH HEADER Message-ID``, read-only),
+        for the expunge-vs-move decision.
 
-        Leaves ``folder`` selected read-only: the caller re-selects its own folder.
+        One EXAMINE for all of them, then one SEARCH per ``SEARCH_OR_CHUNK`` ids joined by OR:
+        a mass delete (nothing found) costs a round trip per chunk; a chunk with a hit is asked
+        again id by id, to know which ones. Leaves ``folder`` selected read-only: the caller
+        re-selects its own folder.
         """
+        found: set[str] = set()
+        if not message_ids:
+            return found
         with _wire(f"examine {folder}"):
             if not self.client.folder_exists(folder):
-                return []
+                return found
             self.client.select_folder(folder, readonly=True)
-            return sorted(self.client.search(["HEADER", "Message-ID", message_id]))
+        for start in range(0, len(message_ids), SEARCH_OR_CHUNK):
+            chunk = message_ids[start : start + SEARCH_OR_CHUNK]
+            with _wire(f"search {folder}"):
+                if len(chunk) > 1 and not self.search(_any_message_id(chunk)):
+                    continue
+                found.update(m for m in chunk if self.search(_any_message_id([m])))
+        return found
 
     # --- fetch -------------------------------------------------------------------------------
 

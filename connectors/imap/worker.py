@@ -736,7 +736,9 @@ class MailboxWorker:
         if not gone:
             return
         tombstones = []
-        searched_elsewhere = False
+        # Gone from here and from the index's other places: moved to a watched folder whose
+        # worker has not seen it yet, or deleted. Their Message-IDs are looked for there.
+        unplaced: dict[str, str] = {}
         for uid in gone:
             removed = self.index.remove(self.folder, uid)
             if removed is None:
@@ -746,12 +748,20 @@ class MailboxWorker:
                 continue
             message_id = self.index.message_id(key)
             if message_id and self._other_folders:
-                searched_elsewhere = True
-                if any(conn.uids_with_message_id(f, message_id) for f in self._other_folders):
+                unplaced[key] = message_id
+            else:
+                self.index.forget(key)
+                tombstones.append(self.builder.tombstone(key))
+        if unplaced:
+            moved: set[str] = set()
+            for folder in self._other_folders:
+                wanted = sorted({m for m in unplaced.values() if m not in moved})
+                moved |= conn.message_ids_in(folder, wanted)
+            for key, message_id in unplaced.items():
+                if message_id in moved:
                     continue  # moved: the other folder's worker publishes the UPDATED event
-            self.index.forget(key)
-            tombstones.append(self.builder.tombstone(key))
-        if searched_elsewhere:
+                self.index.forget(key)
+                tombstones.append(self.builder.tombstone(key))
             readonly = self.account.after_commit == "none"
             status = conn.select(self.folder, readonly=readonly)
             if status.uidvalidity != self.cursor.uidvalidity:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from connectors.imap.config import ImapAccountSettings
-from connectors.imap.connection import ImapConnection
+from connectors.imap.connection import ImapConnection, _any_message_id
 from connectors.imap.uidset import UidSet
 from tests.integration.imap.imap_harness import ImapHarness, make_mail
 
@@ -64,3 +64,24 @@ def test_searches_give_the_uids_as_ranges(gappy: ImapHarness, esearch: bool) -> 
 def test_an_empty_folder_has_no_uids(imap: ImapHarness) -> None:
     with _connection(imap, esearch=True) as conn:
         assert len(conn.all_uids()) == 0 and len(conn.uids_from(1)) == 0
+
+
+def test_message_ids_in_another_folder_are_found_in_chunks(imap: ImapHarness) -> None:
+    present = [f"kept{i}-{imap.unique}@example.com" for i in range(30)]
+    imap.append((make_mail(m, f"kept {i}") for i, m in enumerate(present)), folder="INBOX")
+    absent = [f"gone{i}-{imap.unique}@example.com" for i in range(40)]
+    asked = sorted(absent + present[::3])  # 50 ids: a chunk of 25 without a hit, one with
+    with _connection(imap, esearch=True) as conn:
+        assert conn.message_ids_in("INBOX", asked) == set(present[::3])
+        assert conn.message_ids_in("INBOX", absent) == set()
+        assert conn.message_ids_in("No-Such-Folder", asked) == set()
+        assert conn.message_ids_in("INBOX", []) == set()
+
+
+def test_any_message_id_is_an_or_chain() -> None:
+    assert _any_message_id(["a@x"]) == ["HEADER", "Message-ID", "a@x"]
+    assert _any_message_id(["a@x", "b@x", "c@x"]) == [
+        "OR", "HEADER", "Message-ID", "a@x",
+        "OR", "HEADER", "Message-ID", "b@x",
+        "HEADER", "Message-ID", "c@x",
+    ]  # fmt: skip

@@ -140,8 +140,8 @@ class FakeConnection:
             self.stop.set()
         return IdleOutcome()
 
-    def uids_with_message_id(self, folder: str, message_id: str) -> list[int]:
-        return []
+    def message_ids_in(self, folder: str, message_ids: Sequence[str]) -> set[str]:
+        return set()
 
     def create_folder(self, folder: str) -> None:
         self.server.folders.setdefault(folder, {})
