@@ -8,7 +8,8 @@ Example::
           host: imap.example.com
           security: ssl                # ssl (993) | starttls (143) | plain (loopback tests only)
           username: support@example.com
-          password: "..."             # or oauth2_access_token: "..." (XOAUTH2)
+          password: "..."             # or oauth2_access_token: "..." (XOAUTH2),
+                                       # or oauth2_access_token_file: /run/secrets/imap-token
           folders: [INBOX]
           start: latest                # all | latest | since:2026-01-01
           after_commit: move:Processed # none | seen | move:<folder>
@@ -20,6 +21,7 @@ Every timeout has a reason written next to it; a misconfiguration fails at start
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -77,6 +79,13 @@ class ImapAccountSettings(_Strict):
     oauth2_access_token: SecretStr | None = Field(
         default=None, description="XOAUTH2 bearer token, used instead of a password"
     )
+    oauth2_access_token_file: Path | None = Field(
+        default=None,
+        description=(
+            "file holding the XOAUTH2 bearer token, read again at every login: a token "
+            "refresher (a sidecar, a cron job) rewrites it before the token expires"
+        ),
+    )
     ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
     folders: tuple[str, ...] = Field(default=("INBOX",), description="folders to publish")
     start: str = Field(
@@ -111,8 +120,21 @@ class ImapAccountSettings(_Strict):
 
     @model_validator(mode="after")
     def _credentials(self) -> ImapAccountSettings:
-        if (self.password is None) == (self.oauth2_access_token is None):
-            raise ValueError("set exactly one of password or oauth2_access_token")
+        given = [
+            self.password is not None,
+            self.oauth2_access_token is not None,
+            self.oauth2_access_token_file is not None,
+        ]
+        if sum(given) != 1:
+            raise ValueError(
+                "set exactly one of password, oauth2_access_token or oauth2_access_token_file"
+            )
+        token_file = self.oauth2_access_token_file
+        if token_file is not None and not token_file.is_file():
+            raise ValueError(
+                f"oauth2_access_token_file {token_file} does not exist; write the token there "
+                f"before starting, or use oauth2_access_token"
+            )
         if self.move_target is not None and self.move_target in self.folders:
             raise ValueError("after_commit move target must not be a watched folder")
         return self

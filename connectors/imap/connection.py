@@ -32,6 +32,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from imapclient import IMAPClient, SocketTimeout
@@ -138,6 +139,17 @@ def _timezone(offset: dt.timedelta) -> dt.timezone:
     return dt.timezone(offset)
 
 
+def _read_token(path: Path) -> str:
+    """The bearer token in ``path`` as it is now (a refresher may have rewritten it)."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise AuthenticationError(f"cannot read oauth2_access_token_file {path}: {exc}") from exc
+    if not token:
+        raise AuthenticationError(f"oauth2_access_token_file {path} is empty")
+    return token
+
+
 #: Message-IDs asked for in one SEARCH (``OR`` of ``HEADER Message-ID`` keys).
 SEARCH_OR_CHUNK = 25
 
@@ -225,7 +237,9 @@ class ImapConnection:
         a = self.account
         with _wire("login"):
             try:
-                if a.oauth2_access_token is not None:
+                if a.oauth2_access_token_file is not None:
+                    self.client.oauth2_login(a.username, _read_token(a.oauth2_access_token_file))
+                elif a.oauth2_access_token is not None:
                     self.client.oauth2_login(a.username, a.oauth2_access_token.get_secret_value())
                 elif a.password is not None:
                     self.client.login(a.username, a.password.get_secret_value())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from pathlib import Path
 
 import pytest
 
@@ -36,8 +37,12 @@ def test_defaults_are_the_safe_ones() -> None:
         ({"start": "since:31/01/2026"}, "ISO date"),
         ({"after_commit": "delete"}, "imap.accounts[0].after_commit"),
         ({"security": "tls"}, "imap.accounts[0].security"),
-        ({"password": None}, "exactly one of password or oauth2_access_token"),
-        ({"oauth2_access_token": "tok"}, "exactly one of password or oauth2_access_token"),
+        ({"password": None}, "exactly one of password, oauth2_access_token or oauth2_access"),
+        ({"oauth2_access_token": "tok"}, "exactly one of password, oauth2_access_token or"),
+        (
+            {"password": None, "oauth2_access_token_file": "/nonexistent/token"},
+            "oauth2_access_token_file /nonexistent/token does not exist; write the token there",
+        ),
         ({"after_commit": "move:INBOX"}, "must not be a watched folder"),
         ({"folders": []}, "at least one folder"),
         ({"colour": "blue"}, "imap.accounts[0].colour"),
@@ -62,3 +67,10 @@ def test_duplicate_account_names_are_rejected() -> None:
     raw = {"kafka": {"bootstrap_servers": "k:9092"}, "imap": {"accounts": [ACCOUNT, ACCOUNT]}}
     with pytest.raises(ConfigError, match="account names must be unique"):
         config_from_dict(raw).section("imap", ImapSourceSettings)
+
+
+def test_oauth2_token_file_instead_of_password(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("tok-123\n")
+    account = settings(password=None, oauth2_access_token_file=str(token)).accounts[0]
+    assert account.oauth2_access_token_file == token

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -159,6 +160,36 @@ def test_xoauth2_login_uses_the_token_and_reads_capabilities_after_login() -> No
     conn.login()
     assert client.calls == [("xoauth2", "u@example.com", "tok")]
     assert conn.supports_idle and conn.enable_condstore()
+
+
+def test_a_token_file_is_read_again_at_every_login(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("tok-1\n")
+    client = LoginClient()
+    conn = login_connection(client, oauth2_access_token_file=str(token))
+    conn.login()
+    token.write_text("tok-2")  # the refresher rewrote it before the first token expired
+    conn.login()
+    assert client.calls == [
+        ("xoauth2", "u@example.com", "tok-1"),
+        ("xoauth2", "u@example.com", "tok-2"),
+    ]
+
+
+@pytest.mark.parametrize("content", [None, "", "  \n"], ids=["removed", "empty", "blank"])
+def test_a_missing_or_empty_token_file_is_an_authentication_error(
+    tmp_path: Path, content: str | None
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("tok")
+    conn = login_connection(LoginClient(), oauth2_access_token_file=str(token))
+    if content is None:
+        token.unlink()
+    else:
+        token.write_text(content)
+    with pytest.raises(AuthenticationError, match="oauth2_access_token_file") as caught:
+        conn.login()
+    assert classify(caught.value) is Disposition.PERMANENT
 
 
 @pytest.mark.parametrize("account", [{"password": "p"}, {"oauth2_access_token": "tok"}])
