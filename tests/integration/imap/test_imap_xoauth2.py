@@ -163,5 +163,5 @@ def test_the_source_logs_in_again_with_the_rotated_token_after_its_connection_is
         harness.append([make_mail(f"b-{unique}@example.com", "after")])
         wait_for(lambda: len(harness.events()) == 2, "the event after the reconnect")
     assert "tok-2" in oauth_dovecot.tokens.asked
-    subjects = [r.value["subject"] for r in harness.events() if r.value]
-    assert subjects == ["before", "after"]
+    # Two keys, maybe on two partitions: no order between them.
+    assert sorted(r.value["subject"] for r in harness.events() if r.value) == ["after", "before"]
