@@ -610,6 +610,20 @@ def test_a_pipelined_backfill_reports_committed_mails_with_rate_and_time_left(
     assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 11))
 
 
+def fail_on_commit(writer: RecordingWriter, number: int, exc: BaseException) -> None:
+    """Make the ``number``-th write (from 1) raise ``exc``; the others commit."""
+    original = writer.write
+    calls = {"n": 0}
+
+    def write(records: Any, offsets: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == number:
+            raise exc
+        original(records, offsets)
+
+    writer.write = write  # type: ignore[method-assign]
+
+
 def flag_all(server: FakeServer, flag: str, one_modseq: bool) -> None:
     """Flag every mail of INBOX: one STORE giving all the same MODSEQ, or one each."""
     if one_modseq:
@@ -629,16 +643,8 @@ def test_a_mass_flag_change_keeps_the_cursor_small_and_survives_a_failed_commit(
     first.run()
     flag_all(server, "\\Seen", one_modseq)
     again = RecordingWriter()
-    original = again.write
-    calls = {"n": 0}
-
-    def flaky(records: Any, offsets: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 6:  # the sixth batch of the change sync fails; the rest is redone
-            raise TransactionAborted("broker hiccup")
-        original(records, offsets)
-
-    again.write = flaky  # type: ignore[method-assign]
+    # The sixth batch of the change sync fails; the rest is redone.
+    fail_on_commit(again, 6, TransactionAborted("broker hiccup"))
     worker, _, stop = make_worker(
         server, stored=Cursor.from_json(dict(writer.last_offset)), writer=again
     )
@@ -661,14 +667,7 @@ def test_a_change_sync_resumed_from_its_cursor_publishes_the_rest_and_what_chang
     first.run()
     flag_all(server, "\\Seen", one_modseq=True)
     interrupted = RecordingWriter()
-    original = interrupted.write
-
-    def dies_at_the_third(records: Any, offsets: Any) -> None:
-        if len(interrupted.transactions) == 2:
-            raise FencedError("another instance took over")
-        original(records, offsets)
-
-    interrupted.write = dies_at_the_third  # type: ignore[method-assign]
+    fail_on_commit(interrupted, 3, FencedError("another instance took over"))
     worker, _, _ = make_worker(
         server, stored=Cursor.from_json(dict(writer.last_offset)), writer=interrupted
     )
