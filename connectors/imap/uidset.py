@@ -74,7 +74,7 @@ class UidSet(Sequence[int]):
 
     def from_uid(self, first: int) -> UidSet:
         """The UIDs >= ``first``."""
-        return UidSet((max(low, first), high) for low, high in self.ranges if high >= first)
+        return self.between(first, self._ends[-1] if self._ends else first)
 
     def between(self, first: int, last: int) -> UidSet:
         """The UIDs in ``first..last``.
