@@ -30,10 +30,19 @@ def bench() -> None:
 @click.option(
     "--rounds", type=click.IntRange(1), default=3, show_default=True, help="Median of rounds."
 )
-def ingest(as_json: bool, mails: int, rounds: int) -> None:
+@click.option(
+    "--warm-up",
+    "warm_up",
+    type=click.FloatRange(0),
+    default=45.0,
+    show_default=True,
+    help="Seconds of produce that warm the broker's JIT up first (0: none).",
+)
+def ingest(as_json: bool, mails: int, rounds: int, warm_up: float) -> None:
     """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, IDLE latency, peak RSS."""
     module = import_optional("mailtap.bench.ingest")
-    _emit(module.bench_ingest(json_out=as_json, mails=mails, rounds=rounds), as_json)
+    figures = module.bench_ingest(json_out=as_json, mails=mails, rounds=rounds, warm_up_s=warm_up)
+    _emit(figures, as_json)
 
 
 @bench.command("sink")
