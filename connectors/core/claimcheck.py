@@ -41,8 +41,9 @@ import re
 import stat
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -61,6 +62,7 @@ __all__ = [
     "begin_batch",
     "make_durable",
     "open_claim_check",
+    "staged_batch",
 ]
 
 #: fsyncs in flight at once. fsync releases the GIL and ext4 folds concurrent fsyncs into one
@@ -127,6 +129,19 @@ def begin_batch(store: ClaimCheckStore) -> ClaimCheckBatch:
     if isinstance(store, LocalClaimCheckStore):
         return store.batch()
     return _DurableEachPut(store)
+
+
+@contextmanager
+def staged_batch(store: ClaimCheckStore | None) -> Iterator[ClaimCheckBatch | None]:
+    """The claim-check batch of one Kafka transaction (None without a store). The block commits
+    it before the transaction that references its blobs; whatever it staged and did not commit
+    (the batch failed) is discarded on the way out, so a retried batch leaves nothing behind."""
+    blobs = begin_batch(store) if store is not None else None
+    try:
+        yield blobs
+    finally:
+        if blobs is not None:
+            blobs.discard()  # nothing after a commit
 
 
 class _DurableEachPut:

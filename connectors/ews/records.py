@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +25,7 @@ from connectors.core.claimcheck import (
     ClaimCheckBatch,
     ClaimCheckError,
     ClaimCheckStore,
-    begin_batch,
+    staged_batch,
 )
 from connectors.core.contract import SourceRecord
 from connectors.core.records import MailEventRecords
@@ -77,10 +78,11 @@ class EwsRecordBuilder:
             max_record_bytes=max_record_bytes,
         )
 
-    def begin_blobs(self) -> ClaimCheckBatch | None:
-        """A claim-check batch for :meth:`build` (small blobs share one pack file); the caller
-        commits it before the Kafka transaction that references it and discards it otherwise."""
-        return begin_batch(self._claim_check) if self._claim_check is not None else None
+    def staged_blobs(self) -> AbstractContextManager[ClaimCheckBatch | None]:
+        """``with builder.staged_blobs() as blobs:`` a claim-check batch for :meth:`build` (small
+        blobs share one pack file); the block commits it before the Kafka transaction that
+        references it, and what it did not commit is discarded on the way out."""
+        return staged_batch(self._claim_check)
 
     def build(self, item: FetchedItem, blobs: ClaimCheckBatch | None = None) -> BuiltItem:
         """The records of ``item``. Raises ClaimCheckError when the store fails: that is not a

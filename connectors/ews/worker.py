@@ -308,8 +308,7 @@ class EwsFolderWorker:
             if not fetched:
                 continue
             assert self.cursor is not None
-            blobs = self.builder.begin_blobs()
-            try:
+            with self.builder.staged_blobs() as blobs:
                 built = [self.builder.build(item, blobs) for item in fetched]
                 progress = self.cursor.advanced(
                     [(f.item_id, f.received) for f in fetched], self._margin
@@ -317,9 +316,6 @@ class EwsFolderWorker:
                 if blobs is not None:
                     blobs.commit()  # durable before the transaction that references them
                 self._commit_batch(built, progress)
-            finally:
-                if blobs is not None:
-                    blobs.discard()  # what a failed batch staged; nothing after a commit
             count += len(fetched)
         return count
 

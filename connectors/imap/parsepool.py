@@ -181,8 +181,7 @@ def _build_batch(
     def change(mail: FetchedMail, _key: str) -> ChangeKind:
         return "RESCANNED" if mail.uid < rescan_until else "ADDED"
 
-    blobs = builder.begin_blobs()
-    try:
+    with builder.staged_blobs() as blobs:
         built = builder.build_all(mails, uidvalidity, change, blobs)
         unsynced: list[str] = []
         if isinstance(blobs, LocalClaimCheckBatch):
@@ -191,9 +190,6 @@ def _build_batch(
         elif blobs is not None:
             blobs.commit()
         return ParsedBatch(built, tuple(unsynced))
-    finally:
-        if blobs is not None:
-            blobs.discard()  # what a failed batch staged; nothing after the commit
 
 
 class MailboxParsing:

@@ -18,6 +18,7 @@ import datetime as dt
 import functools
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +26,7 @@ from connectors.core.claimcheck import (
     ClaimCheckBatch,
     ClaimCheckError,
     ClaimCheckStore,
-    begin_batch,
+    staged_batch,
 )
 from connectors.core.contract import SourceRecord
 from connectors.core.records import MailEventRecords
@@ -115,10 +116,11 @@ class RecordBuilder:
         parsed = self.parse(mail, uidvalidity, folder, location=location)
         return self.finish(mail, uidvalidity, parsed, change_for)
 
-    def begin_blobs(self) -> ClaimCheckBatch | None:
-        """A claim-check batch for :meth:`build_all`; the caller commits it before the Kafka
-        transaction that references it (``before_commit``) and discards it otherwise."""
-        return begin_batch(self._claim_check) if self._claim_check is not None else None
+    def staged_blobs(self) -> AbstractContextManager[ClaimCheckBatch | None]:
+        """``with builder.staged_blobs() as blobs:`` a claim-check batch for :meth:`build_all`;
+        the block commits it before the Kafka transaction that references it (``before_commit``),
+        and what it did not commit is discarded on the way out."""
+        return staged_batch(self._claim_check)
 
     def build_all(
         self,

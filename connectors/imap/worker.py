@@ -383,17 +383,13 @@ class MailboxWorker:
             ]
             for group in chunks([s.uid for s in states], self.settings.batch_size):
                 fetched = conn.fetch(group)
-                blobs = self.builder.begin_blobs()
-                try:
+                with self.builder.staged_blobs() as blobs:
                     built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
                     above += [(m.uid, m.modseq) for m in fetched if m.modseq and m.modseq > hms]
                     progress = replace(
                         cursor, fresh=cursor.fresh + tuple(above), changes_done=(hms, group[-1])
                     )
                     self._commit_batch(built, progress, blobs)
-                finally:
-                    if blobs is not None:
-                        blobs.discard()  # what a failed batch staged; nothing after a commit
                 count += len(fetched)
         # Every change up to ``hms`` is published now; keep only what went out above it.
         self.cursor = replace(
@@ -576,12 +572,8 @@ class MailboxWorker:
     ) -> None:
         cursor = self.cursor
         assert cursor is not None
-        blobs = self.builder.begin_blobs()
-        try:
+        with self.builder.staged_blobs() as blobs:
             self._publish_new_batch(conn, group, fetched, hms, cursor, blobs)
-        finally:
-            if blobs is not None:
-                blobs.discard()  # what a failed batch staged; nothing after a commit
 
     def _publish_new_batch(
         self,

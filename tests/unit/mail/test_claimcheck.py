@@ -16,6 +16,7 @@ from connectors.core.claimcheck import (
     begin_batch,
     make_durable,
     open_claim_check,
+    staged_batch,
 )
 from connectors.core.errors import ConfigError, Disposition, classify
 
@@ -139,6 +140,23 @@ def test_a_discarded_batch_leaves_no_write_in_flight_nor_temporary_file(tmp_path
     batch.discard()
     assert _files(tmp_path) == sorted(ref.sha256 for ref in refs)  # complete blobs only
     batch.commit()  # nothing left to wait for
+    store.close()
+
+
+def test_a_staged_batch_keeps_what_its_block_committed_and_drops_the_rest(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path, pack_max_blob=1024)
+    with staged_batch(store) as batch:
+        assert batch is not None
+        kept = batch.put(b"committed", kind="raw")
+        batch.commit()
+    with pytest.raises(RuntimeError), staged_batch(store) as batch:
+        assert batch is not None
+        batch.put(b"staged, then the batch failed", kind="raw")
+        raise RuntimeError("the Kafka transaction failed")
+    assert len(_packs(tmp_path)) == 1  # the failed block's pack was never written
+    assert store.get(kept.uri) == b"committed"
+    with staged_batch(None) as nothing:
+        assert nothing is None
     store.close()
 
 
