@@ -7,14 +7,15 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_FLAGS ?= -ra --durations=15
 
-.PHONY: venv test demo lint registry
+.PHONY: venv test demo lint registry s3proxy
 
 venv:
 	./deploy/bootstrap.sh
 
 # The Apicurio registry (built with Maven, cached) lets the Confluent wire-format tests run
 # against a real registry, not only against confluent-kafka's mock.
-test: venv registry
+# S3Proxy (resolved with Maven, cached) is the S3-compatible server of the S3 claim-check tests.
+test: venv registry s3proxy
 	$(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
 demo: venv
@@ -24,6 +25,11 @@ demo: venv
 # tests/integration/core/test_registry_real.py skips, saying so, where it is not built.
 registry: venv
 	$(PYTHON) -m mailtap.dev.registry build
+
+# A local S3-compatible server (S3Proxy, resolved with Maven into .cache/s3proxy/libs);
+# tests/integration/core/test_s3_claimcheck.py skips, saying so, where it is not resolved.
+s3proxy: venv
+	$(PYTHON) -m mailtap.dev.s3proxy build
 
 lint: venv
 	$(VENV)/bin/ruff check .

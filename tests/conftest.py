@@ -7,6 +7,8 @@
   ``.doveadm()``, ``.received_messages()``.
 - ``unique``: a short random suffix for topic names, group ids and mailbox users.
 - ``imap_account``: a fresh Dovecot account of the session's services, used by no other test.
+- ``s3_server``: S3Proxy (an S3-compatible server, `mailtap.dev.s3proxy`), started on first use;
+  ``s3_bucket`` makes a fresh bucket on it and gives its ``claim_check.s3`` settings.
 
 ``MAILTAP_KAFKA_BOOTSTRAP=host:port`` uses that Kafka instead of starting one.
 ``MAILTAP_TEST_STATE_DIR=DIR`` keeps the services in DIR running after the session and reuses
@@ -24,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from mailtap.dev import Account, DevServices, down, up
+from connectors.core.config import S3Settings
+from mailtap.dev import Account, DevServices, down, s3proxy, up
 from mailtap.dev.process import group_members
 
 TESTS_ROOT = Path(__file__).parent
@@ -73,3 +76,38 @@ def unique() -> str:
 def imap_account(services: DevServices, unique: str) -> Account:
     """A new, empty IMAP account on the session's Dovecot."""
     return services.add_user(f"user-{unique}@example.com", f"pw-{unique}")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3proxy.RunningS3Proxy]:
+    s3proxy.build()  # a no-op once resolved (`make test` resolves it first)
+    state_dir = tmp_path_factory.mktemp("s3proxy")
+    running = s3proxy.start(state_dir)
+    try:
+        yield running
+    finally:
+        s3proxy.stop(state_dir)
+
+
+def s3_settings(server: s3proxy.RunningS3Proxy, **overrides: object) -> S3Settings:
+    """``claim_check.s3`` for ``server``."""
+    values: dict[str, object] = {
+        "endpoint_url": server.endpoint,
+        "region": "us-east-1",
+        "access_key_id": server.access_key,
+        "secret_access_key": server.secret_key,
+        "connect_timeout_seconds": 2,
+        "read_timeout_seconds": 10,
+    }
+    return S3Settings.model_validate(values | overrides)
+
+
+@pytest.fixture
+def s3_bucket(s3_server: s3proxy.RunningS3Proxy, unique: str) -> tuple[str, S3Settings]:
+    """A new, empty bucket on the session's S3Proxy, and the settings that reach it."""
+    from connectors.core.s3store import s3_client
+
+    settings = s3_settings(s3_server)
+    bucket = f"claims-{unique}"
+    s3_client(settings).create_bucket(Bucket=bucket)
+    return bucket, settings

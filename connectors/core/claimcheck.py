@@ -50,6 +50,7 @@ from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 from urllib.request import pathname2url
 
+from connectors.core.config import S3Settings
 from connectors.core.errors import ConfigError, MailtapError
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "LocalClaimCheckBatch",
     "LocalClaimCheckStore",
     "begin_batch",
+    "close_store",
     "make_durable",
     "open_claim_check",
     "staged_batch",
@@ -74,7 +76,7 @@ PACK_DIR = "pack"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 # A kind becomes a directory (or an object-key prefix), so it must be a plain name.
-_KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 
 
 class ClaimCheckError(MailtapError):
@@ -124,11 +126,21 @@ class ClaimCheckBatch(Protocol):
 
 
 def begin_batch(store: ClaimCheckStore) -> ClaimCheckBatch:
-    """A batch on ``store``: a staged one where the store has it, else one that just puts
-    (every ``put`` already durable, ``commit`` a no-op)."""
-    if isinstance(store, LocalClaimCheckStore):
-        return store.batch()
+    """A batch on ``store``: a staged one where the store has it (``store.batch()``: the local
+    and the S3 store), else one that just puts (every ``put`` already durable, ``commit`` a
+    no-op)."""
+    batch = getattr(store, "batch", None)
+    if callable(batch):
+        staged: ClaimCheckBatch = batch()
+        return staged
     return _DurableEachPut(store)
+
+
+def close_store(store: ClaimCheckStore | None) -> None:
+    """Let the store's threads go (stores without any have no ``close``)."""
+    close = getattr(store, "close", None)
+    if callable(close):
+        close()
 
 
 @contextmanager
@@ -184,8 +196,8 @@ class LocalClaimCheckStore:
 
     def locate(self, data: bytes, kind: str) -> tuple[Path, BlobRef]:
         """Where ``data`` lives (or will) and its reference."""
-        if not _KIND_RE.match(kind):
-            raise ValueError(f"claim-check kind must match {_KIND_RE.pattern}, got {kind!r}")
+        if not KIND_RE.match(kind):
+            raise ValueError(f"claim-check kind must match {KIND_RE.pattern}, got {kind!r}")
         digest = hashlib.sha256(data).hexdigest()
         path = self.root / kind / digest[:2] / digest
         return path, BlobRef(uri="file://" + pathname2url(str(path)), sha256=digest, size=len(data))
@@ -305,8 +317,8 @@ class LocalClaimCheckBatch:
         return ref
 
     def _put_packed(self, data: bytes, kind: str) -> BlobRef:
-        if not _KIND_RE.match(kind):
-            raise ValueError(f"claim-check kind must match {_KIND_RE.pattern}, got {kind!r}")
+        if not KIND_RE.match(kind):
+            raise ValueError(f"claim-check kind must match {KIND_RE.pattern}, got {kind!r}")
         digest = hashlib.sha256(data).hexdigest()
         ref = self._packed.get(digest)
         if ref is None:
@@ -445,13 +457,17 @@ def _fsync_dir(directory: Path, strict: bool = False) -> None:
 
 
 def open_claim_check(
-    url: str, fsync_threads: int = DEFAULT_FSYNC_THREADS, pack_max_blob: int = 0
+    url: str,
+    fsync_threads: int = DEFAULT_FSYNC_THREADS,
+    pack_max_blob: int = 0,
+    s3: S3Settings | None = None,
 ) -> ClaimCheckStore:
     """Build a store from a configured URL.
 
-    ``file:///var/lib/mailtap/blobs`` -> :class:`LocalClaimCheckStore`. ``s3://bucket/prefix``
-    is the optional S3-compatible store; it needs boto3 and is not part of this build.
-    A URL that cannot work raises :class:`~connectors.core.errors.ConfigError`.
+    ``file:///var/lib/mailtap/blobs`` -> :class:`LocalClaimCheckStore`; ``s3://bucket/prefix``
+    -> the S3-compatible store (:mod:`connectors.core.s3store`, needs boto3: the ``s3`` extra),
+    reached with ``s3`` (``claim_check.s3``: endpoint, region, credentials); its bucket must
+    answer now. A URL that cannot work raises :class:`~connectors.core.errors.ConfigError`.
     """
     parts = urlsplit(url)
     if parts.scheme == "file":
@@ -462,16 +478,14 @@ def open_claim_check(
         return LocalClaimCheckStore(Path(unquote(parts.path)), fsync_threads, pack_max_blob)
     if parts.scheme == "s3":
         try:
-            import boto3  # noqa: F401
+            from connectors.core.s3store import S3ClaimCheckStore
         except ImportError:
             raise ConfigError(
-                f"claim-check URL {url!r}: the S3 option needs boto3 (pip install boto3); "
+                f"claim-check URL {url!r}: the S3 store needs boto3 (pip install 'mailtap[s3]'); "
                 "or use a local folder: file:///path/to/blobs"
             ) from None
-        raise ConfigError(
-            f"claim-check URL {url!r}: the S3 store is not implemented in this build; "
-            "use a local folder: file:///path/to/blobs"
-        )
+        return S3ClaimCheckStore.open(url, s3 if s3 is not None else S3Settings())
     raise ConfigError(
-        f"claim-check URL {url!r}: unsupported scheme {parts.scheme!r}; use file:///path/to/blobs"
+        f"claim-check URL {url!r}: unsupported scheme {parts.scheme!r}; use file:///path/to/blobs "
+        "or s3://bucket/prefix"
     )

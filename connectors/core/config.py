@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from connectors.core.errors import ConfigError
 
@@ -100,18 +108,59 @@ class KafkaSettings(StrictModel):
         return value
 
 
+class S3Settings(StrictModel):
+    """How to reach the bucket of an ``s3://bucket/prefix`` claim-check URL (AWS S3 or an
+    S3-compatible server such as MinIO, Ceph RGW or S3Proxy)."""
+
+    endpoint_url: str | None = Field(
+        default=None,
+        description="an S3-compatible server, e.g. https://minio.example.com:9000; unset: AWS S3",
+    )
+    region: str | None = Field(
+        default=None, description="e.g. eu-central-1; unset: the AWS_REGION/config default"
+    )
+    access_key_id: str | None = Field(
+        default=None,
+        description="unset: boto3's default chain (AWS_* variables, ~/.aws, an instance role)",
+    )
+    secret_access_key: SecretStr | None = Field(
+        default=None, description="with access_key_id (never logged)"
+    )
+    addressing_style: Literal["auto", "path", "virtual"] = Field(
+        default="auto",
+        description="bucket in the path or the host name; auto: path with an endpoint_url",
+    )
+    upload_threads: int = Field(
+        default=16, ge=1, le=256, description="a batch's blobs are uploaded this many at a time"
+    )
+    connect_timeout_seconds: float = Field(default=10.0, gt=0, description="per connection")
+    read_timeout_seconds: float = Field(default=60.0, gt=0, description="per request")
+
+    @model_validator(mode="after")
+    def _keys_in_pairs(self) -> S3Settings:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError(
+                "set both access_key_id and secret_access_key, or neither (boto3's default chain)"
+            )
+        return self
+
+
 class ClaimCheckSettings(StrictModel):
     """Where large bodies, attachments and raw MIME go (referenced from events by URI)."""
 
     url: str = Field(
         default="file://./.state/claims", description="file:///path or s3://bucket/prefix"
     )
+    s3: S3Settings = Field(
+        default_factory=S3Settings, description="the bucket's endpoint and credentials (s3://)"
+    )
     #: A source's batch appends blobs up to this size to one pack file (one fsync per batch,
     #: instead of a file and an fsync per blob, which cost more than parsing the mail).
     pack_max_blob_bytes: int = Field(
         default=256 * 1024,
         ge=0,
-        description="blobs up to this size share one pack file per batch; 0: a file per blob",
+        description="file:// only: blobs up to this size share one pack file per batch; 0: a "
+        "file per blob",
     )
 
 

@@ -61,7 +61,9 @@ class EwsSource:
         self._health: HealthServer | None = None
         self._threads: list[threading.Thread] = []
         self._claim_check = open_claim_check(
-            cfg.claim_check.url, pack_max_blob=cfg.claim_check.pack_max_blob_bytes
+            cfg.claim_check.url,
+            pack_max_blob=cfg.claim_check.pack_max_blob_bytes,
+            s3=cfg.claim_check.s3,
         )
         self.workers = [
             self._worker(account, folder)

@@ -35,7 +35,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckBatch, open_claim_check
-from connectors.core.config import KafkaSettings
+from connectors.core.config import KafkaSettings, S3Settings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.serde import AvroSerde
 from connectors.imap.connection import FetchedMail
@@ -60,6 +60,7 @@ class BuilderSpec:
     claim_check_url: str | None
     claim_check_threads: int
     pack_max_blob: int = 0
+    claim_check_s3: S3Settings | None = None
 
     def cache_key(self) -> tuple[str, str]:
         return (self.account, self.folder)
@@ -164,7 +165,10 @@ def _builder(spec: BuilderSpec) -> RecordBuilder:
         if url not in _stores:
             _stores[url] = (
                 open_claim_check(
-                    url, fsync_threads=spec.claim_check_threads, pack_max_blob=spec.pack_max_blob
+                    url,
+                    fsync_threads=spec.claim_check_threads,
+                    pack_max_blob=spec.pack_max_blob,
+                    s3=spec.claim_check_s3,
                 )
                 if url
                 else None

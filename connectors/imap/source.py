@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckStore, open_claim_check
+from connectors.core.claimcheck import ClaimCheckStore, close_store, open_claim_check
 from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
 from connectors.core.faults import CrashingWriter, CrashPoints
@@ -85,6 +85,7 @@ class ImapSource:
             self.config.claim_check.url,
             fsync_threads=self.settings.claim_check_threads,
             pack_max_blob=self.config.claim_check.pack_max_blob_bytes,
+            s3=self.config.claim_check.s3,
         )
         self._claim_check = store
         limits = ParseLimits(**self.settings.limits.overrides())
@@ -106,6 +107,7 @@ class ImapSource:
                     claim_check_url=self.config.claim_check.url,
                     claim_check_threads=self.settings.claim_check_threads,
                     pack_max_blob=self.config.claim_check.pack_max_blob_bytes,
+                    claim_check_s3=self.config.claim_check.s3,
                 )
                 builder = make_builder(spec, store)
                 workers.append(
@@ -185,8 +187,7 @@ class ImapSource:
         if self.wait(0):
             for index in self._indexes:
                 index.close()  # its temporary database; only once no worker can use it
-        if isinstance(self._claim_check, LocalClaimCheckStore):
-            self._claim_check.close()
+        close_store(self._claim_check)
 
     @property
     def all_fenced(self) -> bool:

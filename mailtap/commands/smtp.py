@@ -25,12 +25,12 @@ log = logging.getLogger(__name__)
 
 
 def _blob_fetcher(cfg: MailtapConfig) -> Callable[[str], bytes]:
-    url = cfg.claim_check.url
+    settings = cfg.claim_check
 
     @cache
     def store() -> ClaimCheckStore:
         # Opened on first use: a sink whose commands carry no attachment needs no store.
-        return open_claim_check(url)
+        return open_claim_check(settings.url, s3=settings.s3)
 
     return lambda uri: store().get(uri)
 

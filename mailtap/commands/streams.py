@@ -16,7 +16,7 @@ def build_worker(config_path: str) -> StreamsWorker:
     """Load and validate the configuration, look up the partition count, build the app."""
     cfg = load_config(config_path)
     settings = cfg.section("streams", StreamsSettings)
-    store = open_claim_check(cfg.claim_check.url)
+    store = open_claim_check(cfg.claim_check.url, s3=cfg.claim_check.s3)
     partitions = events_partitions(cfg.kafka)
     log.info(
         "streams %s: %d partitions of %s, %d rules",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import os
 import shutil
 import socket
 import subprocess
@@ -48,16 +47,6 @@ class KafkaLayout:
     @property
     def ports_file(self) -> Path:
         return self.root / "ports"
-
-
-def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise process.ServiceStartError("kafka: no `java` on PATH (install a JRE >= 17)")
-    return found
 
 
 def _classpath() -> str:
@@ -111,7 +100,7 @@ def prepare_storage(layout: KafkaLayout, broker_port: int, controller_port: int)
         return
     shutil.rmtree(layout.data_dir, ignore_errors=True)
     argv = [
-        _java(),
+        process.java("kafka"),
         "-Xmx256m",
         _log4j_opt(layout),
         "-cp",
@@ -140,7 +129,7 @@ def start(layout: KafkaLayout) -> int:
     tmpdir = layout.root / "tmp"
     tmpdir.mkdir(parents=True, exist_ok=True)
     argv = [
-        _java(),
+        process.java("kafka"),
         *JVM_OPTS,
         f"-Djava.io.tmpdir={tmpdir}",
         _log4j_opt(layout),

@@ -7,14 +7,19 @@ also its process-group id: stopping the group reaches the children a service for
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import ModuleType
+
+from mailtap.dev.layout import REPO_ROOT
 
 #: How many log lines a start-up failure quotes.
 LOG_TAIL_LINES = 20
@@ -26,6 +31,17 @@ STOP_TIMEOUT_S = 20.0
 
 class ServiceStartError(RuntimeError):
     """A local service did not come up; the message quotes the tail of its log."""
+
+
+def java(service: str) -> str:
+    """The ``java`` of ``$JAVA_HOME``, else the one on PATH, for a JVM service."""
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return str(Path(java_home) / "bin" / "java")
+    found = shutil.which("java")
+    if not found:
+        raise ServiceStartError(f"{service}: no `java` on PATH (install a JRE >= 17)")
+    return found
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -210,3 +226,37 @@ def _failure(name: str, reason: str, logs: Sequence[Path]) -> str:
     for log in logs:
         parts.append(f"--- last {LOG_TAIL_LINES} lines of {log} ---\n{log_tail(log)}")
     return "\n".join(parts)
+
+
+def stop_recorded(pid_file: Path, *also_remove: Path) -> bool:
+    """Stop the process group whose id ``pid_file`` holds and remove the files; True when one
+    was running."""
+    try:
+        pid = int(pid_file.read_text())
+    except (OSError, ValueError):
+        return False
+    was_running = stop_group(pid)
+    for file in (pid_file, *also_remove):
+        file.unlink(missing_ok=True)
+    return was_running
+
+
+def service_main(service: ModuleType, argv: list[str] | None = None) -> int:
+    """``python -m mailtap.dev.<name> build|start|stop`` of an optional JVM service module: it
+    has ``build(force=)``, ``start(state_dir, port=)`` (a result with ``.address``, printed) and
+    ``stop(state_dir)``."""
+    module = service.__spec__.name if service.__spec__ else service.__name__  # not "__main__"
+    name = module.rpartition(".")[2]
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=service.__doc__)
+    parser.add_argument("action", choices=["build", "start", "stop"])
+    parser.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".state" / name)
+    parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--force", action="store_true", help="build even if up to date")
+    args = parser.parse_args(argv)
+    if args.action == "build":
+        print(service.build(force=args.force))
+    elif args.action == "start":
+        print(service.start(args.state_dir, port=args.port).address)
+    else:
+        print("stopped" if service.stop(args.state_dir) else "not running")
+    return 0

@@ -16,7 +16,6 @@ Storage is an in-memory H2 database: schema ids start again at 1 after every sta
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -62,16 +61,6 @@ def _sources_digest() -> str:
     for file in sorted(p for p in SOURCES.rglob("*") if p.is_file()):
         digest.update(str(file.relative_to(SOURCES)).encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()
-
-
-def _java() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").exists():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise process.ServiceStartError("registry: no `java` on PATH (install a JRE >= 17)")
-    return found
 
 
 def build(force: bool = False) -> Path:
@@ -139,6 +128,10 @@ class RunningRegistry:
     pid: int  # also the process-group id
     port: int
 
+    @property
+    def address(self) -> str:
+        return self.url
+
 
 def probe(url: str, timeout: float = 2.0) -> None:
     """Raise unless ``GET <url>/subjects`` answers 200 with a JSON list."""
@@ -157,7 +150,7 @@ def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> 
     state_dir.mkdir(parents=True, exist_ok=True)
     port = port or process.free_port(host)
     argv = [
-        _java(),
+        process.java("registry"),
         *JVM_OPTS,
         f"-Djava.io.tmpdir={state_dir}",
         f"-Dquarkus.http.host={host}",
@@ -182,30 +175,11 @@ def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> 
 def stop(state_dir: Path) -> bool:
     """Stop the registry started in ``state_dir``; True when one was running."""
     layout = RegistryLayout(state_dir)
-    try:
-        pid = int(layout.pid_file.read_text())
-    except (OSError, ValueError):
-        return False
-    was_running = process.stop_group(pid)
-    layout.pid_file.unlink(missing_ok=True)
-    layout.url_file.unlink(missing_ok=True)
-    return was_running
+    return process.stop_recorded(layout.pid_file, layout.url_file)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mailtap.dev.registry", description=__doc__)
-    parser.add_argument("action", choices=["build", "start", "stop"])
-    parser.add_argument("--state-dir", type=Path, default=REPO_ROOT / ".state" / "registry")
-    parser.add_argument("--port", type=int, default=None)
-    parser.add_argument("--force", action="store_true", help="build even if up to date")
-    args = parser.parse_args(argv)
-    if args.action == "build":
-        print(build(force=args.force))
-    elif args.action == "start":
-        print(start(args.state_dir, port=args.port).url)
-    else:
-        print("stopped" if stop(args.state_dir) else "not running")
-    return 0
+    return process.service_main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -110,3 +110,18 @@ def test_lists_of_mappings_are_not_echoed_in_errors() -> None:
     with pytest.raises(ConfigError, match=r"x\.accounts") as info:
         cfg.section("x", Section)
     assert "hunter2" not in str(info.value)
+
+
+def test_s3_keys_come_in_pairs_and_the_secret_is_never_echoed() -> None:
+    with pytest.raises(ConfigError, match=r"claim_check\.s3: .*set both access_key_id") as caught:
+        config_from_dict(
+            {
+                "kafka": {"bootstrap_servers": "a:1"},
+                "claim_check": {"url": "s3://b/p", "s3": {"secret_access_key": "hunter2"}},
+            }
+        )
+    assert "hunter2" not in str(caught.value)
+    env = {"MAILTAP__CLAIM_CHECK__S3__ENDPOINT_URL": "http://127.0.0.1:9000"}
+    cfg = config_from_dict({"kafka": {"bootstrap_servers": "a:1"}}, env=env)
+    assert cfg.claim_check.s3.endpoint_url == "http://127.0.0.1:9000"
+    assert cfg.claim_check.s3.access_key_id is None  # boto3's default chain

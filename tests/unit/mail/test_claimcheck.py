@@ -102,7 +102,6 @@ def test_open_claim_check_file_url(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("s3://bucket/prefix", "S3"),
         ("file://host/path", "absolute local path"),
         ("http://example.com/x", "unsupported scheme"),
         ("/just/a/path", "unsupported scheme"),
@@ -113,6 +112,15 @@ def test_open_claim_check_errors_say_what_to_change(url: str, message: str) -> N
         open_claim_check(url)
     assert "file:///" in str(caught.value)
     assert classify(caught.value) is Disposition.PERMANENT
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [("s3:///claims", "expected s3://bucket"), ("s3://bucket/claims?x=1", "no \\?query")],
+)
+def test_an_s3_url_without_a_bucket_fails_before_any_request(url: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        open_claim_check(url)
 
 
 def _files(root: Path) -> list[str]:
