@@ -7,10 +7,12 @@ import importlib
 import logging
 import os
 import signal
-import sys
 from typing import Any
 
 import click
+
+from mailtap import logs
+from mailtap.logs import LogFormat
 
 #: name -> "module:attribute" of a click command or group.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -84,7 +86,15 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", count=True, help="More logging (-v info, -vv debug).")
-def main(verbose: int) -> None:
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="MAILTAP_LOG_FORMAT",
+    help="json: one JSON object per line, with each record's fields (MAILTAP_LOG_FORMAT).",
+)
+def main(verbose: int, log_format: LogFormat) -> None:
     """mailtap: mail as a reliable Kafka event interface."""
     # SIGTERM ends a command like Ctrl-C does, through its `finally` blocks: the demo and the
     # benchmarks then stop the components and services they started instead of orphaning them.
@@ -92,11 +102,7 @@ def main(verbose: int) -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     level = getattr(logging, os.environ.get("MAILTAP_LOG_LEVEL", ""), level)
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(level, log_format)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,40 @@
+"""Log output: readable lines on a terminal, JSON lines for a log pipeline.
+
+``mailtap --log-format json ...`` (or ``MAILTAP_LOG_FORMAT=json``, what the container manifests
+set) writes one JSON object per line, with the fields a record carries besides its message: a
+state transition has ``account``, ``folder`` and ``state``; a transactional writer its
+``transactional_id``. The JSON comes from python-json-logger. No secret is ever passed to a log
+call (settings keep them as ``SecretStr``), in either format.
+
+    {"level": "INFO", "logger": "connectors.imap.state", "message": "imap acct/INBOX: SYNCING ->
+     IDLE", "account": "acct", "folder": "INBOX", "state": "IDLE", "timestamp": "2026-12-01T..."}
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Literal
+
+from pythonjsonlogger.json import JsonFormatter
+
+LogFormat = Literal["text", "json"]
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def formatter(fmt: LogFormat) -> logging.Formatter:
+    if fmt == "json":
+        return JsonFormatter(
+            "{levelname}{name}{message}",
+            style="{",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp=True,
+        )
+    return logging.Formatter(TEXT_FORMAT)
+
+
+def configure(level: int, fmt: LogFormat = "text") -> None:
+    """The root logger writes to stderr at ``level`` in ``fmt`` (replacing earlier handlers)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(fmt))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
