@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
 
+import pytest
 from imapclient import IMAPClient
 
 from connectors.core.config import config_from_dict
@@ -204,9 +206,13 @@ def test_after_commit_seen_marks_published_mail_seen(imap: ImapHarness) -> None:
     assert changes(imap.events()).count("ADDED") == 3
 
 
-def test_bad_password_backs_off_to_the_cap_and_counts_auth_failures(imap: ImapHarness) -> None:
+def test_bad_password_backs_off_to_the_cap_and_counts_auth_failures(
+    imap: ImapHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # imapclient logs every command at DEBUG, LOGIN too
+    wrong = f"wrong-{imap.unique}-pw"
     with running(
-        imap, account={"password": "wrong"}, backoff_initial_seconds=0.1, backoff_cap_seconds=1
+        imap, account={"password": wrong}, backoff_initial_seconds=0.1, backoff_cap_seconds=1
     ) as source:
         labels = {"source": "imap", "account": "acct", "folder": "INBOX"}
         wait_for(
@@ -223,6 +229,8 @@ def test_bad_password_backs_off_to_the_cap_and_counts_auth_failures(imap: ImapHa
         # Permanent errors wait the cap each time: no spinning on a wrong password.
         assert worker.backoff.attempt >= 2
     assert imap.events() == []
+    assert "LOGIN" in caplog.text and "AUTHENTICATING -> BACKOFF" in caplog.text
+    assert wrong not in caplog.text  # no secret in any log line, at any level
 
 
 def test_mail_appended_during_idle_arrives_without_waiting_for_a_poll(imap: ImapHarness) -> None:
