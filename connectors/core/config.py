@@ -24,6 +24,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -143,6 +144,33 @@ class S3Settings(StrictModel):
                 "set both access_key_id and secret_access_key, or neither (boto3's default chain)"
             )
         return self
+
+
+class ClientCredentialsSettings(StrictModel):
+    """Where and as whom mailtap asks for OAuth2 access tokens (client-credentials grant,
+    :mod:`connectors.core.oauth2`)."""
+
+    token_url: str = Field(
+        description="the identity provider's token endpoint (https), e.g. "
+        "https://login.microsoftonline.com/<tenant>/oauth2/v2.0/token"
+    )
+    client_id: str = Field(min_length=1, description="the application (client) id")
+    client_secret: SecretStr = Field(description="the application's secret (never logged)")
+    scope: str = Field(
+        description="space-separated; Microsoft 365 IMAP: https://outlook.office365.com/.default"
+    )
+    ca_file: str | None = Field(
+        default=None, description="CA bundle for the token endpoint; the system store if unset"
+    )
+    timeout_seconds: float = Field(default=30.0, gt=0, description="per token request")
+
+    @field_validator("token_url")
+    @classmethod
+    def _https(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme != "https" or not parts.hostname:
+            raise ValueError("expected an https:// URL (tokens never travel in plaintext)")
+        return value
 
 
 class ClaimCheckSettings(StrictModel):

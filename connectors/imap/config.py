@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from connectors.core.config import ClientCredentialsSettings
 from connectors.core.sourcesettings import (
     START_DESCRIPTION,
     check_section,
@@ -86,6 +87,11 @@ class ImapAccountSettings(_Strict):
             "refresher (a sidecar, a cron job) rewrites it before the token expires"
         ),
     )
+    oauth2: ClientCredentialsSettings | None = Field(
+        default=None,
+        description="XOAUTH2 with tokens mailtap fetches itself (OAuth2 client credentials: "
+        "token_url, client_id, client_secret, scope)",
+    )
     ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
     folders: tuple[str, ...] = Field(default=("INBOX",), description="folders to publish")
     start: str = Field(
@@ -124,10 +130,12 @@ class ImapAccountSettings(_Strict):
             self.password is not None,
             self.oauth2_access_token is not None,
             self.oauth2_access_token_file is not None,
+            self.oauth2 is not None,
         ]
         if sum(given) != 1:
             raise ValueError(
-                "set exactly one of password, oauth2_access_token or oauth2_access_token_file"
+                "set exactly one of password, oauth2_access_token, oauth2_access_token_file "
+                "or oauth2"
             )
         token_file = self.oauth2_access_token_file
         if token_file is not None and not token_file.is_file():

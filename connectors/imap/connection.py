@@ -39,6 +39,7 @@ from imapclient import IMAPClient, SocketTimeout
 from imapclient import exceptions as imap_exc
 from imapclient.imapclient import _normalise_search_criteria
 
+from connectors.core.oauth2 import client_credentials
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.errors import (
     AuthenticationError,
@@ -235,9 +236,13 @@ class ImapConnection:
 
     def login(self) -> None:
         a = self.account
+        fetched: str | None = None
         with _wire("login"):
             try:
-                if a.oauth2_access_token_file is not None:
+                if a.oauth2 is not None:
+                    fetched = client_credentials(a.oauth2).token()
+                    self.client.oauth2_login(a.username, fetched)
+                elif a.oauth2_access_token_file is not None:
                     self.client.oauth2_login(a.username, _read_token(a.oauth2_access_token_file))
                 elif a.oauth2_access_token is not None:
                     self.client.oauth2_login(a.username, a.oauth2_access_token.get_secret_value())
@@ -247,6 +252,8 @@ class ImapConnection:
                 raise
             except imap_exc.IMAPClientError as exc:
                 # A NO to LOGIN/AUTHENTICATE: the credentials are wrong or the account locked.
+                if fetched is not None and a.oauth2 is not None:
+                    client_credentials(a.oauth2).refused(fetched)  # revoked: fetch anew next time
                 raise AuthenticationError(f"login as {a.username} refused: {exc}") from exc
             self._capabilities = frozenset(self.client.capabilities())
 

@@ -7,20 +7,25 @@ oauth2 passdb for the XOAUTH2/OAUTHBEARER mechanisms; plain logins still go to t
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
+import ssl
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
+import trustme
 
-from connectors.core.errors import AuthenticationError
+from connectors.core.errors import AuthenticationError, Disposition, classify
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
+from connectors.imap.errors import ConnectionLost
 from mailtap.dev import Account, DevServices, process
 from mailtap.dev import dovecot as dev_dovecot
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, running, wait_for
@@ -44,16 +49,19 @@ class OAuthDovecot:
     tokens: Introspection
 
 
-def _introspection_server(tokens: Introspection) -> ThreadingHTTPServer:
+def _form_server(
+    answer: Callable[[BaseHTTPRequestHandler, dict[str, list[str]]], tuple[int, object]],
+    context: ssl.SSLContext | None = None,
+) -> ThreadingHTTPServer:
+    """A loopback HTTP(S) server that answers each form POST with ``answer(request, form)``:
+    (status, JSON body)."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
-            token = parse_qs(body).get("token", [""])[0]
-            tokens.asked.append(token)
-            user = tokens.active.get(token)
-            answer = json.dumps({"active": True, "username": user} if user else {"active": False})
-            data = answer.encode()
-            self.send_response(200)
+            status, reply = answer(self, parse_qs(body))
+            data = json.dumps(reply).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
@@ -63,8 +71,20 @@ def _introspection_server(tokens: Introspection) -> ThreadingHTTPServer:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    if context is not None:
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
+
+
+def _introspection_server(tokens: Introspection) -> ThreadingHTTPServer:
+    def answer(_request: BaseHTTPRequestHandler, form: dict[str, list[str]]) -> tuple[int, object]:
+        token = form.get("token", [""])[0]
+        tokens.asked.append(token)
+        user = tokens.active.get(token)
+        return 200, {"active": True, "username": user} if user else {"active": False}
+
+    return _form_server(answer)
 
 
 def _free_port() -> int:
@@ -108,15 +128,27 @@ def oauth_dovecot(tmp_path: Path) -> Iterator[OAuthDovecot]:
         introspection.shutdown()
 
 
-def _login(server: OAuthDovecot, **credentials: str) -> ImapConnection:
+def _login(server: OAuthDovecot, **credentials: object) -> ImapConnection:
     account = ImapAccountSettings.model_validate(
         {"name": "a", "host": server.host, "port": server.port, "security": "plain"}
         | {"username": USER, **credentials}
     )
     conn = ImapConnection(account, connect_timeout=5, read_timeout=10)
     conn.connect()
-    conn.login()
+    try:
+        conn.login()
+    except BaseException:
+        conn.close()
+        raise
     return conn
+
+
+def _harness(
+    server: OAuthDovecot, services: DevServices, unique: str, tmp_path: Path
+) -> ImapHarness:
+    """The source's harness on this Dovecot; the test mails are appended with a plain login."""
+    account = Account(USER, dev_dovecot.DEFAULT_PASSWORD)
+    return ImapHarness(services, account, unique, tmp_path, host=server.host, port=server.port)
 
 
 def test_xoauth2_login_with_a_token_file_that_a_refresher_rotates(
@@ -140,14 +172,7 @@ def test_xoauth2_login_with_a_token_file_that_a_refresher_rotates(
 def test_the_source_logs_in_again_with_the_rotated_token_after_its_connection_is_dropped(
     oauth_dovecot: OAuthDovecot, services: DevServices, unique: str, tmp_path: Path
 ) -> None:
-    harness = ImapHarness(
-        services,
-        Account(USER, dev_dovecot.DEFAULT_PASSWORD),  # plain login, to append the test mails
-        unique,
-        tmp_path,
-        host=oauth_dovecot.host,
-        port=oauth_dovecot.port,
-    )
+    harness = _harness(oauth_dovecot, services, unique, tmp_path)
     token_file = tmp_path / "token"
     oauth_dovecot.tokens.active["tok-1"] = USER
     token_file.write_text("tok-1")
@@ -165,3 +190,135 @@ def test_the_source_logs_in_again_with_the_rotated_token_after_its_connection_is
     assert "tok-2" in oauth_dovecot.tokens.asked
     # Two keys, maybe on two partitions: no order between them.
     assert sorted(r.value["subject"] for r in harness.events() if r.value) == ["after", "before"]
+
+
+# --- tokens mailtap fetches itself (OAuth2 client credentials) --------------------------------
+
+
+@dataclass
+class TokenEndpoint:
+    """An HTTPS OAuth2 token endpoint (RFC 6749 4.4) that registers what it issues with the
+    introspection endpoint Dovecot asks, as an identity provider does."""
+
+    url: str
+    ca_file: Path
+    tokens: Introspection
+    expires_in: int = 3600
+    status: int = 200
+    issued: list[str] = field(default_factory=list)
+    grants: list[dict[str, list[str]]] = field(default_factory=list)
+
+
+CLIENT_ID, CLIENT_SECRET = "mailtap-app", "app-secret-value"
+
+
+def _token_server(endpoint: TokenEndpoint, context: ssl.SSLContext) -> ThreadingHTTPServer:
+    basic = base64.b64encode(f"{CLIENT_ID}:{CLIENT_SECRET}".encode()).decode()
+
+    def answer(request: BaseHTTPRequestHandler, form: dict[str, list[str]]) -> tuple[int, object]:
+        endpoint.grants.append(form)
+        if endpoint.status != 200:
+            return endpoint.status, {"error": "temporarily_unavailable"}
+        if request.headers.get("Authorization") != f"Basic {basic}":
+            return 401, {"error": "invalid_client", "error_description": "bad secret"}
+        token = f"fetched-{len(endpoint.issued) + 1}"
+        endpoint.issued.append(token)
+        endpoint.tokens.active[token] = USER
+        return 200, {
+            "access_token": token,
+            "token_type": "Bearer",
+            "expires_in": endpoint.expires_in,
+        }
+
+    return _form_server(answer, context)
+
+
+@pytest.fixture
+def token_endpoint(oauth_dovecot: OAuthDovecot, tmp_path: Path) -> Iterator[TokenEndpoint]:
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    endpoint = TokenEndpoint("", ca_file, oauth_dovecot.tokens)
+    server = _token_server(endpoint, context)
+    endpoint.url = f"https://127.0.0.1:{server.server_port}/tenant/oauth2/v2.0/token"
+    try:
+        yield endpoint
+    finally:
+        server.shutdown()
+
+
+def _oauth2(endpoint: TokenEndpoint, secret: str = CLIENT_SECRET) -> dict[str, str]:
+    return {
+        "token_url": endpoint.url,
+        "client_id": CLIENT_ID,
+        "client_secret": secret,
+        "scope": "https://outlook.office365.com/.default",
+        "ca_file": str(endpoint.ca_file),
+    }
+
+
+def test_fetched_tokens_are_reused_renewed_before_expiry_and_replaced_when_revoked(
+    oauth_dovecot: OAuthDovecot, token_endpoint: TokenEndpoint
+) -> None:
+    token_endpoint.expires_in = 2  # renewed after half its life
+    oauth2 = _oauth2(token_endpoint)
+    _login(oauth_dovecot, oauth2=oauth2).logout()
+    _login(oauth_dovecot, oauth2=oauth2).logout()
+    assert token_endpoint.issued == ["fetched-1"]  # cached, one grant for both logins
+    (grant,) = token_endpoint.grants
+    assert grant["grant_type"] == ["client_credentials"]
+    assert grant["scope"] == ["https://outlook.office365.com/.default"]
+    assert CLIENT_SECRET not in json.dumps(grant)  # the secret went in the Authorization header
+    time.sleep(1.2)
+    _login(oauth_dovecot, oauth2=oauth2).logout()
+    assert token_endpoint.issued == ["fetched-1", "fetched-2"]  # renewed before it expired
+    token_endpoint.expires_in = 3600
+    # The identity provider revokes the token early: the login is refused once, then the
+    # next one fetches a new token.
+    oauth_dovecot.tokens.active.pop("fetched-2")
+    with pytest.raises(AuthenticationError):
+        _login(oauth_dovecot, oauth2=oauth2)
+    _login(oauth_dovecot, oauth2=oauth2).logout()
+    assert token_endpoint.issued[-1] == "fetched-3"
+
+
+def test_a_refused_client_is_permanent_and_an_endpoint_outage_is_transient(
+    oauth_dovecot: OAuthDovecot, token_endpoint: TokenEndpoint
+) -> None:
+    wrong = "not-the-app-secret"
+    with pytest.raises(
+        AuthenticationError, match="refused client mailtap-app: invalid_client"
+    ) as refused:
+        _login(oauth_dovecot, oauth2=_oauth2(token_endpoint, secret=wrong))
+    assert classify(refused.value) is Disposition.PERMANENT and wrong not in str(refused.value)
+    token_endpoint.status = 503
+    with pytest.raises(ConnectionLost) as outage:
+        _login(oauth_dovecot, oauth2=_oauth2(token_endpoint, secret="another-secret"))
+    assert classify(outage.value) is Disposition.RETRY
+    token_endpoint.status = 200
+    elsewhere = _oauth2(token_endpoint, secret="a-third-secret") | {
+        "token_url": f"https://127.0.0.1:{_free_port()}/token"
+    }
+    with pytest.raises(ConnectionLost, match="cannot reach token endpoint"):
+        _login(oauth_dovecot, oauth2=elsewhere)
+    assert token_endpoint.issued == []
+
+
+def test_the_source_runs_on_tokens_it_fetches_itself(
+    oauth_dovecot: OAuthDovecot,
+    token_endpoint: TokenEndpoint,
+    services: DevServices,
+    unique: str,
+    tmp_path: Path,
+) -> None:
+    harness = _harness(oauth_dovecot, services, unique, tmp_path)
+    oauth2 = _oauth2(token_endpoint, secret=CLIENT_SECRET) | {"scope": f"imap-{unique}"}
+    account = {"password": None, "oauth2": oauth2, "start": "latest"}
+    with running(harness, account=account, catchup_poll_seconds=2):
+        wait_for(lambda: harness.cursor() is not None, "the source's first cursor")
+        harness.append([make_mail(f"c-{unique}@example.com", "fetched token")])
+        wait_for(lambda: len(harness.events()) == 1, "the event")
+    assert token_endpoint.issued and all(t.startswith("fetched-") for t in token_endpoint.issued)
+    assert [r.value["subject"] for r in harness.events() if r.value] == ["fetched token"]

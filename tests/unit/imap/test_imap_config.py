@@ -12,6 +12,12 @@ from connectors.core.errors import ConfigError
 from connectors.imap.config import ImapSourceSettings
 
 ACCOUNT = {"name": "a", "host": "imap.example.com", "username": "u", "password": "hunter2"}
+OAUTH2 = {
+    "token_url": "https://login.example.com/tenant/oauth2/v2.0/token",
+    "client_id": "app",
+    "client_secret": "hunter2",
+    "scope": "https://outlook.office365.com/.default",
+}
 
 
 def settings(**account: object) -> ImapSourceSettings:
@@ -37,8 +43,10 @@ def test_defaults_are_the_safe_ones() -> None:
         ({"start": "since:31/01/2026"}, "ISO date"),
         ({"after_commit": "delete"}, "imap.accounts[0].after_commit"),
         ({"security": "tls"}, "imap.accounts[0].security"),
-        ({"password": None}, "exactly one of password, oauth2_access_token or oauth2_access"),
-        ({"oauth2_access_token": "tok"}, "exactly one of password, oauth2_access_token or"),
+        ({"password": None}, "exactly one of password, oauth2_access_token, oauth2_access"),
+        ({"oauth2_access_token": "tok"}, "exactly one of password, oauth2_access_token, "),
+        ({"password": None, "oauth2": {**OAUTH2, "token_url": "http://idp/token"}}, "https://"),
+        ({"oauth2": OAUTH2}, "or oauth2"),
         (
             {"password": None, "oauth2_access_token_file": "/nonexistent/token"},
             "oauth2_access_token_file /nonexistent/token does not exist; write the token there",
@@ -74,3 +82,9 @@ def test_oauth2_token_file_instead_of_password(tmp_path: Path) -> None:
     token.write_text("tok-123\n")
     account = settings(password=None, oauth2_access_token_file=str(token)).accounts[0]
     assert account.oauth2_access_token_file == token
+
+
+def test_oauth2_client_credentials_instead_of_password() -> None:
+    account = settings(password=None, oauth2=OAUTH2).accounts[0]
+    assert account.oauth2 is not None and account.oauth2.client_id == "app"
+    assert "hunter2" not in repr(account)
