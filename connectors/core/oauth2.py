@@ -21,6 +21,7 @@ private CA. The secret and the tokens never appear in a message.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,12 @@ from requests_oauthlib import OAuth2Session
 
 from connectors.core.config import ClientCredentialsSettings
 from connectors.core.errors import AuthenticationError
+
+log = logging.getLogger(__name__)
+# At DEBUG, requests-oauthlib logs the token endpoint's whole answer (the access token in it)
+# and oauthlib the request body: never below INFO, whatever the root level (-vv).
+for _chatty in ("requests_oauthlib", "oauthlib"):
+    logging.getLogger(_chatty).setLevel(logging.INFO)
 
 __all__ = [
     "ClientCredentials",
@@ -71,6 +78,13 @@ class ClientCredentials:
                 self._token, lifetime = self._fetch()
                 self._refresh_at = self._clock() + lifetime - min(REFRESH_BEFORE_S, lifetime / 2)
                 self.fetched += 1
+                log.info(
+                    "oauth2: new access token for client %s from %s, valid for %.0f s",
+                    self.settings.client_id,
+                    self.settings.token_url,
+                    lifetime,
+                    extra={"client_id": self.settings.client_id},
+                )
             return self._token
 
     def refused(self, token: str) -> None:

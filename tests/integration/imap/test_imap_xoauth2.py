@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import socket
 import ssl
 import threading
@@ -260,8 +261,9 @@ def _oauth2(endpoint: TokenEndpoint, secret: str = CLIENT_SECRET) -> dict[str, s
 
 
 def test_fetched_tokens_are_reused_renewed_before_expiry_and_replaced_when_revoked(
-    oauth_dovecot: OAuthDovecot, token_endpoint: TokenEndpoint
+    oauth_dovecot: OAuthDovecot, token_endpoint: TokenEndpoint, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     token_endpoint.expires_in = 2  # renewed after half its life
     oauth2 = _oauth2(token_endpoint)
     _login(oauth_dovecot, oauth2=oauth2).logout()
@@ -282,6 +284,10 @@ def test_fetched_tokens_are_reused_renewed_before_expiry_and_replaced_when_revok
         _login(oauth_dovecot, oauth2=oauth2)
     _login(oauth_dovecot, oauth2=oauth2).logout()
     assert token_endpoint.issued[-1] == "fetched-3"
+    assert caplog.text.count("oauth2: new access token for client mailtap-app") == 3
+    assert "fetched-" not in caplog.text and CLIENT_SECRET not in caplog.text  # no secret logged
+    xoauth2 = base64.b64encode(f"user={USER}\x01auth=Bearer fetched-1\x01\x01".encode())
+    assert xoauth2.decode()[:40] not in caplog.text  # nor the AUTHENTICATE line imaplib sends
 
 
 def test_a_refused_client_is_permanent_and_an_endpoint_outage_is_transient(
