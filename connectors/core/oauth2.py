@@ -32,12 +32,10 @@ from requests_oauthlib import OAuth2Session
 
 from connectors.core.config import ClientCredentialsSettings
 from connectors.core.errors import AuthenticationError
+from connectors.core.redact import quiet_token_libraries
 
 log = logging.getLogger(__name__)
-# At DEBUG, requests-oauthlib logs the token endpoint's whole answer (the access token in it)
-# and oauthlib the request body: never below INFO, whatever the root level (-vv).
-for _chatty in ("requests_oauthlib", "oauthlib"):
-    logging.getLogger(_chatty).setLevel(logging.INFO)
+quiet_token_libraries()  # at DEBUG they would log the token endpoint's answer
 
 __all__ = [
     "ClientCredentials",

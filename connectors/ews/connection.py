@@ -61,6 +61,7 @@ from exchangelib.folders import BaseFolder
 from exchangelib.protocol import BaseProtocol
 from exchangelib.services import GetStreamingEvents
 
+from connectors.core.redact import quiet_token_libraries, redact_headers
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
 from connectors.ews.errors import (
     AuthenticationError,
@@ -71,6 +72,11 @@ from connectors.ews.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+# exchangelib logs request headers (the Authorization header) at DEBUG and on errors, and its
+# OAuth2 flow goes through requests-oauthlib, which logs tokens at DEBUG.
+redact_headers("exchangelib.util")
+quiet_token_libraries()
 
 #: Events that put an item into the watched folder. Moved/Copied count only when their
 #: ParentFolderId is the watched folder (a move *out* of it is reported to its subscription too).

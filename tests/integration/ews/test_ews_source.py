@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import collections
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,6 +26,7 @@ from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import (
     ACCOUNT,
+    PASSWORD,
     USER,
     read_events,
     read_topic,
@@ -310,3 +313,21 @@ def test_health_is_the_age_of_the_last_successful_sync(
         assert ews.wait_until(lambda: healthz(port)[0] == 200, WAIT_S)
     finally:
         src.stop()
+
+
+def test_no_credential_in_any_log_line_even_at_debug(
+    ews: EwsTestServer, config: MailtapConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """exchangelib logs each request's headers at DEBUG: the Authorization header must not get
+    through (basic auth: the password, base64-encoded)."""
+    caplog.set_level(logging.DEBUG)
+    src = EwsSource.from_config(config, serve_health=False)
+    src.start()
+    try:
+        ews.deliver(USER, mime(1))
+        assert ews.wait_until(lambda: published(src) == 1, WAIT_S)
+    finally:
+        src.stop()
+    assert "streaming" in caplog.text.lower() or "ews" in caplog.text.lower()
+    basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    assert basic not in caplog.text and PASSWORD not in caplog.text
