@@ -3,9 +3,10 @@
 Our own code never passes a secret to a log call (settings hold them as ``SecretStr``). Some
 libraries do, at DEBUG (``mailtap -vv``) or when a request fails:
 
-- exchangelib (``exchangelib.util``) logs each request's headers, and the whole exchange on an
-  error: the ``Authorization`` header carries the basic-auth password, an OAuth token or the
-  NTLM response. :func:`redact_headers` formats such records and replaces those values.
+- exchangelib (``exchangelib.util``) logs each request's headers at DEBUG: the
+  ``Authorization`` header carries the basic-auth password, an OAuth token or the NTLM
+  response. It also dumps the exchange at ERROR when a request fails. :func:`redact_headers`
+  formats such records and replaces credential header values.
 - requests-oauthlib logs a token endpoint's whole answer (the access token in it), and oauthlib
   the request body: :func:`quiet_token_libraries` keeps both at INFO whatever the root level.
 """
