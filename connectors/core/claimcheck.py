@@ -61,6 +61,7 @@ __all__ = [
     "LocalClaimCheckBatch",
     "LocalClaimCheckStore",
     "begin_batch",
+    "blob_digest",
     "close_store",
     "make_durable",
     "open_claim_check",
@@ -73,10 +74,18 @@ DEFAULT_FSYNC_THREADS = 8
 
 #: Where pack files go under the store root (``pack/<UTC date>/<id>.pack``).
 PACK_DIR = "pack"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+#: A sha256 in hex, as blob names and URIs carry it.
+SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 # A kind becomes a directory (or an object-key prefix), so it must be a plain name.
-KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+
+
+def blob_digest(data: bytes, kind: str) -> str:
+    """The sha256 (hex) that names ``data`` in every store, once ``kind`` is a plain name."""
+    if not _KIND_RE.match(kind):
+        raise ValueError(f"claim-check kind must match {_KIND_RE.pattern}, got {kind!r}")
+    return hashlib.sha256(data).hexdigest()
 
 
 class ClaimCheckError(MailtapError):
@@ -196,9 +205,7 @@ class LocalClaimCheckStore:
 
     def locate(self, data: bytes, kind: str) -> tuple[Path, BlobRef]:
         """Where ``data`` lives (or will) and its reference."""
-        if not KIND_RE.match(kind):
-            raise ValueError(f"claim-check kind must match {KIND_RE.pattern}, got {kind!r}")
-        digest = hashlib.sha256(data).hexdigest()
+        digest = blob_digest(data, kind)
         path = self.root / kind / digest[:2] / digest
         return path, BlobRef(uri="file://" + pathname2url(str(path)), sha256=digest, size=len(data))
 
@@ -317,9 +324,7 @@ class LocalClaimCheckBatch:
         return ref
 
     def _put_packed(self, data: bytes, kind: str) -> BlobRef:
-        if not KIND_RE.match(kind):
-            raise ValueError(f"claim-check kind must match {KIND_RE.pattern}, got {kind!r}")
-        digest = hashlib.sha256(data).hexdigest()
+        digest = blob_digest(data, kind)
         ref = self._packed.get(digest)
         if ref is None:
             if self._pack_path is None:
@@ -404,7 +409,7 @@ def _read_packed(uri: str, path: Path, fragment: str) -> bytes:
         offset, size, digest = int(fields["offset"]), int(fields["size"]), fields["sha256"]
     except (KeyError, ValueError):
         raise ClaimCheckError(f"not a claim-check pack reference: {uri!r}") from None
-    if offset < 0 or size < 0 or not _HEX64.match(digest):
+    if offset < 0 or size < 0 or not SHA256_HEX.match(digest):
         raise ClaimCheckError(f"not a claim-check pack reference: {uri!r}")
     try:
         with path.open("rb") as pack:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -43,7 +42,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from connectors.core.claimcheck import KIND_RE, BlobRef, ClaimCheckError
+from connectors.core.claimcheck import SHA256_HEX, BlobRef, ClaimCheckError, blob_digest
 from connectors.core.config import S3Settings
 from connectors.core.errors import ConfigError
 
@@ -55,7 +54,6 @@ HEAD_FIRST_BYTES = 256 * 1024
 #: 5xx answers); past them the batch fails with a ClaimCheckError and the source retries it.
 MAX_ATTEMPTS = 3
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
 _DENIED = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden"}
 
@@ -124,9 +122,7 @@ class S3ClaimCheckStore:
 
     def locate(self, data: bytes, kind: str) -> tuple[str, BlobRef]:
         """The object key of ``data`` and its reference."""
-        if not KIND_RE.match(kind):
-            raise ValueError(f"claim-check kind must match {KIND_RE.pattern}, got {kind!r}")
-        digest = hashlib.sha256(data).hexdigest()
+        digest = blob_digest(data, kind)
         key = f"{self.prefix}/{kind}/{digest}" if self.prefix else f"{kind}/{digest}"
         return key, BlobRef(uri=f"s3://{self.bucket}/{key}", sha256=digest, size=len(data))
 
@@ -175,7 +171,7 @@ class S3ClaimCheckStore:
         parts = urlsplit(uri)
         key = parts.path.lstrip("/")
         digest = key.rpartition("/")[2]
-        if parts.scheme != "s3" or not parts.netloc or not _HEX64.match(digest):
+        if parts.scheme != "s3" or not parts.netloc or not SHA256_HEX.match(digest):
             raise ClaimCheckError(f"not a claim-check URI of an S3 store: {uri!r}")
         try:
             answer = self.client.get_object(Bucket=parts.netloc, Key=key)
