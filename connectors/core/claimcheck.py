@@ -50,7 +50,7 @@ from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 from urllib.request import pathname2url
 
-from connectors.core.config import S3Settings
+from connectors.core.config import ClaimCheckSettings, S3Settings
 from connectors.core.errors import ConfigError, MailtapError
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "close_store",
     "make_durable",
     "open_claim_check",
+    "open_configured",
     "staged_batch",
 ]
 
@@ -459,6 +460,13 @@ def _fsync_dir(directory: Path, strict: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def open_configured(
+    settings: ClaimCheckSettings, fsync_threads: int = DEFAULT_FSYNC_THREADS
+) -> ClaimCheckStore:
+    """The store ``claim_check`` configures (:func:`open_claim_check` with its settings)."""
+    return open_claim_check(settings.url, fsync_threads, settings.pack_max_blob_bytes, settings.s3)
 
 
 def open_claim_check(

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from connectors.core import faults
-from connectors.core.claimcheck import open_claim_check
+from connectors.core.claimcheck import open_configured
 from connectors.core.config import MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
 from connectors.core.mail import ParseLimits, parse_mail
@@ -60,11 +60,7 @@ class EwsSource:
         self._serve_health = serve_health
         self._health: HealthServer | None = None
         self._threads: list[threading.Thread] = []
-        self._claim_check = open_claim_check(
-            cfg.claim_check.url,
-            pack_max_blob=cfg.claim_check.pack_max_blob_bytes,
-            s3=cfg.claim_check.s3,
-        )
+        self._claim_check = open_configured(cfg.claim_check)
         self.workers = [
             self._worker(account, folder)
             for account in settings.accounts

@@ -34,8 +34,8 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckBatch, open_claim_check
-from connectors.core.config import KafkaSettings, S3Settings
+from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckBatch, open_configured
+from connectors.core.config import ClaimCheckSettings, KafkaSettings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.serde import AvroSerde
 from connectors.imap.connection import FetchedMail
@@ -57,10 +57,8 @@ class BuilderSpec:
     dlq_topic: str
     max_record_bytes: int
     limits: ParseLimits
-    claim_check_url: str | None
+    claim_check: ClaimCheckSettings
     claim_check_threads: int
-    pack_max_blob: int = 0
-    claim_check_s3: S3Settings | None = None
 
     def cache_key(self) -> tuple[str, str]:
         return (self.account, self.folder)
@@ -137,7 +135,7 @@ class ParsePool:
 # --- in the child processes ------------------------------------------------------------------
 
 _builders: dict[tuple[str, str], RecordBuilder] = {}
-_stores: dict[str | None, ClaimCheckStore | None] = {}
+_stores: dict[ClaimCheckSettings, ClaimCheckStore] = {}
 
 
 def _init_child() -> None:
@@ -161,19 +159,10 @@ def _ready() -> None:
 def _builder(spec: BuilderSpec) -> RecordBuilder:
     builder = _builders.get(spec.cache_key())
     if builder is None:
-        url = spec.claim_check_url
-        if url not in _stores:
-            _stores[url] = (
-                open_claim_check(
-                    url,
-                    fsync_threads=spec.claim_check_threads,
-                    pack_max_blob=spec.pack_max_blob,
-                    s3=spec.claim_check_s3,
-                )
-                if url
-                else None
-            )
-        builder = _builders[spec.cache_key()] = make_builder(spec, _stores[url])
+        settings = spec.claim_check
+        if settings not in _stores:
+            _stores[settings] = open_configured(settings, spec.claim_check_threads)
+        builder = _builders[spec.cache_key()] = make_builder(spec, _stores[settings])
     return builder
 
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from connectors.core.claimcheck import ClaimCheckStore, close_store, open_claim_check
+from connectors.core.claimcheck import ClaimCheckStore, close_store, open_configured
 from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
 from connectors.core.faults import CrashingWriter, CrashPoints
@@ -81,12 +81,7 @@ class ImapSource:
     def build_workers(self) -> list[MailboxWorker]:
         ensure_topics(self.kafka)
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
-        store = open_claim_check(
-            self.config.claim_check.url,
-            fsync_threads=self.settings.claim_check_threads,
-            pack_max_blob=self.config.claim_check.pack_max_blob_bytes,
-            s3=self.config.claim_check.s3,
-        )
+        store = open_configured(self.config.claim_check, self.settings.claim_check_threads)
         self._claim_check = store
         limits = ParseLimits(**self.settings.limits.overrides())
         indexes = load_indexes(self.kafka, serde, [a.name for a in self.settings.accounts])
@@ -104,10 +99,8 @@ class ImapSource:
                     dlq_topic=dlq_topic,
                     max_record_bytes=self.settings.max_record_bytes,
                     limits=limits,
-                    claim_check_url=self.config.claim_check.url,
+                    claim_check=self.config.claim_check,
                     claim_check_threads=self.settings.claim_check_threads,
-                    pack_max_blob=self.config.claim_check.pack_max_blob_bytes,
-                    claim_check_s3=self.config.claim_check.s3,
                 )
                 builder = make_builder(spec, store)
                 workers.append(

@@ -13,7 +13,7 @@ from typing import cast
 
 import click
 
-from connectors.core.claimcheck import ClaimCheckStore, open_claim_check
+from connectors.core.claimcheck import ClaimCheckStore, open_configured
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.smtp.bounce_reader import BounceReader
@@ -30,7 +30,7 @@ def _blob_fetcher(cfg: MailtapConfig) -> Callable[[str], bytes]:
     @cache
     def store() -> ClaimCheckStore:
         # Opened on first use: a sink whose commands carry no attachment needs no store.
-        return open_claim_check(settings.url, s3=settings.s3)
+        return open_configured(settings)
 
     return lambda uri: store().get(uri)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from connectors.core.claimcheck import open_claim_check
+from connectors.core.claimcheck import open_configured
 from connectors.core.config import load_config
 from streams.app import StreamsWorker, events_partitions
 from streams.config import StreamsSettings
@@ -16,7 +16,7 @@ def build_worker(config_path: str) -> StreamsWorker:
     """Load and validate the configuration, look up the partition count, build the app."""
     cfg = load_config(config_path)
     settings = cfg.section("streams", StreamsSettings)
-    store = open_claim_check(cfg.claim_check.url, s3=cfg.claim_check.s3)
+    store = open_configured(cfg.claim_check)
     partitions = events_partitions(cfg.kafka)
     log.info(
         "streams %s: %d partitions of %s, %d rules",
