@@ -44,6 +44,29 @@ def java(service: str) -> str:
     return found
 
 
+def maven(
+    service: str, args: Sequence[str], log: Path, timeout: float, cwd: Path | None = None
+) -> None:
+    """Run ``mvn -B <args>`` with its output in ``log``; a failure raises with the log's tail."""
+    mvn = shutil.which("mvn")
+    if not mvn:
+        raise RuntimeError(f"{service}: no `mvn` on PATH (deploy/bootstrap.sh installs Maven)")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "wb") as out:
+        result = subprocess.run(
+            [mvn, "-B", *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"{service}: Maven failed (exit {result.returncode}); see {log}:\n{log_tail(log)}"
+        )
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """Return a TCP port that is free on ``host`` right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

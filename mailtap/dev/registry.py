@@ -20,7 +20,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import urllib.request
 from dataclasses import dataclass
@@ -74,27 +73,12 @@ def build(force: bool = False) -> Path:
     want = _sources_digest()
     if not force and is_installed() and stamp.is_file() and stamp.read_text() == want:
         return run_jar()
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise RuntimeError("registry: no `mvn` on PATH (deploy/bootstrap.sh installs Maven)")
     work = home / "build"
     shutil.rmtree(work, ignore_errors=True)
     shutil.copytree(SOURCES, work)
-    log = home / "build.log"
-    with open(log, "wb") as out:
-        result = subprocess.run(
-            [mvn, "-B", "package", "-DskipTests"],
-            cwd=work,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"registry: Maven build failed (exit {result.returncode}); see {log}:\n"
-            f"{process.log_tail(log)}"
-        )
+    process.maven(
+        "registry", ["package", "-DskipTests"], home / "build.log", BUILD_TIMEOUT_S, cwd=work
+    )
     app = home / "app"
     shutil.rmtree(app, ignore_errors=True)
     (work / "target" / "quarkus-app").rename(app)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -77,34 +76,18 @@ def build(force: bool = False) -> Path:
     unchanged; swaps the folder in only when Maven succeeded. Returns the folder."""
     if is_installed() and not force:
         return libs()
-    mvn = shutil.which("mvn")
-    if not mvn:
-        raise RuntimeError("s3proxy: no `mvn` on PATH (deploy/bootstrap.sh installs Maven)")
     target = libs()
     staging = target.with_name("libs.tmp")
     shutil.rmtree(staging, ignore_errors=True)
-    home().mkdir(parents=True, exist_ok=True)
-    log = home() / "build.log"
-    with open(log, "wb") as out:
-        result = subprocess.run(
-            [
-                mvn,
-                "-B",
-                "-f",
-                str(POM),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={staging}",
-                "-DincludeScope=runtime",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"s3proxy: Maven failed (exit {result.returncode}); see {log}:\n{process.log_tail(log)}"
-        )
+    process.maven(
+        "s3proxy",
+        [
+            *("-f", str(POM), "dependency:copy-dependencies"),
+            *(f"-DoutputDirectory={staging}", "-DincludeScope=runtime"),
+        ],
+        home() / "build.log",
+        BUILD_TIMEOUT_S,
+    )
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     _stamp().write_text(_pom_digest())
