@@ -24,7 +24,6 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import requests
 from oauthlib.oauth2 import BackendApplicationClient, OAuth2Error
@@ -56,26 +55,18 @@ class TokenEndpointUnavailable(ConnectionError):
 class ClientCredentials:
     """The current access token of one (endpoint, client, scope); thread-safe."""
 
-    def __init__(
-        self,
-        settings: ClientCredentialsSettings,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, settings: ClientCredentialsSettings) -> None:
         self.settings = settings
-        self._clock = clock
         self._lock = threading.Lock()
         self._token: str | None = None
         self._refresh_at = 0.0
-        #: Tokens fetched so far (a figure for tests and logs, not a secret).
-        self.fetched = 0
 
     def token(self) -> str:
         """A token valid for a while yet: the cached one, or a new one from the endpoint."""
         with self._lock:
-            if self._token is None or self._clock() >= self._refresh_at:
+            if self._token is None or time.monotonic() >= self._refresh_at:
                 self._token, lifetime = self._fetch()
-                self._refresh_at = self._clock() + lifetime - min(REFRESH_BEFORE_S, lifetime / 2)
-                self.fetched += 1
+                self._refresh_at = time.monotonic() + lifetime - min(REFRESH_BEFORE_S, lifetime / 2)
                 log.info(
                     "oauth2: new access token for client %s from %s, valid for %.0f s",
                     self.settings.client_id,
