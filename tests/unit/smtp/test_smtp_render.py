@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from email import message_from_bytes, policy
 from email.message import EmailMessage
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from connectors.smtp.errors import RenderError
@@ -200,8 +201,17 @@ ADVERSARIAL = st.lists(
 ANY_TEXT = st.one_of(ADVERSARIAL, st.text(max_size=60))
 
 
+def _wsp_runs(text: str) -> str:
+    """RFC 5322 3.2.2: a run of white space between the words of a phrase means one space."""
+    return re.sub(r"[ \t]+", " ", text).strip(" \t")
+
+
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(subject=ANY_TEXT, name=ANY_TEXT, local=ANY_TEXT, from_name=ANY_TEXT)
+# Found by hypothesis: the display name ``0<TAB>0`` is rendered verbatim as an unquoted phrase
+# and read back as ``0 0``, which is its meaning (RFC 5322 3.2.2), not a bug of the renderer.
+@example(subject="", name="0\t0", local="a", from_name="")
+@example(subject="", name="x  y", local="a", from_name="")
 def test_no_input_can_inject_a_header(subject: str, name: str, local: str, from_name: str) -> None:
     cmd = command(
         subject=subject,
@@ -218,6 +228,7 @@ def test_no_input_can_inject_a_header(subject: str, name: str, local: str, from_
     assert msg["Subject"] == subject.strip() or msg["Subject"] == subject
     (rcpt,) = msg["To"].addresses
     assert rcpt.addr_spec == out.recipients[0]
-    assert (rcpt.display_name or None) == (name or None) or rcpt.display_name == name.strip()
+    # A display name is a phrase: compare what it means, white space runs unfolded to one space.
+    assert _wsp_runs(rcpt.display_name or "") == _wsp_runs(name)
     assert msg["From"].addresses[0].addr_spec == "support@example.com"
     assert msg.defects == []
