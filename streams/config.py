@@ -7,7 +7,8 @@ Example (the rules are tried in order, the first match picks the workflow)::
       from_address: {name: Helpdesk, address: helpdesk@example.com}
       auth_policy: authserv            # none | authserv | dkim; per workflow below
       authserv_id: mx.example.com      # whose Authentication-Results we trust
-      rate_limit: {max_replies: 5, window_seconds: 3600}
+      rate_limit: {max_replies: 5, window_seconds: 3600, exempt_recipients: [boss@example.com]}
+      reply_to_allow: ["*@tickets.partner.example"]   # Reply-To honoured outside the From domain
       rules:
         - name: expenses
           match: {recipient: approvals@example.com, has_attachment: true}
@@ -16,7 +17,7 @@ Example (the rules are tried in order, the first match picks the workflow)::
           workflow: ticket_intake
       workflows:
         approval:
-          options: {approver: boss@example.com, reminder_after_seconds: 86400}
+          options: {approver: boss@example.com, approver_dkim_domains: [example.com]}
         ticket_intake:
           auth_policy: none
 
@@ -54,11 +55,27 @@ class AddressSettings(_Strict):
 
 
 class RateLimitSettings(_Strict):
-    """At most ``max_replies`` replies to one sender within ``window_seconds`` (RFC 3834 §2)."""
+    """At most ``max_replies`` answered mails per authenticated sender, and at most
+    ``max_replies`` mails to any one recipient, within ``window_seconds`` (RFC 3834 §2).
 
-    max_replies: int = Field(default=5, ge=1, description="replies to one sender per window")
+    Counted in the order-independent way :func:`streams.guards.rate_limit` describes.
+    """
+
+    max_replies: int = Field(
+        default=5,
+        ge=1,
+        description="answered mails per sender, and mails per recipient, per window",
+    )
     window_seconds: float = Field(
         default=3600.0, gt=0, description="length of the sliding window, in seconds"
+    )
+    exempt_recipients: list[str] = Field(
+        default_factory=list,
+        description=(
+            "recipients not limited per recipient (shell wildcards, case-insensitive): your own "
+            "staff that workflows write to by configuration, e.g. the approver, who gets one "
+            "forward per request; their mail still counts against the sender"
+        ),
     )
 
 
@@ -119,7 +136,16 @@ class StreamsSettings(_Strict):
         description="the authserv-id of our border MTA; only its Authentication-Results count",
     )
     rate_limit: RateLimitSettings = Field(
-        default=RateLimitSettings(), description="per-sender limit on automatic replies"
+        default=RateLimitSettings(),
+        description="per-sender and per-recipient limit on automatic replies",
+    )
+    reply_to_allow: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Reply-To addresses honoured even outside the sender's own domain (shell wildcards, "
+            "case-insensitive, e.g. '*@tickets.partner.example'); others are answered at From "
+            "(streams.mail.answer_address)"
+        ),
     )
     rules: list[RoutingRule] = Field(
         default_factory=list,

@@ -6,7 +6,8 @@ and ``reason``), so "why did nobody answer?" has an answer on Kafka.
 
 Order in the pipeline (:mod:`streams.pipeline`): :data:`LOOP_GUARDS` (RFC 3834 loop
 prevention and our own addresses), then :func:`dedupe`, sender authentication
-(:mod:`streams.auth`), then :func:`rate_limit`.
+(:mod:`streams.auth`), then :func:`rate_limit` per authenticated sender; after the workflow
+ran, :func:`rate_limit` per recipient of its commands.
 
 RFC 3834 §2 in one sentence: an automatic responder must not answer mail that is itself
 automatic (``Auto-Submitted`` other than ``no``), that has a null return path, that came from a
@@ -180,24 +181,61 @@ def dedupe(mail: MailView, workflow: str, runs: Mapping[str, Any]) -> Verdict:
     return PASS
 
 
-def rate_limit(mail: MailView, history: Sequence[float], limit: RateLimitSettings) -> Verdict:
-    """RFC 3834 §2: at most ``max_replies`` answers to one sender per window.
+def _window(value: Any) -> tuple[float, list[float]]:
+    """A rates-table value as (clock, reply times); anything else (absent, an older format) is empty."""
+    if isinstance(value, Mapping):
+        times = sorted(float(t) for t in value.get("times") or ())
+        return float(value.get("clock") or 0.0), times
+    return 0.0, []
 
-    ``history`` holds the times (epoch seconds, from ``observed_at`` so that a replay sees the
-    same clock) at which earlier mails of this sender were answered.
+
+def rate_clock(value: Any, at: float) -> float:
+    """The limiter's clock for a key: the latest mail time seen for it, never going back.
+
+    Mails reach the stream out of time order (they are spread over partitions, and a backlog is
+    read partition by partition), so a mail's own ``observed_at`` is not "now": an older mail
+    must not make newer replies fall out of the window.
     """
-    now = mail.observed_at.timestamp()
-    recent = [t for t in history if now - limit.window_seconds < t <= now]
+    return max(_window(value)[0], at)
+
+
+def rate_limit(value: Any, at: float, limit: RateLimitSettings, *, who: str) -> Verdict:
+    """RFC 3834 §2: at most ``max_replies`` answers per ``window_seconds`` for one key.
+
+    ``value`` is the rates-table entry of the key (``sender/<address>`` or
+    ``recipient/<address>``, see :func:`rate_key`), ``at`` the mail's ``observed_at`` (epoch
+    seconds, so that a replay sees the same clock). Replies are counted within
+    ``(clock - window, clock]`` where the clock is the latest time seen for the key
+    (:func:`rate_clock`), so the limit holds whatever order the mails arrive in.
+
+    >>> limit = RateLimitSettings(max_replies=2, window_seconds=60)
+    >>> entry = {"clock": 100.0, "times": [90.0, 100.0]}
+    >>> rate_limit(entry, 10.0, limit, who="ann@example.com")  # an older mail, read late
+    Skip(guard='rate_limit', reason='2 replies for ann@example.com in the last 60s')
+    """
+    clock, times = _window(value)
+    now = max(clock, at)
+    recent = [t for t in times if t > now - limit.window_seconds]
     if len(recent) >= limit.max_replies:
-        sender = mail.reply_address.address if mail.reply_address else "?"
         return Skip(
-            "rate_limit",
-            f"{len(recent)} replies to {sender} in the last {limit.window_seconds:g}s",
+            "rate_limit", f"{len(recent)} replies for {who} in the last {limit.window_seconds:g}s"
         )
     return PASS
 
 
-def record_reply(history: Sequence[float], at: float, limit: RateLimitSettings) -> list[float]:
-    """The sender's new history after answering at ``at``: entries outside the window dropped."""
-    kept = [t for t in history if at - limit.window_seconds < t <= at]
-    return [*kept, at][-limit.max_replies :]
+def record_reply(value: Any, at: float, limit: RateLimitSettings) -> dict[str, Any]:
+    """The key's new rates-table entry after a reply to a mail observed at ``at``.
+
+    The reply is recorded at the key's clock (``max(clock, at)``), not at ``at``: recorded at an
+    old ``at`` it would fall outside the window at once and not count. Only the newest
+    ``max_replies`` times are kept; no more are needed to refuse the next one.
+    """
+    clock, times = _window(value)
+    now = max(clock, at)
+    kept = [t for t in times if t > now - limit.window_seconds]
+    return {"clock": now, "times": [*kept, now][-limit.max_replies :]}
+
+
+def rate_key(kind: str, address: str) -> str:
+    """Key of the rates table: ``sender/ann@example.com`` or ``recipient/ann@example.com``."""
+    return f"{kind}/{address.strip().lower()}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 
@@ -120,6 +121,65 @@ def _addresses(records: Sequence[Mapping[str, Any]] | None) -> tuple[Address, ..
     return tuple(Address.from_record(r) for r in records or ())
 
 
+def domain_of(address: str) -> str:
+    """``Ann@Example.COM.`` -> ``example.com``."""
+    return address.rpartition("@")[2].strip().strip(">").lower().rstrip(".")
+
+
+def aligned(domain: str, from_domain: str) -> bool:
+    """Relaxed alignment (RFC 7489 §3.1.1): same organisational domain, approximated by suffix."""
+    domain, from_domain = domain.lower().rstrip("."), from_domain.lower().rstrip(".")
+    # A bare TLD (d=com) would align with everything; real signers use at least two labels.
+    return "." in domain and (
+        from_domain == domain
+        or from_domain.endswith("." + domain)
+        or domain.endswith("." + from_domain)
+    )
+
+
+def answer_address(
+    sender: Address | None,
+    reply_to: Sequence[Address],
+    return_path: str | None,
+    *,
+    reply_to_allow: Sequence[str] = (),
+) -> Address | None:
+    """Where every automatic answer to a mail goes: the one rule of mailtap.
+
+    1. The first Reply-To, *only* when its domain is the From domain or a parent or subdomain
+       of it (a team address of the sender's own organisation), or when it matches one of
+       ``reply_to_allow`` (shell wildcards, ``streams.reply_to_allow``);
+    2. else From: the address the sender-authentication guard vouched for;
+    3. else the envelope sender (Return-Path), when not null;
+    4. else nobody.
+
+    Why not simply Reply-To, as a person's mail client does (RFC 5322 §3.6.2): an automatic
+    responder answers anyone who writes, so an unchecked Reply-To turns it into a relay that
+    sends mail in our name to third parties (backscatter, RFC 3834 §4 and §6). The sender
+    authentication vouches for the From domain only; a Reply-To in that domain is the
+    sender's own business, anything else is not ours to write to.
+
+    >>> ann = Address("ann@example.com", "Ann")
+    >>> answer_address(ann, (Address("victim@elsewhere.example"),), None).address
+    'ann@example.com'
+    >>> answer_address(ann, (Address("team@support.example.com"),), None).address
+    'team@support.example.com'
+    >>> answer_address(None, (), "<bounce@example.com>").address
+    'bounce@example.com'
+    """
+    if reply_to:
+        first = reply_to[0]
+        patterns = [p.strip().lower() for p in reply_to_allow]
+        if (
+            sender is not None and aligned(domain_of(first.address), domain_of(sender.address))
+        ) or any(fnmatchcase(first.normalized, p) for p in patterns):
+            return first
+    if sender is not None:
+        return sender
+    path = (return_path or "").strip().strip("<>").strip()
+    return Address(path) if "@" in path else None
+
+
 @dataclass(frozen=True, slots=True)
 class MailView:
     """One mail as the stream sees it. Build with :meth:`from_record`."""
@@ -147,12 +207,20 @@ class MailView:
     guard_headers: GuardHeaders
     flags: tuple[str, ...]
     parse_error: str | None
+    reply_address: Address | None
+    """Where an answer goes, decided by :func:`answer_address` (not simply Reply-To)."""
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> MailView:
+    def from_record(
+        cls, record: Mapping[str, Any], *, reply_to_allow: Sequence[str] = ()
+    ) -> MailView:
+        """``reply_to_allow``: ``streams.reply_to_allow``, see :func:`answer_address`."""
         source = record.get("source") or {}
-        sender = record.get("from")
+        sender_record = record.get("from")
+        sender = Address.from_record(sender_record) if sender_record else None
+        reply_to = _addresses(record.get("reply_to"))
         raw_ref = record.get("raw_ref")
+        guard_headers = GuardHeaders.from_record(record.get("guard_headers") or {})
         return cls(
             key=str(record["key"]),
             key_kind=str(record.get("key_kind", "MESSAGE_ID")),
@@ -163,8 +231,8 @@ class MailView:
             message_id=record.get("message_id"),
             in_reply_to=record.get("in_reply_to"),
             references=tuple(record.get("references") or ()),
-            sender=Address.from_record(sender) if sender else None,
-            reply_to=_addresses(record.get("reply_to")),
+            sender=sender,
+            reply_to=reply_to,
             to=_addresses(record.get("to")),
             cc=_addresses(record.get("cc")),
             subject=record.get("subject"),
@@ -183,19 +251,17 @@ class MailView:
                 for a in record.get("attachments") or ()
             ),
             raw_uri=raw_ref["uri"] if raw_ref else None,
-            guard_headers=GuardHeaders.from_record(record.get("guard_headers") or {}),
+            guard_headers=guard_headers,
             flags=tuple(record.get("flags") or ()),
             parse_error=record.get("parse_error"),
+            reply_address=answer_address(
+                sender, reply_to, guard_headers.return_path, reply_to_allow=reply_to_allow
+            ),
         )
 
     @property
     def recipients(self) -> tuple[Address, ...]:
         return self.to + self.cc
-
-    @property
-    def reply_address(self) -> Address | None:
-        """Where an answer goes: the first Reply-To, else From (RFC 5322 §3.6.2)."""
-        return self.reply_to[0] if self.reply_to else self.sender
 
     @property
     def thread_ids(self) -> tuple[str, ...]:

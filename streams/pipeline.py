@@ -10,8 +10,11 @@ Per mail::
     loop guards (RFC 3834, own address)  -> SKIPPED
     dedupe (mail key x workflow)         -> SKIPPED
     sender authentication (policy)       -> SKIPPED
-    rate limit per sender                -> SKIPPED
+    rate limit per authenticated sender  -> SKIPPED
     workflow.on_mail -> ReplyCommands + WorkflowEvents + state writes
+    rate limit per recipient of those commands -> SKIPPED (the workflow's outputs are dropped
+                                                  whole, so its state never claims a mail that
+                                                  was not sent)
 
 The caller publishes ``Outcome.commands`` and ``Outcome.events``, waits for Kafka to
 acknowledge them, and only then applies the table writes with :meth:`Pipeline.apply`
@@ -25,9 +28,10 @@ import datetime as dt
 import logging
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
-from streams.auth import DnsFunc, RawLoader, needs_io, sender_authentication
+from streams.auth import Authenticated, DnsFunc, RawLoader, needs_io, sender_authentication
 from streams.config import AuthPolicy, StreamsSettings
 from streams.guards import (
     LOOP_GUARDS,
@@ -37,6 +41,7 @@ from streams.guards import (
     dedupe,
     dedupe_key,
     first_skip,
+    rate_key,
     rate_limit,
     record_reply,
 )
@@ -76,7 +81,7 @@ class Outcome:
     commands: list[Record] = field(default_factory=list)
     events: list[Record] = field(default_factory=list)
     runs: dict[str, Any] = field(default_factory=dict)
-    rates: dict[str, list[float]] = field(default_factory=dict)
+    rates: dict[str, dict[str, Any]] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     """Table writes; a None value deletes the key."""
 
@@ -108,6 +113,7 @@ class Pipeline:
         self._load_raw = load_raw
         self._dnsfunc = dnsfunc
         self._own = settings.own_address_set
+        self._exempt_patterns = tuple(settings.rate_limit.exempt_recipients)
 
     # -- per mail ----------------------------------------------------------------------------
 
@@ -115,7 +121,7 @@ class Pipeline:
         """Everything before authentication: pure and cheap."""
         if record is None:
             return Outcome()  # tombstone: the mail left the mailbox; nothing to answer
-        mail = MailView.from_record(record)
+        mail = MailView.from_record(record, reply_to_allow=self.settings.reply_to_allow)
         rule = route(mail, self.settings.rules)
         if rule is None:
             return Outcome(events=[_unrouted(mail)])
@@ -138,15 +144,20 @@ class Pipeline:
         )
 
     def run(self, admission: Admission, auth: Verdict, tables: Tables) -> Outcome:
-        """Rate limit, then the workflow."""
+        """Rate limit per sender, the workflow, rate limit per recipient."""
         mail, bound = admission.mail, admission.workflow
         if isinstance(auth, Skip):
             return Outcome(events=[_skipped(mail, bound.name, auth)])
-        sender = mail.reply_address.normalized if mail.reply_address else ""
-        history = list(tables.rates.get(sender) or ())
-        limited = rate_limit(mail, history, self.settings.rate_limit)
-        if isinstance(limited, Skip):
-            return Outcome(events=[_skipped(mail, bound.name, limited)])
+        limit = self.settings.rate_limit
+        at = mail.observed_at.timestamp()
+        # Per authenticated sender (From), whoever the answer goes to: one sender must not
+        # reach more people than one (the old per-reply-address count let a Reply-To per mail
+        # reach a new victim every time).
+        sender_key = rate_key("sender", mail.sender.address) if mail.sender else None
+        if sender_key is not None:
+            limited = rate_limit(tables.rates.get(sender_key), at, limit, who=sender_key)
+            if isinstance(limited, Skip):
+                return Outcome(events=[_skipped(mail, bound.name, limited)])
         state = WorkflowState(bound.name, tables.state)
         ctx = WorkflowContext(
             workflow=bound.name,
@@ -156,6 +167,7 @@ class Pipeline:
             from_address=bound.from_address,
             state=state,
             now=mail.observed_at,
+            authentication=auth if isinstance(auth, Authenticated) else None,
         )
         try:
             bound.registered.on_mail(mail, ctx)
@@ -164,12 +176,25 @@ class Pipeline:
             # fixed workflow picks it up on the next replay.
             log.exception("workflow %s failed on %s", bound.name, mail.key)
             return Outcome(events=[_failed(mail.key, bound.name, exc, mail.observed_at)])
+        keys = [] if not ctx.commands or sender_key is None else [sender_key]
+        for address in sorted({a for c in ctx.commands for a in _recipients(c)}):
+            if self._exempt(address):
+                continue
+            key = rate_key("recipient", address)
+            limited = rate_limit(tables.rates.get(key), at, limit, who=key)
+            if isinstance(limited, Skip):
+                # All or nothing: half a workflow step (an acknowledgement saying a forward was
+                # sent, without the forward) would tell someone something that did not happen.
+                return Outcome(events=[_skipped(mail, bound.name, limited)])
+            keys.append(key)
         outcome = Outcome(commands=ctx.commands, events=ctx.events, state=state.writes)
         outcome.runs[dedupe_key(mail.key, bound.name)] = [c["command_id"] for c in ctx.commands]
-        if sender and any(sender in _recipients(c) for c in ctx.commands):
-            at = mail.observed_at.timestamp()
-            outcome.rates[sender] = record_reply(history, at, self.settings.rate_limit)
+        for key in keys:
+            outcome.rates[key] = record_reply(tables.rates.get(key), at, limit)
         return outcome
+
+    def _exempt(self, address: str) -> bool:
+        return any(fnmatchcase(address, p.strip().lower()) for p in self._exempt_patterns)
 
     def process(self, record: Mapping[str, Any] | None, tables: Tables) -> Outcome:
         """admit -> authenticate -> run, synchronously (tests and the in-memory harness)."""
@@ -215,8 +240,8 @@ class Pipeline:
                 tables.state.pop(key, None)
             else:
                 tables.state[key] = value
-        for key, history in outcome.rates.items():
-            tables.rates[key] = history
+        for key, window in outcome.rates.items():
+            tables.rates[key] = window
         # Last: once a run is marked, a replay skips the mail, so everything else must be durable.
         for key, value in outcome.runs.items():
             tables.runs[key] = value

@@ -48,13 +48,16 @@ import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ValidationError
 
 from connectors.core.errors import ConfigError
 from streams.config import AddressSettings, StreamsSettings
-from streams.mail import Address, MailView, ThreadRef
+from streams.mail import Address, AttachmentView, MailView, ThreadRef
+
+if TYPE_CHECKING:
+    from streams.auth import Authenticated
 
 Record = dict[str, Any]
 
@@ -66,7 +69,16 @@ BUILTIN_MODULES: Final = ("streams.workflows.ticket_intake", "streams.workflows.
 
 _REPLY_PREFIX = re.compile(r"^\s*(re|aw|sv)\s*(\[\d+\])?\s*:\s*", re.IGNORECASE)
 _FORWARD_PREFIX = re.compile(r"^\s*(fwd?|wg)\s*:\s*", re.IGNORECASE)
-_LINE_BREAKS = re.compile(r"[\r\n]+\s*")
+#: What may not stay in a header value: C0 controls (CR, LF, TAB, NUL...), DEL, C1 controls
+#: (U+0085 NEL among them) and the Unicode line and paragraph separators, which the email
+#: package and some clients treat as line breaks. The renderer refuses them all.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+\s*")
+_PATH_SEPARATORS = re.compile(r"[/\\]")
+#: Longest attachment name we hand on (RFC 2183 sets no limit; file systems stop at 255 bytes).
+MAX_FILENAME_CHARS = 120
+#: MIME type of an attachment whose declared type is not a plain ``type/subtype``.
+FALLBACK_CONTENT_TYPE = "application/octet-stream"
+_MIME_TYPE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 
 
 class HeaderInjectionError(ValueError):
@@ -79,8 +91,40 @@ def command_id(event_key: str, workflow: str, step: str) -> str:
 
 
 def one_line(text: str | None) -> str:
-    """A header value from untrusted text: folded line breaks become single spaces."""
-    return _LINE_BREAKS.sub(" ", text or "").strip()
+    """A header value from untrusted text: line breaks and other controls become one space.
+
+    >>> one_line("Printer\\r\\n  broken\\u2028now\\x00!")
+    'Printer broken now !'
+    """
+    return _CONTROLS.sub(" ", text or "").strip()
+
+
+def safe_filename(name: str | None) -> str:
+    """An attachment name from untrusted text, safe in a MIME header and on a disk.
+
+    The rule: controls and line breaks (as in :func:`one_line`) become one space; ``/`` and
+    ``\\`` become ``_`` (no path); white space and dots are trimmed at both ends (no hidden or
+    ``..`` names); at most :data:`MAX_FILENAME_CHARS` characters, the extension kept; nothing
+    left gives ``attachment``. The forward renders then, instead of failing at the sink.
+
+    >>> safe_filename("receipt\\r\\nBcc: x@attacker.example\\r\\n.pdf")
+    'receipt Bcc: x@attacker.example .pdf'
+    >>> safe_filename("../../etc/passwd"), safe_filename(" \\t")
+    ('_.._etc_passwd', 'attachment')
+    """
+    text = _PATH_SEPARATORS.sub("_", one_line(name)).strip(" .")
+    if len(text) > MAX_FILENAME_CHARS:
+        stem, dot, ext = text.rpartition(".")
+        ext = ext if dot and stem and len(ext) <= 10 else ""
+        keep = MAX_FILENAME_CHARS - (len(ext) + 1 if ext else 0)
+        text = f"{text[:keep].rstrip(' .')}.{ext}" if ext else text[:keep].rstrip(" .")
+    return text or "attachment"
+
+
+def safe_content_type(value: str | None) -> str:
+    """``type/subtype`` lower-cased, or :data:`FALLBACK_CONTENT_TYPE` for anything else."""
+    text = (value or "").strip().lower()
+    return text if _MIME_TYPE.fullmatch(text) else FALLBACK_CONTENT_TYPE
 
 
 def reply_subject(subject: str | None) -> str:
@@ -156,8 +200,12 @@ class WorkflowContext:
         from_address: AddressSettings,
         state: WorkflowState,
         now: dt.datetime,
+        authentication: Authenticated | None = None,
     ) -> None:
         self.workflow = workflow
+        #: What the sender-authentication guard established for the current mail (the DKIM
+        #: domains that signed, the envelope sender); None in ``on_tick``.
+        self.authentication = authentication
         self.event_key = event_key
         self.mail = mail
         self.options = options
@@ -215,6 +263,8 @@ class WorkflowContext:
     ) -> str:
         """Forward the current mail (quoted below ``text_body``, attachments by claim-check URI).
 
+        Attachments go with their names made safe (:func:`safe_filename`); those not in the
+        claim-check store cannot go (:func:`forwardable_attachments` says which do).
         The forward carries the original's References + Message-ID, so answers to it name the
         original mail and the workflow can find its way back.
         """
@@ -234,14 +284,13 @@ class WorkflowContext:
         )
         attachments = [
             {
-                "filename": a.filename or "attachment",
-                "content_type": a.content_type,
+                "filename": safe_filename(a.filename),
+                "content_type": safe_content_type(a.content_type),
                 "uri": a.uri,
                 "sha256": a.sha256,
                 "size": a.size,
             }
-            for a in (mail.attachments if include_attachments else ())
-            if a.uri
+            for a in (forwardable_attachments(mail) if include_attachments else ())
         ]
         return self._command(
             "FORWARD",
@@ -358,6 +407,11 @@ class WorkflowContext:
             }
         )
         return cid
+
+
+def forwardable_attachments(mail: MailView) -> list[AttachmentView]:
+    """The attachments :meth:`WorkflowContext.forward` passes on: those in the claim-check store."""
+    return [a for a in mail.attachments if a.uri]
 
 
 def _show(address: Address | None) -> str:

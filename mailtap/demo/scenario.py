@@ -158,13 +158,26 @@ def streams_section(run_scoped_app_id: str) -> dict[str, object]:
         "tick_interval_seconds": 1.0,
         # Every demo run writes as the same customers on the same worker state: with the default
         # (5 replies per sender and hour) the sixth run within an hour would be rate-limited.
-        "rate_limit": {"max_replies": 1000, "window_seconds": 3600},
+        # The approver gets a forward per request: staff that workflows write to by
+        # configuration are not limited per recipient (their mail still counts per sender).
+        "rate_limit": {
+            "max_replies": 1000,
+            "window_seconds": 3600,
+            "exempt_recipients": [APPROVER],
+        },
         "rules": [
             {"name": "approvals", "match": {"recipient": APPROVALS}, "workflow": "approval"},
             {"name": "support", "match": {"recipient": SUPPORT}, "workflow": "ticket_intake"},
         ],
         "workflows": {
-            "approval": {"options": {"approver": APPROVER, "reminder_after_seconds": 3600}},
+            "approval": {
+                "options": {
+                    "approver": APPROVER,
+                    # Only an answer signed by example.com decides (the demo's MTA header says so).
+                    "approver_dkim_domains": ["example.com"],
+                    "reminder_after_seconds": 3600,
+                }
+            },
             "ticket_intake": {"options": {"team_name": "Helpdesk (demo)"}},
         },
     }

@@ -6,9 +6,11 @@ steps) and ``on_tick`` (time-driven steps), its pending work kept in ``ctx.state
 Behaviour:
 
 1. A request (any routed mail that is not an answer to a known approval) is forwarded to the
-   configured approver, attachments included, with the tag ``[APPROVAL <ID>]`` in the subject.
-   The requester gets an acknowledgement (``acknowledge_requests``). The id is derived from the
-   request's identity key, so a replay repeats the same commands.
+   configured approver, attachments included (names made safe, ``safe_filename``), with the
+   tag ``[APPROVAL <ID>]`` in the subject. The requester gets an acknowledgement
+   (``acknowledge_requests``) that says only what the same step emitted: that the request was
+   passed on, and which attachments went with it. The id is derived from the request's
+   identity key, so a replay repeats the same commands.
 2. The approver answers in the thread (the forward carries the request's Message-ID in its
    References; the subject tag is the fallback). The first unquoted line that says APPROVE(D) or
    REJECT(ED) decides; the rest of the unquoted text goes to the requester as a comment. The
@@ -20,18 +22,34 @@ Behaviour:
    command id is stable across restarts and a re-sent reminder is absorbed by the sink.
 4. Mail from anyone else in a pending request's thread gets a status answer.
 
-Only mail *from the approver* can decide, and the approver's mail passes the same sender
-authentication guard as every mail: use ``auth_policy`` ``authserv`` or ``dkim`` for this
-workflow in production, or anyone could forge an approval. The routing rule must send the
-approver's answers to this workflow too (route on the mailbox, not on "has an attachment").
+Who may decide (every rule must hold; ``streams/README.md`` states them for operators):
+
+- the answer passed the sender-authentication guard, like every mail: use ``auth_policy``
+  ``authserv`` or ``dkim`` for this workflow in production. That authenticates the From
+  *domain* only: anyone who may send as ``someone@example.com`` passes for every address of it;
+- its From is exactly the approver's address (``approver``, case-insensitive);
+- with ``approver_dkim_domains`` set, it carries a verified DKIM signature whose ``d=`` is one
+  of them (``ctx.authentication.dkim_domains``): name a domain only the approver's mail system
+  signs with, so that a colleague who can write ``From: boss@...`` (through a relay the SPF
+  record allows) cannot decide;
+- it does not come from the requester: an answer whose envelope sender (``smtp.mailfrom`` or
+  Return-Path) or From is one of the request's addresses (From, answer address, envelope
+  sender) decides nothing, so nobody approves their own request.
+
+An answer from the approver's address that breaks a rule decides nothing and gets no reply (we
+do not write to an address that may be forged); ``APPROVAL_REFUSED`` says why. The routing rule
+must send the approver's answers to this workflow too (route on the mailbox, not on "has an
+attachment").
 
 Status events (key: the approval id): ``APPROVAL_REQUESTED``, ``APPROVAL_REMINDED``,
-``APPROVED``, ``REJECTED``, ``APPROVAL_UNCLEAR``.
+``APPROVED``, ``REJECTED``, ``APPROVAL_UNCLEAR``, ``APPROVAL_REFUSED`` (key: the request's id
+when known, else the answer's mail key; attribute ``reason``).
 
 State::
 
     request/<ID>          {"id", "status", "requester": ThreadRef, "event_key", "subject",
-                           "requested_at": epoch seconds, "reminders": n, "decided_by", ...}
+                           "requested_at": epoch seconds, "reminders": n,
+                           "requester_addresses": [...], "decided_by", ...}
     thread/<message-id>   "<ID>"   (the request's Message-ID)
 
 Configuration::
@@ -40,7 +58,8 @@ Configuration::
       workflows:
         approval:
           auth_policy: authserv
-          options: {approver: boss@example.com, reminder_after_seconds: 86400, max_reminders: 3}
+          options: {approver: boss@example.com, approver_dkim_domains: [example.com],
+                    reminder_after_seconds: 86400, max_reminders: 3}
 """
 
 from __future__ import annotations
@@ -53,7 +72,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from streams.mail import Address, MailView, ThreadRef
-from streams.workflow import WorkflowContext, one_line, reply_subject, workflow
+from streams.workflow import (
+    WorkflowContext,
+    forwardable_attachments,
+    one_line,
+    reply_subject,
+    safe_filename,
+    workflow,
+)
 
 NAME = "approval"
 TAG = re.compile(r"\[APPROVAL ([A-Z2-7]{8})\]")
@@ -74,6 +100,13 @@ class ApprovalOptions(BaseModel):
 
     approver: str = Field(description="address of the approver")
     approver_name: str | None = None
+    approver_dkim_domains: list[str] = Field(
+        default_factory=list,
+        description=(
+            "when set, an answer decides only with a verified DKIM signature of one of these "
+            "domains (d=, exact); empty: the sender-authentication guard alone"
+        ),
+    )
     reminder_after_seconds: float = Field(default=86400.0, gt=0)
     max_reminders: int = Field(default=3, ge=0)
     acknowledge_requests: bool = True
@@ -125,6 +158,11 @@ class Approval:
         request = self._find(mail, ctx)
         sender = mail.sender.normalized if mail.sender else ""
         from_approver = sender == options.approver.strip().lower()
+        if from_approver:
+            refusal = _unverified(ctx, options)
+            if refusal is not None:
+                _refuse(mail, ctx, request, refusal)
+                return
         if request is None and from_approver:
             # The approver never asks themself for approval: this answers a request we do not
             # know yet (a replay with empty state reads the thread's mails in another order).
@@ -185,7 +223,9 @@ class Approval:
         options: ApprovalOptions = ctx.options
         aid = approval_id(mail.key)
         ref = mail.thread_ref()
-        files = ", ".join(a.filename or a.content_type for a in mail.attachments) or "none"
+        passed_on = [safe_filename(a.filename) for a in forwardable_attachments(mail)]
+        left_out = [safe_filename(a.filename) for a in mail.attachments if not a.uri]
+        files = ", ".join(passed_on) or "none"
         ctx.forward(
             "request",
             [_approver(options)],
@@ -196,10 +236,19 @@ class Approval:
             subject=f"[APPROVAL {aid}] {one_line(mail.subject) or '(no subject)'}",
         )
         if options.acknowledge_requests:
+            # Says only what this step emitted (the forward command, in the same outcome): not
+            # that the approver has it, and no attachment that did not go with it.
+            missing = (
+                f"Not passed on (not stored, please send them again): {', '.join(left_out)}\n"
+                if left_out
+                else ""
+            )
             ctx.reply(
                 "received",
-                f"Your request was sent to {options.approver_name or options.approver} for "
-                f"approval (reference [APPROVAL {aid}]).\nYou will get the decision by mail.\n",
+                f"Your request was passed on to {options.approver_name or options.approver} "
+                f"for approval (reference [APPROVAL {aid}]).\n"
+                f"Attachments passed on: {files}\n{missing}"
+                f"You will get the decision by mail.\n",
             )
         ctx.state.set(
             f"request/{aid}",
@@ -211,6 +260,7 @@ class Approval:
                 "subject": mail.subject,
                 "requested_at": mail.observed_at.timestamp(),
                 "reminders": 0,
+                "requester_addresses": sorted(_identities(mail, ctx)),
             },
         )
         if mail.message_id:
@@ -223,7 +273,11 @@ class Approval:
         early = ctx.state.get(f"early/{mail.message_id}") or ctx.state.get(f"early/{aid}")
         if early:
             request = ctx.state.get(f"request/{aid}")
-            self._decide(ctx, request, early["decision"], early["comment"], early)
+            own = _own_request(request, early.get("decided_by_addresses") or ())
+            if own is not None:
+                ctx.emit("APPROVAL_REFUSED", {"reason": own}, instance_id=aid)
+            else:
+                self._decide(ctx, request, early["decision"], early["comment"], early)
 
     def _early_answer(self, mail: MailView, ctx: WorkflowContext) -> None:
         """Keep the approver's decision until its request arrives; :meth:`_request` applies it.
@@ -239,6 +293,7 @@ class Approval:
                 "event_key": mail.key,
                 "decided_by": mail.sender.address if mail.sender else None,
                 "decided_at": mail.observed_at.timestamp(),
+                "decided_by_addresses": sorted(_identities(mail, ctx)),
             }
             for ref in [*mail.thread_ids, *TAG.findall(mail.subject or "")]:
                 ctx.state.set(f"early/{ref}", early)
@@ -257,6 +312,10 @@ class Approval:
                 "already-decided",
                 f"[APPROVAL {aid}] was already decided: {request['status']}. Nothing changed.\n",
             )
+            return
+        own = _own_request(request, _identities(mail, ctx))
+        if own is not None:
+            _refuse(mail, ctx, request, own)
             return
         decision, comment = parse_decision(mail)
         if decision is None:
@@ -326,6 +385,56 @@ class Approval:
             else (f"was {request['status'].lower()}")
         )
         ctx.reply("status", f"Your request [APPROVAL {request['id']}] {state}.\n")
+
+
+def _unverified(ctx: WorkflowContext, options: ApprovalOptions) -> str | None:
+    """Why a mail from the approver's address may not decide, or None when it may."""
+    wanted = {d.strip().lower().rstrip(".") for d in options.approver_dkim_domains}
+    if not wanted:
+        return None
+    signed = ctx.authentication.dkim_domains if ctx.authentication else frozenset()
+    if signed & wanted:
+        return None
+    return (
+        f"no verified DKIM signature of {', '.join(sorted(wanted))} "
+        f"(signed by: {', '.join(sorted(signed)) or 'nobody'})"
+    )
+
+
+def _identities(mail: MailView, ctx: WorkflowContext) -> set[str]:
+    """The addresses a mail speaks for: From, the answer address and the envelope sender."""
+    found = {a.normalized for a in (mail.sender, mail.reply_address) if a is not None}
+    auth = ctx.authentication
+    envelope = auth.envelope_from if auth else mail.guard_headers.return_path
+    envelope = (envelope or "").strip().strip("<>").strip().lower()
+    if "@" in envelope:
+        found.add(envelope)
+    return found
+
+
+def _own_request(request: dict[str, Any], deciders: Any) -> str | None:
+    """Why ``deciders`` (addresses of an answer) may not decide ``request``, or None."""
+    mine = set(request.get("requester_addresses") or ())
+    ref = ThreadRef.from_state(request["requester"])
+    if ref.reply_address is not None:
+        mine.add(ref.reply_address.normalized)
+    same = mine & set(deciders)
+    if same:
+        return (
+            f"sent by the requester ({', '.join(sorted(same))}): nobody decides their own request"
+        )
+    return None
+
+
+def _refuse(
+    mail: MailView, ctx: WorkflowContext, request: dict[str, Any] | None, reason: str
+) -> None:
+    """No decision, no reply (the approver's address may be forged): only the event says why."""
+    ctx.emit(
+        "APPROVAL_REFUSED",
+        {"reason": reason, "from": mail.sender.address if mail.sender else None},
+        instance_id=request["id"] if request else mail.key,
+    )
 
 
 def _approver(options: ApprovalOptions) -> Address:

@@ -103,7 +103,8 @@ async def test_agent_turns_a_mail_event_into_a_reply_command(
         "workflow",
         "mailtap-streams-state-changelog",
         "mailtap-streams-state-changelog",
-        "mailtap-streams-rates-changelog",
+        "mailtap-streams-rates-changelog",  # the sender's window
+        "mailtap-streams-rates-changelog",  # the recipient's window
         "mailtap-streams-runs-changelog",
     ]
     assert list(w.tables.runs.values()) == [[command["command_id"]]]

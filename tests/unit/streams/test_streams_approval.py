@@ -259,3 +259,111 @@ def test_a_replay_in_another_order_emits_the_same_command_ids() -> None:
     assert decision["in_reply_to"] == "req@example.com"
     statuses = [e["status"] for e in reversed_order.events]
     assert "APPROVED" in statuses
+
+
+# -- issue 17, item 2: who may approve -------------------------------------------------------
+
+MX = "mx.example.com"
+SIGNED = f"{MX}; dkim=pass header.d=example.com; dmarc=pass header.from=example.com"
+SPF_ONLY = f"{MX}; spf=pass smtp.mailfrom=relay@example.com; dmarc=pass header.from=example.com"
+
+
+def strict_harness() -> WorkflowHarness:
+    options = {
+        **SETTINGS["workflows"]["approval"]["options"],
+        "approver_dkim_domains": ["example.com"],
+    }
+    return WorkflowHarness(
+        {
+            **SETTINGS,
+            "auth_policy": "authserv",
+            "authserv_id": MX,
+            "workflows": {"approval": {"options": options}},
+        }
+    )
+
+
+def authenticated(
+    record: dict[str, Any], header: str, return_path: str | None = None
+) -> dict[str, Any]:
+    record["guard_headers"]["authentication_results"] = [header]
+    record["guard_headers"]["return_path"] = return_path
+    return record
+
+
+def test_an_answer_without_the_named_dkim_signature_decides_nothing_and_gets_no_reply() -> None:
+    harness = strict_harness()
+    harness.deliver(authenticated(request(), SIGNED))
+    out = harness.deliver(authenticated(answer("APPROVE"), SPF_ONLY))
+    assert out.commands == []
+    (event,) = out.events
+    assert event["status"] == "APPROVAL_REFUSED"
+    assert "no verified DKIM signature of example.com" in event["attributes"]["reason"]
+    assert (
+        harness.tables.state[f"approval/request/{approval_id(request()['key'])}"]["status"]
+        == "PENDING"
+    )
+    genuine = harness.deliver(authenticated(answer("APPROVE", minutes=40), SIGNED))
+    assert [e["status"] for e in genuine.events] == ["APPROVED"]
+
+
+def test_an_early_answer_without_the_named_dkim_signature_is_not_kept() -> None:
+    harness = strict_harness()
+    out = harness.deliver(authenticated(answer("APPROVE"), SPF_ONLY))
+    assert out.commands == [] and [e["status"] for e in out.events] == ["APPROVAL_REFUSED"]
+    later = harness.deliver(authenticated(request(), SIGNED))
+    assert "APPROVED" not in [e["status"] for e in later.events]
+
+
+@pytest.mark.parametrize(
+    ("header", "return_path"),
+    [
+        # The requester's own mail system signs for example.com, the envelope is hers.
+        (
+            f"{MX}; dkim=pass header.d=example.com; spf=pass smtp.mailfrom=ann@example.com; "
+            "dmarc=pass header.from=example.com",
+            None,
+        ),
+        (SIGNED, "<ann@example.com>"),
+    ],
+)
+def test_the_requester_cannot_approve_her_own_request(header: str, return_path: str | None) -> None:
+    harness = strict_harness()
+    harness.deliver(authenticated(request(), SIGNED, "<ann@example.com>"))
+    out = harness.deliver(authenticated(answer("APPROVE"), header, return_path))
+    assert out.commands == []
+    (event,) = out.events
+    assert event["status"] == "APPROVAL_REFUSED"
+    assert "nobody decides their own request" in event["attributes"]["reason"]
+
+
+def test_an_early_answer_sent_by_the_requester_is_refused_when_the_request_arrives() -> None:
+    harness = strict_harness()
+    harness.deliver(authenticated(answer("APPROVE"), SIGNED, "<ann@example.com>"))
+    later = harness.deliver(authenticated(request(), SIGNED, "<ann@example.com>"))
+    assert [e["status"] for e in later.events] == ["APPROVAL_REQUESTED", "APPROVAL_REFUSED"]
+    assert [c["step"] for c in later.commands] == ["request", "received"]
+
+
+# -- issue 17, item 5: unsafe attachment names; the acknowledgement says what was emitted ------
+
+
+def test_attachment_names_are_made_safe_and_the_ack_lists_what_went() -> None:
+    harness = WorkflowHarness(SETTINGS)
+    evil = {
+        **RECEIPT,
+        "filename": "receipt\r\nBcc: x@attacker.example\r\n.pdf",
+        "content_type": "application/pdf; x=\r\n",
+    }
+    lost = {**RECEIPT, "filename": "scan.png", "uri": None}
+    record = request()
+    record["attachments"] = [evil, lost]
+    forward, ack = harness.deliver(record).commands
+    assert [a["filename"] for a in forward["attachments"]] == [
+        "receipt Bcc: x@attacker.example .pdf"
+    ]
+    assert forward["attachments"][0]["content_type"] == "application/octet-stream"
+    assert "was passed on to The Boss" in ack["text_body"]
+    assert "Attachments passed on: receipt Bcc: x@attacker.example .pdf\n" in ack["text_body"]
+    assert "Not passed on (not stored, please send them again): scan.png" in ack["text_body"]
+    assert "was sent to" not in ack["text_body"]

@@ -10,36 +10,53 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from streams.auth import aligned, check_authserv, check_dkim, sender_authentication
-from streams.guards import PASS, Skip
+from streams.auth import (
+    Authenticated,
+    aligned,
+    authserv_id_of,
+    check_authserv,
+    check_dkim,
+    sender_authentication,
+)
+from streams.guards import Skip
 from streams.mail import MailView
 from streams.testing import mail_record
 
 MX = "mx.example.com"
 
 
-def mail(*results: str, sender: str = "ann@example.com", raw_uri: str | None = None) -> MailView:
+def mail(
+    *results: str,
+    sender: str = "ann@example.com",
+    raw_uri: str | None = None,
+    return_path: str | None = None,
+) -> MailView:
     return MailView.from_record(
         mail_record(
             sender=sender,
             raw_uri=raw_uri,
-            guard_headers={"authentication_results": list(results)},
+            guard_headers={"authentication_results": list(results), "return_path": return_path},
         )
     )
 
 
+def passed(verdict: object, method: str) -> bool:
+    return isinstance(verdict, Authenticated) and verdict.method == method
+
+
 def test_dmarc_pass_from_our_authserv_id_passes() -> None:
-    assert check_authserv(mail(f"{MX}; dmarc=pass header.from=example.com"), MX) == PASS
+    assert passed(check_authserv(mail(f"{MX}; dmarc=pass header.from=example.com"), MX), "dmarc")
 
 
 def test_aligned_dkim_pass_passes_and_unaligned_does_not() -> None:
-    assert check_authserv(mail(f"{MX}; dkim=pass header.d=example.com"), MX) == PASS
+    assert passed(check_authserv(mail(f"{MX}; dkim=pass header.d=example.com"), MX), "dkim")
     verdict = check_authserv(mail(f"{MX}; dkim=pass header.d=evil.example.net"), MX)
     assert isinstance(verdict, Skip) and "dkim=pass" in verdict.reason
 
 
 def test_aligned_spf_pass_passes() -> None:
-    assert check_authserv(mail(f"{MX}; spf=pass smtp.mailfrom=bounce@mail.example.com"), MX) == PASS
+    verdict = check_authserv(mail(f"{MX}; spf=pass smtp.mailfrom=bounce@mail.example.com"), MX)
+    assert passed(verdict, "spf")
 
 
 def test_failures_are_skipped_with_the_results_seen() -> None:
@@ -61,8 +78,102 @@ def test_only_the_topmost_header_of_our_authserv_id_counts() -> None:
     assert isinstance(check_authserv(mail(top, forged), MX), Skip)
 
 
-def test_unparsable_headers_are_ignored() -> None:
-    assert check_authserv(mail(";;; ===", f"{MX}; dmarc=pass"), MX) == PASS
+def test_headers_of_other_hosts_are_ignored_even_unparsable_ones() -> None:
+    other = "mx.other.example; spf=pass smtp.helo=[203.0.113.7]"
+    verdict = check_authserv(
+        mail(";;; ===", other, f"{MX}; dmarc=pass header.from=example.com"), MX
+    )
+    assert passed(verdict, "dmarc")
+
+
+# -- issue 17, item 1: the topmost header of our authserv-id is the only one that counts ------
+
+
+@pytest.mark.parametrize(
+    "ours",
+    [
+        f"{MX}; spf=fail smtp.mailfrom=x@attacker.example smtp.helo=[203.0.113.7]",
+        f"{MX}; spf=fail smtp.mailfrom=<x@attacker.example>",
+        f"{MX}; iprev=pass policy.iprev=2001:db8::1",
+        f"(comment) {MX} (more); ===",
+        f"{MX.upper()}; spf=pass smtp.helo=[203.0.113.7]",
+    ],
+)
+def test_an_unparsable_topmost_header_of_ours_is_not_skipped_for_a_forged_one(ours: str) -> None:
+    forged = f"{MX}; dkim=pass header.d=example.com; dmarc=pass header.from=example.com"
+    verdict = check_authserv(mail(ours, forged), MX)
+    assert verdict == Skip(
+        "sender_authentication", f"the topmost Authentication-Results of {MX} is unparsable"
+    )
+
+
+def test_the_authserv_id_is_compared_without_case_and_after_comments() -> None:
+    top = f" (by our MTA) {MX.upper()} 1 ; dmarc=pass header.from=example.com"
+    assert passed(check_authserv(mail(top), MX), "dmarc")
+    assert passed(check_authserv(mail(f"{MX}; dkim=pass header.d=example.com"), MX.upper()), "dkim")
+
+
+def test_an_id_that_only_starts_like_ours_is_not_ours() -> None:
+    lookalike = f"{MX}.attacker.example; dmarc=pass header.from=example.com"
+    verdict = check_authserv(mail(lookalike), MX)
+    assert verdict == Skip("sender_authentication", f"no Authentication-Results from {MX}")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("mx.example.com; none", "mx.example.com"),
+        ("mx.example.com 1; spf=pass", "mx.example.com"),
+        ("\tMX.EXAMPLE.COM.;spf=pass", "mx.example.com"),
+        ("(a (nested) comment \\) still) mx.example.com; none", "mx.example.com"),
+        ('"mx.example.com" ; none', "mx.example.com"),
+        ("mx.example.com(comment);none", "mx.example.com"),
+        ("; dmarc=pass", None),
+        ("(unclosed comment mx.example.com; none", None),
+        ("", None),
+    ],
+)
+def test_authserv_id_of_reads_the_first_token_after_cfws(value: str, expected: str | None) -> None:
+    assert authserv_id_of(value) == expected
+
+
+# -- issue 17, item 2: DMARC for the From domain; what the verdict tells the workflow ----------
+
+
+def test_dmarc_pass_for_another_domain_does_not_authenticate() -> None:
+    verdict = check_authserv(mail(f"{MX}; dmarc=pass header.from=attacker.example"), MX)
+    assert verdict == Skip(
+        "sender_authentication", f"{MX} did not authenticate example.com: dmarc=pass"
+    )
+
+
+def test_dmarc_pass_without_header_from_does_not_authenticate() -> None:
+    assert isinstance(check_authserv(mail(f"{MX}; dmarc=pass"), MX), Skip)
+
+
+def test_dmarc_header_from_is_compared_without_case() -> None:
+    assert passed(check_authserv(mail(f"{MX}; dmarc=pass header.from=EXAMPLE.com"), MX), "dmarc")
+
+
+def test_the_verdict_names_every_dkim_signer_and_the_envelope_sender() -> None:
+    top = (
+        f"{MX}; dkim=pass header.d=example.com; dkim=pass header.d=esp.example.net; "
+        f"dkim=fail header.d=forged.example; spf=pass smtp.mailfrom=bounce@example.com; "
+        f"dmarc=pass header.from=example.com"
+    )
+    verdict = check_authserv(mail(top, return_path="<other@example.org>"), MX)
+    assert verdict == Authenticated(
+        method="dmarc",
+        from_domain="example.com",
+        dkim_domains=frozenset({"example.com", "esp.example.net"}),
+        envelope_from="bounce@example.com",
+    )
+    # Without an SPF result the envelope sender is the Return-Path.
+    signed_only = check_authserv(
+        mail(f"{MX}; dkim=pass header.d=example.com", return_path="<ann@example.com>"), MX
+    )
+    assert isinstance(signed_only, Authenticated)
+    assert signed_only.envelope_from == "ann@example.com"
 
 
 def test_alignment_is_relaxed_but_not_to_a_bare_tld() -> None:
@@ -74,7 +185,7 @@ def test_alignment_is_relaxed_but_not_to_a_bare_tld() -> None:
 
 def test_policy_none_passes_and_authserv_without_id_fails_closed() -> None:
     unsigned = mail()
-    assert sender_authentication(unsigned, "none", authserv_id=None) == PASS
+    assert passed(sender_authentication(unsigned, "none", authserv_id=None), "none")
     assert isinstance(sender_authentication(unsigned, "authserv", authserv_id=None), Skip)
     assert isinstance(sender_authentication(unsigned, "dkim", authserv_id=None), Skip)
 
@@ -121,7 +232,8 @@ def test_valid_aligned_dkim_signature_passes(dkim_key: tuple[bytes, str]) -> Non
     verdict = check_dkim(
         mail(raw_uri="file:///raw"), {"file:///raw": raw}.__getitem__, dns_for(txt)
     )
-    assert verdict == PASS
+    assert passed(verdict, "dkim")
+    assert isinstance(verdict, Authenticated) and verdict.dkim_domains == {"example.com"}
 
 
 def test_tampered_body_fails_dkim(dkim_key: tuple[bytes, str]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as dt
+import random
 
 import pytest
 
@@ -22,6 +22,8 @@ from streams.guards import (
     null_return_path,
     own_address,
     parse_complete,
+    rate_clock,
+    rate_key,
     rate_limit,
     record_reply,
     system_sender,
@@ -145,21 +147,60 @@ def test_dedupe_skips_a_mail_that_already_ran_this_workflow_only() -> None:
 LIMIT = RateLimitSettings(max_replies=2, window_seconds=600)
 
 
+def window(*times: float) -> dict[str, object]:
+    return {"clock": max(times, default=0.0), "times": list(times)}
+
+
+NOW = EPOCH.timestamp()
+
+
 def test_rate_limit_skips_once_the_window_holds_max_replies() -> None:
-    m = mail(observed_at=EPOCH)
-    now = EPOCH.timestamp()
-    assert rate_limit(m, [now - 100], LIMIT) == PASS
-    verdict = rate_limit(m, [now - 100, now - 50], LIMIT)
-    assert isinstance(verdict, Skip) and verdict.guard == "rate_limit"
+    assert rate_limit(window(NOW - 100), NOW, LIMIT, who="k") == PASS
+    verdict = rate_limit(window(NOW - 100, NOW - 50), NOW, LIMIT, who="sender/ann@example.com")
+    assert verdict == Skip("rate_limit", "2 replies for sender/ann@example.com in the last 600s")
 
 
 def test_rate_limit_forgets_replies_outside_the_window() -> None:
-    m = mail(observed_at=EPOCH + dt.timedelta(seconds=601))
-    now = EPOCH.timestamp()
-    assert rate_limit(m, [now - 100, now], LIMIT) == PASS
+    assert rate_limit(window(NOW - 100, NOW), NOW + 601, LIMIT, who="k") == PASS
 
 
 def test_record_reply_keeps_only_what_the_limit_needs() -> None:
-    now = EPOCH.timestamp()
-    history = record_reply([now - 700, now - 20, now - 10], now, LIMIT)
-    assert history == [now - 10, now]
+    entry = record_reply(window(NOW - 700, NOW - 20, NOW - 10), NOW, LIMIT)
+    assert entry == {"clock": NOW, "times": [NOW - 10, NOW]}
+
+
+def test_an_older_mail_read_late_is_judged_by_the_latest_time_seen() -> None:
+    # Issue 17 item 3: the old limiter took the mail's own time as "now" and dropped the newer
+    # replies, so an older mail reset the history.
+    entry = window(NOW, NOW + 1)
+    assert isinstance(rate_limit(entry, NOW - 5, LIMIT, who="k"), Skip)
+    assert rate_clock(entry, NOW - 5) == NOW + 1
+
+
+def test_a_reply_to_an_older_mail_is_recorded_at_the_clock_not_in_the_past() -> None:
+    entry = record_reply(window(NOW), NOW - 3000, LIMIT)
+    assert entry == {"clock": NOW, "times": [NOW, NOW]}
+    assert isinstance(rate_limit(entry, NOW - 3000, LIMIT, who="k"), Skip)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_limit_holds_whatever_the_order(seed: int) -> None:
+    """30 mails within 10 ms in any order: exactly max_replies answers (the issue's probe)."""
+    times = [NOW + i / 3000 for i in range(30)]
+    random.Random(seed).shuffle(times)
+    entry: object = None
+    answered = 0
+    for at in times:
+        if rate_limit(entry, at, LIMIT, who="k") == PASS:
+            entry = record_reply(entry, at, LIMIT)
+            answered += 1
+    assert answered == LIMIT.max_replies
+
+
+def test_entries_of_an_older_format_count_as_empty() -> None:
+    assert rate_limit([NOW, NOW, NOW], NOW, LIMIT, who="k") == PASS
+
+
+def test_rate_keys_separate_senders_from_recipients_and_ignore_case() -> None:
+    assert rate_key("sender", " Ann@Example.COM") == "sender/ann@example.com"
+    assert rate_key("recipient", "ann@example.com") != rate_key("sender", "ann@example.com")
