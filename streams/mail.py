@@ -155,9 +155,12 @@ def answer_address(
 
     Why not simply Reply-To, as a person's mail client does (RFC 5322 §3.6.2): an automatic
     responder answers anyone who writes, so an unchecked Reply-To turns it into a relay that
-    sends mail in our name to third parties (backscatter, RFC 3834 §4 and §6). The sender
-    authentication vouches for the From domain only; a Reply-To in that domain is the
-    sender's own business, anything else is not ours to write to.
+    sends mail in our name to third parties (backscatter). The sender authentication vouches
+    for the From domain only; a Reply-To in that domain is the sender's own business, anything
+    else is not ours to write to. Why From before the envelope sender, which RFC 3834 §4 names
+    for personal responders: mailtap's answers are service responses (a ticket number, a
+    decision), meant for the author; the envelope sender is often a bulk sender's bounce
+    address, and From is the address DMARC authenticates.
 
     >>> ann = Address("ann@example.com", "Ann")
     >>> answer_address(ann, (Address("victim@elsewhere.example"),), None).address
