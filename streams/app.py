@@ -15,7 +15,8 @@ command ids, which the SMTP sink absorbs; after 4 the dedupe table stops the rep
 ``exactly_once`` mode is not used (open rebalance bugs, PITFALLS.md).
 
 Tables (``memory://`` store, rebuilt from their changelog topics ``<app_id>-<name>-changelog``
-at start): ``runs`` (dedupe), ``rates`` (per-sender reply times), ``state`` (workflow state).
+at start): ``runs`` (dedupe), ``rates`` (reply windows per sender and per recipient,
+``streams/README.md``), ``state`` (workflow state).
 They use the producer's partitioner (``use_partitioner=True``) because workflow state is keyed
 by thread or approval id, not by the mail key, and because the reminder timer writes outside any
 stream event. Consequence: run **one worker per app id** (all partitions on one process); a

@@ -33,6 +33,15 @@ Rules the runtime relies on:
   written to the changelog-backed table only after the commands and events were acknowledged by
   Kafka, so a crash in between replays the mail against the old state.
 - **State values are JSON** (dicts, lists, strings, numbers, booleans, None).
+- **Answers go where** :func:`streams.mail.answer_address` **says** (``mail.reply_address``):
+  Reply-To only within the sender's own domain or ``streams.reply_to_allow``, else From. Use
+  ``ctx.reply()`` rather than building recipients from ``mail.reply_to``.
+- **What was authenticated** is ``ctx.authentication`` (:class:`streams.auth.Authenticated`):
+  the From *domain*, the DKIM domains that signed, the envelope sender. A workflow that acts on
+  a person's word (an approval) must check more than the domain (see ``workflows/approval.py``).
+- **A step is sent whole or not at all**: when a recipient of its commands is over the rate
+  limit the mail's whole outcome is dropped, so never tell anyone in one command that another
+  was sent unless it is emitted in the same step.
 
 Replies thread (DESIGN.md): ``In-Reply-To`` = the original Message-ID, ``References`` = the
 original References + the original Message-ID, subject ``Re: ...`` (never ``Re: Re: ...``),
