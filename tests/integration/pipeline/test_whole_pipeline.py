@@ -59,6 +59,10 @@ def _config(services, unique: str, user, tmp_path: Path, app_id: str) -> Path:
 def _ours(services, run: str) -> list[ReceivedMessage]:
     found = []
     for message in services.received_messages():
+        # The shared SMTP server keeps every mail of every test (tens of thousands): parsing
+        # them all on each poll took minutes; only a mail holding the run id can be ours.
+        if run.encode() not in message.raw:
+            continue
         parsed = email.message_from_bytes(message.raw, policy=email.policy.default)
         if run in f"{parsed['In-Reply-To'] or ''} {parsed['References'] or ''}":
             found.append(message)
