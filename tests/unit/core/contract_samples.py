@@ -1,11 +1,64 @@
-"""One real record per topic schema, every optional part filled, as mailtap's writers build them.
-
-Shared by the contract tests (history check, Java Avro, the registry end to end)."""
+"""One real record per topic schema, every optional part filled, as mailtap's writers build them,
+and the schema helpers the contract tests share (history check, Java Avro, the registry)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from connectors.core.schemas import TOPIC_SCHEMAS, assemble, shared_types
+
+#: The default symbol of every enum, for readers only (schemas/README.md, "Enums").
+PLACEHOLDER = "UNRECOGNIZED"
+NAMED = ("record", "error", "enum", "fixed")
+
+
+def full_name(node: dict[str, Any], namespace: str) -> str:
+    name = node["name"]
+    return name if "." in name else f"{node.get('namespace', namespace)}.{name}"
+
+
+def definitions(node: Any, namespace: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every named type defined in a raw schema: (full name, definition)."""
+    if isinstance(node, list):
+        for branch in node:
+            yield from definitions(branch, namespace)
+    elif isinstance(node, dict):
+        kind = node.get("type")
+        if kind in NAMED:
+            yield full_name(node, namespace), node
+            namespace = node.get("namespace", namespace)
+            for field in node.get("fields", []):
+                yield from definitions(field["type"], namespace)
+        elif kind == "array":
+            yield from definitions(node["items"], namespace)
+        elif kind == "map":
+            yield from definitions(node["values"], namespace)
+        else:
+            yield from definitions(kind, namespace)
+
+
+def current(root: Path) -> dict[str, dict[str, Any]]:
+    """The assembled (self-contained) topic schemas of ``root``."""
+    shared = shared_types(root)
+    return {
+        name: assemble(json.loads((root / f"{name}.avsc").read_text()), shared)
+        for name in TOPIC_SCHEMAS
+    }
+
+
+def without_placeholder(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` as mailtap's writers use it: the reader-only enum symbol removed."""
+    copied: dict[str, Any] = json.loads(json.dumps(schema))
+    for _, node in definitions(copied, copied["namespace"]):
+        if node["type"] == "enum" and PLACEHOLDER in node["symbols"]:
+            node["symbols"].remove(PLACEHOLDER)
+            node.pop("default", None)
+    return copied
+
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 SHA = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"

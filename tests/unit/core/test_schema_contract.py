@@ -22,7 +22,6 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,50 +35,17 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from connectors.core.schemas import (
     NAMESPACE,
     TOPIC_SCHEMAS,
-    assemble,
     history_files,
     parse_order,
     schemas_dir,
-    shared_types,
 )
-from tests.unit.core.contract_samples import SAMPLES
-
-PLACEHOLDER = "UNRECOGNIZED"
-NAMED = ("record", "error", "enum", "fixed")
-
-
-def full_name(node: dict[str, Any], namespace: str) -> str:
-    name = node["name"]
-    return name if "." in name else f"{node.get('namespace', namespace)}.{name}"
-
-
-def definitions(node: Any, namespace: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    """Every named type defined in a raw schema: (full name, definition)."""
-    if isinstance(node, list):
-        for branch in node:
-            yield from definitions(branch, namespace)
-    elif isinstance(node, dict):
-        kind = node.get("type")
-        if kind in NAMED:
-            yield full_name(node, namespace), node
-            namespace = node.get("namespace", namespace)
-            for field in node.get("fields", []):
-                yield from definitions(field["type"], namespace)
-        elif kind == "array":
-            yield from definitions(node["items"], namespace)
-        elif kind == "map":
-            yield from definitions(node["values"], namespace)
-        else:
-            yield from definitions(kind, namespace)
-
-
-def current(root: Path) -> dict[str, dict[str, Any]]:
-    """The assembled (self-contained) topic schemas of ``root``."""
-    shared = shared_types(root)
-    return {
-        name: assemble(json.loads((root / f"{name}.avsc").read_text()), shared)
-        for name in TOPIC_SCHEMAS
-    }
+from tests.unit.core.contract_samples import (
+    PLACEHOLDER,
+    SAMPLES,
+    current,
+    definitions,
+    without_placeholder,
+)
 
 
 def default_problems(schema: dict[str, Any]) -> list[str]:
@@ -128,16 +94,6 @@ def doc_problems(schema: dict[str, Any]) -> list[str]:
             if node.get("default") != PLACEHOLDER or node["symbols"][-1] != PLACEHOLDER:
                 problems.append(f"{name}: default must be the last symbol, {PLACEHOLDER}")
     return problems
-
-
-def without_placeholder(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` as mailtap's writers use it: the reader-only enum symbol removed."""
-    copied: dict[str, Any] = json.loads(json.dumps(schema))
-    for _, node in definitions(copied, copied["namespace"]):
-        if node["type"] == "enum" and PLACEHOLDER in node["symbols"]:
-            node["symbols"].remove(PLACEHOLDER)
-            node.pop("default", None)
-    return copied
 
 
 def compatibility_problems(reader: dict[str, Any], writer: dict[str, Any]) -> list[str]:
