@@ -1,7 +1,9 @@
 """The Confluent wire-format path of the serde against a real registry (Apicurio, ccompat API).
 
-Needs the registry built by `make registry` (mailtap/dev/registry.py); skipped otherwise. No Kafka:
-what is under test is the serde's conversation with the registry, not the broker.
+Needs the registry built by `make registry` (mailtap/dev/registry.py); skipped otherwise. Most
+tests need no Kafka (what is under test is the serde's conversation with the registry); the end
+to end one writes every topic's records through the real broker and reads them back with the
+stock readers: confluent-kafka's AvroDeserializer and Java Avro.
 """
 
 from __future__ import annotations
@@ -9,16 +11,26 @@ from __future__ import annotations
 import datetime as dt
 import json
 import struct
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
+from connectors.core import schemaregistry
 from connectors.core.config import KafkaSettings
+from connectors.core.errors import ConfigError
+from connectors.core.kafka import consumer_config, producer_config
+from connectors.core.schemas import TOPIC_SCHEMAS, parse_order, schemas_dir
 from connectors.core.serde import CONFLUENT_MAGIC, AnyAvroDecoder, AvroSerde
-from mailtap.dev import registry
+from mailtap.dev import DevServices, registry
+from tests.integration.core.java_avro import AVRO_VERSIONS, run_checker
+from tests.unit.core.contract_samples import SAMPLES, TOPICS
 
 pytestmark = pytest.mark.skipif(
     not registry.is_installed(),
@@ -114,3 +126,134 @@ def test_the_same_schema_under_two_topics_is_one_id(registry_url: str, unique: s
     assert {f"a.{unique}-value", f"b.{unique}-value", f"c.{unique}-value"} <= set(subjects)  # type: ignore[arg-type]
     assert first[1:5] == second[1:5]
     assert other[1:5] != first[1:5]
+
+
+def registry_kafka(url: str, **overrides: object) -> KafkaSettings:
+    return KafkaSettings.model_validate(
+        {"bootstrap_servers": "unused:9092", "schema_registry_url": url, **overrides}
+    )
+
+
+@pytest.mark.parametrize("name", TOPIC_SCHEMAS)
+def test_each_schema_registers_with_the_compatibility_rule_and_the_key_schema(
+    registry_url: str, unique: str, name: str
+) -> None:
+    """Before: Apicurio answered 422 for ReplyCommand (its union default) and every subject
+    stayed at NONE."""
+    topic = f"{TOPICS[name]}.{unique}"
+    AvroSerde.for_schema(name, registry_kafka(registry_url)).encode(SAMPLES[name](), topic)  # type: ignore[arg-type]
+
+    for subject in (f"{topic}-key", f"{topic}-value"):
+        config = get_json(f"{registry_url}/config/{subject}")
+        assert config == {"compatibilityLevel": "FULL_TRANSITIVE"}, subject
+    key = get_json(f"{registry_url}/subjects/{topic}-key/versions/latest")
+    assert isinstance(key, dict) and json.loads(key["schema"]) == "string"
+
+
+def register(url: str, subject: str, schema: str) -> int:
+    request = urllib.request.Request(
+        f"{url}/subjects/{subject}/versions",
+        data=json.dumps({"schema": schema, "schemaType": "AVRO"}).encode(),
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(json.load(response)["id"])
+
+
+def forget_prepared_subjects() -> None:
+    """What a restart of the component does: no subject prepared, no cached ids."""
+    schemaregistry._prepared.clear()
+    schemaregistry.registry_client.cache_clear()
+
+
+def test_a_subject_with_the_first_released_schema_needs_backward_transitive_once(
+    registry_url: str, unique: str
+) -> None:
+    """A deployment that wrote mail.events with the registry before the enum defaults: its
+    subject holds v1, which cannot read the new enum symbol, so FULL_TRANSITIVE refuses the new
+    schema, with a sentence saying what to set; BACKWARD_TRANSITIVE accepts it."""
+    topic = f"mail.events.{unique}"
+    v1 = (schemas_dir() / "history" / "MailEvent.v1.avsc").read_text()
+    register(registry_url, f"{topic}-value", json.dumps(json.loads(v1)))
+    forget_prepared_subjects()
+
+    with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE") as refused:
+        AvroSerde.for_schema("MailEvent", registry_kafka(registry_url)).encode(mail_event(), topic)
+    assert f"{topic}-value" in str(refused.value)
+
+    kafka = registry_kafka(registry_url, schema_compatibility="BACKWARD_TRANSITIVE")
+    data = AvroSerde.for_schema("MailEvent", kafka).encode(mail_event(), topic)
+    assert get_json(f"{registry_url}/config/{topic}-value") == {
+        "compatibilityLevel": "BACKWARD_TRANSITIVE"
+    }
+    assert AnyAvroDecoder(registry_url).decode(data, topic)[1]["subject"] == "Grüße 你好"
+
+
+def test_records_of_every_topic_decode_with_the_stock_readers(
+    registry_url: str, services: DevServices, unique: str, tmp_path: Path
+) -> None:
+    """Written with the registry through the real broker; read back read_committed by
+    confluent-kafka's stock AvroDeserializer (the writer schema fetched by id from Apicurio's
+    ccompat API, no reader schema) and by Java Avro with the schema the registry hands out."""
+    kafka = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, schema_registry_url=registry_url
+    )
+    topics = {name: f"{TOPICS[name]}.{unique}" for name in TOPIC_SCHEMAS}
+    producer = Producer(producer_config(kafka))
+    for name, topic in topics.items():
+        value = AvroSerde.for_schema(name, kafka).encode(SAMPLES[name](), topic)  # type: ignore[arg-type]
+        producer.produce(topic, key=name.encode(), value=value)
+    assert producer.flush(30) == 0
+
+    consumer = Consumer(consumer_config(kafka, f"registry-e2e-{unique}"))
+    consumer.subscribe(list(topics.values()))
+    received: dict[str, bytes] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while len(received) < len(topics) and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                received[msg.key().decode()] = msg.value()
+    finally:
+        consumer.close()
+    assert set(received) == set(TOPIC_SCHEMAS)
+
+    stock = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    records = []
+    for name, data in received.items():
+        assert data[:1] == CONFLUENT_MAGIC
+        value = stock(data, SerializationContext(topics[name], MessageField.VALUE))
+        assert value == SAMPLES[name](), name
+        schema_id = struct.unpack(">I", data[1:5])[0]
+        writer = get_json(f"{registry_url}/schemas/ids/{schema_id}")
+        assert isinstance(writer, dict)
+        (tmp_path / f"{name}.writer.avsc").write_text(writer["schema"])
+        (tmp_path / f"{name}.confluent.bin").write_bytes(data)
+        records.append(
+            {
+                "label": name,
+                "schema": name,
+                "encoding": "confluent",
+                "data": str(tmp_path / f"{name}.confluent.bin"),
+                "writer": str(tmp_path / f"{name}.writer.avsc"),
+            }
+        )
+
+    java = run_checker(
+        AVRO_VERSIONS[-1],
+        {
+            "parse_order": [str(p) for p in parse_order()],
+            "topics": list(TOPIC_SCHEMAS),
+            "history": [],
+            "invalid": [],
+            "compat": [],
+            "records": records,
+        },
+        tmp_path,
+    )
+    for name in TOPIC_SCHEMAS:
+        decoded = java["records"][name]
+        assert decoded["writer_fingerprint_equal"] and decoded["body_reencoded_equal"], name
+    assert java["records"]["MailEvent"]["value"]["subject"] == "Grüße 你好"
+    assert java["records"]["DeliveryEvent"]["value"]["status"] == "BOUNCED"
