@@ -257,3 +257,50 @@ def test_records_of_every_topic_decode_with_the_stock_readers(
         assert decoded["writer_fingerprint_equal"] and decoded["body_reencoded_equal"], name
     assert java["records"]["MailEvent"]["value"]["subject"] == "Grüße 你好"
     assert java["records"]["DeliveryEvent"]["value"]["status"] == "BOUNCED"
+
+
+def readme_python_snippet() -> str:
+    """The Python block of schemas/README.md's consumer guide, verbatim."""
+    text = (schemas_dir() / "README.md").read_text()
+    after = text.split("Python, with the registry", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_consumer_guide_python_snippet_reads_committed_events_and_tombstones(
+    registry_url: str, services: DevServices, unique: str
+) -> None:
+    kafka = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, schema_registry_url=registry_url
+    )
+    topic = f"mail.events.{unique}"
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    kept, aborted = mail_event(), dict(mail_event(), key="demo/mid:aborted@example.com")
+    producer = Producer(producer_config(kafka, transactional_id=f"guide-{unique}"))
+    producer.init_transactions(30)
+    producer.begin_transaction()  # a batch a crashed source never committed
+    producer.produce(topic, key=aborted["key"].encode(), value=serde.encode(aborted, topic))
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=kept["key"].encode(), value=serde.encode(kept, topic))
+    producer.produce(topic, key=b"demo/mid:gone@example.com", value=None)
+    producer.commit_transaction(30)
+
+    namespace: dict[str, object] = {}
+    exec(readme_python_snippet(), namespace)
+    seen: list[tuple[str, object]] = []
+
+    def handle(key: str, event: object) -> bool:
+        seen.append((key, event))
+        return len(seen) < 2  # the two keys may sit on two partitions: any order
+
+    namespace["read_mail_events"](  # type: ignore[operator]
+        services.kafka.bootstrap_servers, registry_url, f"guide-{unique}", handle, topic
+    )
+
+    got = dict(seen)
+    assert sorted(got) == sorted([kept["key"], "demo/mid:gone@example.com"])  # not the aborted
+    event = got[kept["key"]]
+    assert isinstance(event, dict)
+    assert event["subject"] == "Grüße 你好" and event["change"] == "ADDED"
+    assert got["demo/mid:gone@example.com"] is None
