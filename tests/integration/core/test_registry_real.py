@@ -10,25 +10,32 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import signal
 import struct
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from connectors.core import schemaregistry
-from connectors.core.config import KafkaSettings
+from connectors.core.config import KafkaSettings, TopicNames
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import consumer_config, producer_config
+from connectors.core.kafka import consumer_config, ensure_topics, producer_config
 from connectors.core.schemas import TOPIC_SCHEMAS, parse_order, schemas_dir
 from connectors.core.serde import CONFLUENT_MAGIC, AnyAvroDecoder, AvroSerde
 from mailtap.dev import DevServices, registry
+from mailtap.dev.layout import REPO_ROOT as REPO
+from streams.testing import mail_record
 from tests.integration.core.java_avro import AVRO_VERSIONS, run_checker
 from tests.unit.core.contract_samples import SAMPLES, TOPICS
 
@@ -304,3 +311,91 @@ def test_the_consumer_guide_python_snippet_reads_committed_events_and_tombstones
     assert isinstance(event, dict)
     assert event["subject"] == "Grüße 你好" and event["change"] == "ADDED"
     assert got["demo/mid:gone@example.com"] is None
+
+
+def test_the_streams_worker_with_a_registry_answers_a_mail(
+    registry_url: str, services: DevServices, unique: str, tmp_path: Path
+) -> None:
+    """The issue's symptom: with a registry the streams worker crashed at its first command
+    (Apicurio refused ReplyCommand) and nothing reached mail.commands."""
+    names = {f: f"{getattr(TopicNames(), f)}.{unique}" for f in TopicNames.model_fields}
+    kafka = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers,
+        schema_registry_url=registry_url,
+        topics=TopicNames(**names),
+        partitions=1,
+    )
+    ensure_topics(kafka, retry_tiers=[])
+    config = tmp_path / "mailtap.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {
+                    "bootstrap_servers": kafka.bootstrap_servers,
+                    "schema_registry_url": registry_url,
+                    "topics": kafka.topics.model_dump(),
+                },
+                "claim_check": {"url": (tmp_path / "claims").as_uri()},
+                "streams": {
+                    "app_id": f"mailtap-streams-{unique}",
+                    "data_dir": str(tmp_path / "faust"),
+                    "from_address": {"name": "Helpdesk", "address": "help@example.com"},
+                    "auth_policy": "none",
+                    "rules": [
+                        {"match": {"recipient": "support@example.com"}, "workflow": "ticket_intake"}
+                    ],
+                },
+            }
+        )
+    )
+    mail = mail_record(message_id=f"t-{unique}@example.com", observed_at=NOW)
+    producer = Producer(producer_config(kafka))
+    events = kafka.topics.events
+    producer.produce(
+        events, key=mail["key"], value=AvroSerde.for_schema("MailEvent", kafka).encode(mail, events)
+    )
+    assert producer.flush(30) == 0
+
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from mailtap.commands.streams import "
+                "run_streams; run_streams(sys.argv[1])",
+                str(config),
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    consumer = Consumer(consumer_config(kafka, f"streams-registry-{unique}"))
+    consumer.subscribe([kafka.topics.commands])
+    stock = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    command = None
+    try:
+        deadline = time.monotonic() + 180  # a hang guard: group join and table recovery
+        while command is None:
+            assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                ctx = SerializationContext(kafka.topics.commands, MessageField.VALUE)
+                command = stock(msg.value(), ctx)
+    finally:
+        consumer.close()
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=30)
+
+    assert command["event_key"] == mail["key"] and command["workflow"] == "ticket_intake"
+    assert command["auto_submitted"] == "auto-replied"
+    assert command["to"] == [{"name": None, "address": "ann@example.com"}]
+    compat = get_json(f"{registry_url}/config/{kafka.topics.commands}-value")
+    assert compat == {"compatibilityLevel": "FULL_TRANSITIVE"}
