@@ -120,3 +120,17 @@ def run_checker(version: str, manifest: dict[str, Any], work: Path) -> dict[str,
         raise AssertionError(f"AvroContractCheck (Avro {version}) failed:\n{done.stderr}")
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     return result
+
+
+def maven_codegen(version: str, schemas: Path, work: Path) -> Path:
+    """Run avro-maven-plugin ``version`` (configured as schemas/README.md says) on ``schemas``
+    and compile what it generates; returns the Maven project's ``target``."""
+    shutil.copy(JAVA_SOURCES / "codegen-pom.xml", work / "pom.xml")
+    process.maven(
+        f"avro-maven-plugin {version}",
+        ["compile", f"-Davro.version={version}", f"-Dschemas={schemas}"],
+        work / "maven.log",
+        RESOLVE_TIMEOUT_S,
+        cwd=work,
+    )
+    return work / "target"

@@ -25,7 +25,7 @@ from connectors.core.schemas import (
     schemas_dir,
 )
 from connectors.core.serde import AvroSerde
-from tests.integration.core.java_avro import AVRO_VERSIONS, run_checker
+from tests.integration.core.java_avro import AVRO_VERSIONS, maven_codegen, run_checker
 from tests.unit.core.contract_samples import SAMPLES, current, without_placeholder
 
 #: Everything a code generator makes from the schemas: 4 topic records, Address, the nested
@@ -113,3 +113,18 @@ def test_the_contract_holds_in_java_avro(version: str, tmp_path: Path) -> None:
     assert mail["subject"] == "Grüße 你好" and mail["from"]["name"] == "Zoë Ünal"
     assert mail["change"] == "ADDED" and mail["source"]["kind"] == "IMAP"
     assert result["records"]["ReplyCommand"]["value"]["auto_submitted"] == "auto-replied"
+
+
+@pytest.mark.parametrize("version", AVRO_VERSIONS)
+def test_avro_maven_plugin_generates_compiling_classes_from_schemas(
+    version: str, tmp_path: Path
+) -> None:
+    """The issue's codegen failure ("Can't redefine: io.mailtap.v1.Address") came from this
+    plugin; here with the configuration the README gives, on the repository's schemas/."""
+    target = maven_codegen(version, schemas_dir(), tmp_path)
+
+    generated = sorted(p.stem for p in (target / "generated-sources").rglob("*.java"))
+    assert len(generated) == GENERATED_CLASSES
+    assert {"Address", "MailEvent", "ReplyCommand", "ChangeKind"} <= set(generated)
+    compiled = {p.stem for p in (target / "classes").rglob("*.class")}
+    assert set(generated) <= compiled
