@@ -166,3 +166,31 @@ def test_with_a_registry_the_key_schema_is_registered_under_topic_key() -> None:
     assert client.get_latest_version("mail.workflow-key").schema.schema_str == '"string"'
     value = client.get_latest_version("mail.workflow-value").schema.schema_str
     assert json.loads(value)["name"] == "WorkflowEvent"
+
+
+@pytest.mark.parametrize("name", TOPIC_SCHEMAS)
+def test_records_written_with_the_first_release_decode_with_todays_serde(name) -> None:
+    """What sits on the topics from before the upgrade: single-object records of v1, found by
+    their fingerprint in schemas/history/."""
+    from tests.unit.core.contract_samples import SAMPLES
+
+    v1 = load_schema(f"{name}.v1", schemas_dir() / "history" / f"{name}.v1.avsc")
+    data = AvroSerde(v1).encode(SAMPLES[name](), "t")
+    assert AvroSerde.for_schema(name).decode(data) == SAMPLES[name]()
+    assert AnyAvroDecoder().decode(data)[1] == SAMPLES[name]()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (b"\xc3\x01" + b"\x00" * 8 + b"\x02", "single-object"),
+        (b"\x00\x00\x00\x00\x07\x02", "confluent"),
+        (None, None),
+        (b"", None),
+        (b'{"json": 1}', None),
+    ],
+)
+def test_the_framing_of_a_value(value, expected) -> None:
+    from connectors.core.encoding import encoding_of
+
+    assert encoding_of(value) == expected
