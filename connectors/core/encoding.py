@@ -16,17 +16,21 @@ Wire sample (first bytes of a value)::
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 import uuid
 from collections.abc import Iterable
 from typing import Literal
 
+import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
 from connectors.core.kafka import consumer_config
+from connectors.core.schemas import known_writers
+from connectors.core.serde import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +47,32 @@ def configured_encoding(kafka: KafkaSettings) -> Encoding:
 
 
 def encoding_of(value: bytes | None) -> Encoding | None:
-    """The framing of one value; None for a tombstone or bytes that are neither."""
+    """The framing of one value; None for a tombstone or bytes that are neither.
+
+    ``C3 01`` is distinctive enough. A first byte ``0x00`` is not (dead letters, foreign bytes):
+    a value counts as Confluent-framed only when the rest after the schema id is one whole
+    record of a mailtap schema this build knows (a newer writer's record may not be, and then
+    goes uncounted: the check errs on the side of letting a writer start).
+    """
     if not value:
         return None
-    if value[:2] == b"\xc3\x01":
+    if value[:2] == SINGLE_OBJECT_MAGIC:
         return "single-object"
-    if value[:1] == b"\x00" and len(value) > 5:
+    if value[:1] == CONFLUENT_MAGIC and len(value) > 5 and _is_mailtap_record(value[5:]):
         return "confluent"
     return None
+
+
+def _is_mailtap_record(body: bytes) -> bool:
+    for writer in known_writers().values():
+        buffer = io.BytesIO(body)
+        try:
+            fastavro.schemaless_reader(buffer, writer.parsed, None)
+        except Exception:  # arbitrary bytes fail in arbitrary ways: "not this schema"
+            continue
+        if buffer.tell() == len(body):
+            return True
+    return False
 
 
 def avro_topics(kafka: KafkaSettings, retry_tiers: Iterable[str] = ()) -> list[str]:

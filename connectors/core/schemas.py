@@ -14,7 +14,7 @@ per topic and needs no schema references.
 
 ``schemas/history/<Name>.v<N>.avsc`` are the released versions, self-contained, kept so that
 single-object readers find an old writer's schema by fingerprint and so the compatibility check
-(tests/unit/core/test_schema_history.py) compares the current files with every one of them.
+(tests/unit/core/test_schema_contract.py) compares the current files with every one of them.
 """
 
 from __future__ import annotations

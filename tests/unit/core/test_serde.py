@@ -180,11 +180,22 @@ def test_records_written_with_the_first_release_decode_with_todays_serde(name) -
     assert AnyAvroDecoder().decode(data)[1] == SAMPLES[name]()
 
 
+def confluent_framed(name: str) -> bytes:
+    from tests.unit.core.contract_samples import SAMPLES
+
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, load_schema(name).parsed, SAMPLES[name]())
+    return b"\x00\x00\x00\x00\x07" + body.getvalue()
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
         (b"\xc3\x01" + b"\x00" * 8 + b"\x02", "single-object"),
-        (b"\x00\x00\x00\x00\x07\x02", "confluent"),
+        (confluent_framed("MailEvent"), "confluent"),
+        (confluent_framed("WorkflowEvent"), "confluent"),
+        (b"\x00not avro at all", None),  # a dead letter's bytes: 0x00 alone proves nothing
+        (confluent_framed("MailEvent")[:-3], None),
         (None, None),
         (b"", None),
         (b'{"json": 1}', None),
