@@ -57,6 +57,9 @@ def without_placeholder(schema: dict[str, Any]) -> dict[str, Any]:
         if node["type"] == "enum" and PLACEHOLDER in node["symbols"]:
             node["symbols"].remove(PLACEHOLDER)
             node.pop("default", None)
+        for field in node.get("fields", []):
+            if field.get("default") == PLACEHOLDER:  # ChangeKind's field default
+                del field["default"]
     return copied
 
 
