@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from connectors.core.errors import ConfigError
+from connectors.core.schemaregistry import DEFAULT_COMPATIBILITY, Compatibility
 
 ENV_PREFIX = "MAILTAP__"
 ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"
@@ -87,6 +88,10 @@ class KafkaSettings(StrictModel):
     schema_registry_url: str | None = Field(
         default=None,
         description="Confluent-compatible registry; when unset, Avro single-object encoding is used",
+    )
+    schema_compatibility: Compatibility = Field(
+        default=DEFAULT_COMPATIBILITY,
+        description="compatibility mailtap sets on its registry subjects before registering",
     )
     topics: TopicNames = Field(default=TopicNames(), description="topic names (DESIGN.md defaults)")
     partitions: int = Field(default=3, ge=1, description="partitions for topics mailtap creates")

@@ -133,6 +133,9 @@ def ensure_topics(
 ) -> dict[str, str]:
     """Create missing topics and align the cleanup policy of existing ones. Idempotent.
 
+    Raises ConfigError when a topic holds records of the other encoding than this configuration
+    writes (connectors.core.encoding).
+
     Returns ``{topic: "created" | "updated" | "ok"}``.
     """
     admin = admin_client(kafka)
@@ -193,4 +196,14 @@ def ensure_topics(
     for name, state in sorted(result.items()):
         if state != "ok":
             log.info("topic %s %s", name, state)
+    # Imported here: connectors.core.encoding reads the topics with this module's consumer config.
+    from connectors.core.encoding import avro_topics, check_topic_encodings
+
+    # Every component ensures the topics before it writes: the place to refuse a topic that
+    # holds the other encoding (one encoding per topic, DESIGN.md).
+    # Topics created just now are empty (and may have no partition leader yet): skip them.
+    existed = {s.name for s in present}
+    check_topic_encodings(
+        kafka, [t for t in avro_topics(kafka, retry_tiers) if t in existed], timeout
+    )
     return result

@@ -25,6 +25,7 @@ from connectors.core import faults
 from connectors.core.claimcheck import open_configured
 from connectors.core.config import MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
+from connectors.core.encoding import check_topic_encodings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
@@ -113,6 +114,8 @@ class EwsSource:
         return self._health.port if self._health is not None else None
 
     def start(self) -> None:
+        # One encoding per topic: refuse to write mail.events framed otherwise than it is.
+        check_topic_encodings(self.cfg.kafka, [self.cfg.kafka.topics.events])
         if self._serve_health:
             h = self.cfg.health
             self._health = HealthServer(self.metrics, h.host, h.port, h.max_sync_age_seconds)
