@@ -31,6 +31,7 @@ from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
 from connectors.core.kafka import consumer_config
 from connectors.core.serde import AvroSerde
+from connectors.imap.syncrounds import SyncRounds
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,8 @@ class AccountIndex:
         #: Number of rows in ``keys``, kept here because ``count(*)`` scans the table.
         self._known = 0
         self._lock = threading.Lock()
+        #: When each folder of the account last synced: decides when an expunge is a tombstone.
+        self.rounds = SyncRounds()
 
     # --- publishing ------------------------------------------------------------------------------
 
@@ -229,6 +232,23 @@ class AccountIndex:
                 )
                 left = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
             return key, left is not None and left[0] > 0
+
+    def located(self, key: str) -> bool:
+        """True when ``key`` has a location in some folder (a copy, or where it was moved)."""
+        with self._lock:
+            row = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
+            return row is not None and row[0] > 0
+
+    def forget_unless_located(self, key: str) -> bool:
+        """`forget` ``key`` unless it has a location (checked and done at once, so a folder
+        registering it meanwhile keeps it); True when it has no location (forgotten now or
+        before)."""
+        with self._lock:
+            row = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
+            if row is not None and row[0] > 0:
+                return False
+            self._known -= self._db.execute("DELETE FROM keys WHERE key = ?", (key,)).rowcount
+            return True
 
     def forget(self, key: str) -> None:
         """The key was tombstoned (it has no location left)."""
