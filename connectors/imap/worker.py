@@ -55,7 +55,7 @@ from connectors.imap.cursor import (
 )
 from connectors.imap.errors import ConnectionLost, ImapProtocolError
 from connectors.imap.index import AccountIndex
-from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, RecordBuilder
+from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, Placement, RecordBuilder
 from connectors.imap.state import StateMachine, WorkerState
 
 log = logging.getLogger(__name__)
@@ -560,20 +560,25 @@ class MailboxWorker:
         self, fetched: list[FetchedMail], built: list[BuiltMail]
     ) -> list[BuiltMail]:
         """Register a pool-built batch in the account index; a key the account published
-        before (in another folder: a move or a copy) is rebuilt here as UPDATED."""
+        before (in another folder: a move or a copy) is rebuilt here as UPDATED, and a mail
+        the index gives another key (its Message-ID is another mail's) is rebuilt with it."""
         assert self.cursor is not None
         uidvalidity, rescan_until = self.cursor.uidvalidity, self.cursor.rescan_until
-        placed = [(m.uid, b.key) for m, b in zip(fetched, built, strict=True) if b.key is not None]
-        known = self.index.register_many([(k, self.folder, uidvalidity, u) for u, k in placed])
+        parsed = [b for b in built if b.key is not None]
+        placed = self.index.place_many(
+            [(b.key, b.fingerprint, self.folder, uidvalidity, b.uid) for b in parsed if b.key]
+        )
         # Below the rescan mark the pool said RESCANNED, which stays; an ADDED key the account
         # published before is a move or a copy.
-        rebuild = {
-            uid
-            for (uid, _k), seen in zip(placed, known, strict=True)
-            if seen and uid >= rescan_until
-        }
+        rebuild: dict[int, Placement] = {}
+        for b, (key, seen) in zip(parsed, placed, strict=True):
+            change: ChangeKind = "UPDATED" if seen else "ADDED"
+            if b.uid < rescan_until:
+                change = "RESCANNED"
+            if key != b.key or change == "UPDATED":
+                rebuild[b.uid] = functools.partial(_placed, key, change)
         return [
-            self.builder.build(m, uidvalidity, lambda _key: "UPDATED") if m.uid in rebuild else b
+            self.builder.build(m, uidvalidity, rebuild[m.uid]) if m.uid in rebuild else b
             for m, b in zip(fetched, built, strict=True)
         ]
 
@@ -625,12 +630,14 @@ class MailboxWorker:
         assert self.cursor is not None
         uidvalidity = self.cursor.uidvalidity
 
-        def change_for(mail: FetchedMail, key: str) -> ChangeKind:
+        def change_for(
+            mail: FetchedMail, key: str, fingerprint: str | None
+        ) -> tuple[str, ChangeKind]:
             kind = change(mail)
-            known = self.index.register(key, self.folder, uidvalidity, mail.uid)
+            key, known = self.index.place(key, fingerprint, self.folder, uidvalidity, mail.uid)
             if kind == "ADDED" and known:
-                return "UPDATED"  # published before, in another folder: a move or a copy
-            return kind
+                return key, "UPDATED"  # published before, in another folder: a move or a copy
+            return key, kind
 
         return self.builder.build_all(mails, uidvalidity, change_for, blobs)
 
@@ -718,15 +725,17 @@ class MailboxWorker:
         """The UPDATED event of a mail we moved to ``target``, at ``location`` (uidvalidity,
         uid) there when known."""
         assert self.cursor is not None
+        uidvalidity, uid = location if location is not None else (None, None)
+
+        def place(key: str, fingerprint: str | None) -> tuple[str, ChangeKind]:
+            return self.index.place(key, fingerprint, target, uidvalidity, uid)[0], "UPDATED"
+
         built = self.builder.build(
-            mail, self.cursor.uidvalidity, lambda _key: "UPDATED", folder=target, location=location
+            mail, self.cursor.uidvalidity, place, folder=target, location=location
         )
         for record in built.records:
             if record.topic != self.builder.dlq_topic:
                 records[record.key] = record
-        if built.key is not None:
-            uidvalidity, uid = location if location is not None else (None, None)
-            self.index.register(built.key, target, uidvalidity, uid)
 
     # --- expunges --------------------------------------------------------------------------------
 
@@ -808,6 +817,13 @@ class MailboxWorker:
         if status.uidvalidity != self.cursor.uidvalidity:
             raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
         return [key for key in keys if wanted.get(key) not in found]
+
+
+def _placed(
+    key: str, change: ChangeKind, _parsed: str, _fingerprint: str | None
+) -> tuple[str, ChangeKind]:
+    """A placement decided already (by the account index)."""
+    return key, change
 
 
 def _make_durable(blobs: ClaimCheckBatch) -> None:

@@ -81,3 +81,66 @@ def test_a_moved_mail_without_message_id_is_never_tombstoned_not_even_after_a_re
     assert {r.key for r in events if r.value is None} == {deleted}
     latest = _latest(events)
     assert all(latest[k].value is not None for k in moved)
+
+
+def test_two_mails_sharing_a_message_id_get_two_keys_and_keep_them_through_a_rescan(
+    imap: ImapHarness,
+) -> None:
+    shared = f"reused-{imap.unique}@example.com"
+    first = make_mail(shared, "first mail", body="one")
+    second = make_mail(shared, "second mail", body="two")
+    imap.append([first, second])
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(2), "both published")
+        events = imap.events()
+        assert [r.value["change"] for r in events if r.value] == ["ADDED", "ADDED"]
+        by_subject = {r.value["subject"]: r for r in events if r.value}
+        fingerprint = by_subject["second mail"].value["content_fingerprint"]  # type: ignore[index]
+        assert by_subject["first mail"].key == f"acct/mid:{shared}"
+        assert by_subject["second mail"].key == f"acct/mid:{shared}#{fingerprint[:8]}"
+        before = imap.cursor()
+        assert before is not None
+    # A restart with a new UIDVALIDITY: every mail is read again and lands on its own key.
+    imap.doveadm(
+        "mailbox", "update", "-u", imap.account.username,
+        "--uid-validity", str(before["uidvalidity"] + 1000), "INBOX",
+    )  # fmt: skip
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(
+            lambda: (c := imap.cursor()) is not None and c["epoch"] == 1 and c["last_uid"] >= 2,
+            "rescan in the new epoch",
+        )
+    events = imap.events()
+    assert {r.key for r in events} == {f"acct/mid:{shared}", f"acct/mid:{shared}#{fingerprint[:8]}"}
+    assert [r.value["change"] for r in events if r.value] == [
+        "ADDED",
+        "ADDED",
+        "RESCANNED",
+        "RESCANNED",
+    ]
+    latest = {k: r.value["subject"] for k, r in _latest(events).items() if r.value}
+    assert latest == {
+        f"acct/mid:{shared}": "first mail",
+        f"acct/mid:{shared}#{fingerprint[:8]}": "second mail",
+    }
+
+
+def test_an_identical_copy_is_the_same_mail_updated_and_no_tombstone_while_a_copy_is_left(
+    imap: ImapHarness,
+) -> None:
+    """The documented behaviour (schemas/README.md): a second identical copy is the same key,
+    published as UPDATED with the new copy's place; deleting one copy writes no tombstone."""
+    message_id = f"copy-{imap.unique}@example.com"
+    mail = make_mail(message_id, "twice")
+    imap.append([mail, mail])
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(2), "both copies published")
+        client = imap.client()
+        client.delete_messages([1])
+        client.expunge()
+        client.logout()
+        time.sleep(5)  # catch-up polls see the expunge
+    events = imap.events()
+    assert {r.key for r in events} == {f"acct/mid:{message_id}"}
+    assert [r.value["change"] if r.value else None for r in events] == ["ADDED", "UPDATED"]
+    assert events[-1].value is not None and events[-1].value["source"]["uid"] == 2
