@@ -112,6 +112,9 @@ class AccountIndex:
         self._folders: dict[str, int] = {}
         #: Number of rows in ``keys``, kept here because ``count(*)`` scans the table.
         self._known = 0
+        #: Bare Message-ID keys some other mail holds a ``#`` key of (a few: mails sharing an
+        #: id are rare); only their mails need the suffixed keys looked up.
+        self._split: set[str] = set()
         self._lock = threading.Lock()
         #: When each folder of the account last synced: decides when an expunge is a tombstone.
         self.rounds = SyncRounds()
@@ -160,19 +163,25 @@ class AccountIndex:
         # Read the rows the chunk touches, apply the chunk to them in memory with the rules of
         # one `register` call, write back what changed: a few statements per chunk, not per mail.
         wanted: dict[int, list[int]] = {}
-        names: set[str] = set()
-        for key, fingerprint, folder, _, uid in items:
+        for _, _, folder, _, uid in items:
             if uid is not None:
                 wanted.setdefault(self._folder_id(folder), []).append(uid)
-            names.update(key_candidates(key, fingerprint) if resolve and fingerprint else (key,))
         located = self._locations(wanted)
-        rows = self._rows(names | {key for key, _ in located.values()})
+        rows = self._rows({key for key, *_ in items} | {key for key, _ in located.values()})
+        if resolve:
+            rows.update(self._rows(self._suffixed(items, rows, self._split)))
         changed_rows: set[str] = set()
         changed_locations: set[tuple[int, int]] = set()
         placed: list[tuple[str, bool]] = []
         for key, fingerprint, folder, uidvalidity, uid in items:
             if resolve and fingerprint:
-                key = _choose(key_candidates(key, fingerprint), fingerprint, rows)
+                bare, row = key, rows.get(key)
+                if bare in self._split or (row is not None and row[1] not in (fingerprint, None)):
+                    key = _choose(key_candidates(key, fingerprint), fingerprint, rows)
+                    if key != bare:
+                        self._split.add(bare)
+            elif (base := _split_base(key)) is not None:
+                self._split.add(base)  # a ``#`` key read back from the events topic
             placed.append((key, key in rows))
             row = rows.setdefault(key, [0, fingerprint])
             if fingerprint is not None:
@@ -215,8 +224,27 @@ class AccountIndex:
                 found[(folder, uid)] = (key, uidvalidity)
         return found
 
+    @staticmethod
+    def _suffixed(
+        items: Sequence[Sighting], rows: dict[str, list[Any]], split: set[str]
+    ) -> set[str]:
+        """The suffixed candidate keys worth looking up: only for a mail whose bare key has
+        ``#`` keys, is stored with another fingerprint, or is shared with another mail of the
+        chunk. The usual mail (a new Message-ID, or the same mail again) needs none."""
+        names: set[str] = set()
+        first: dict[str, str | None] = {}  # the fingerprint each key came with first
+        for key, fingerprint, *_ in items:
+            if not fingerprint:
+                continue
+            stored = rows[key][1] if key in rows else first.setdefault(key, fingerprint)
+            if key in split or (stored is not None and stored != fingerprint):
+                names.update(key_candidates(key, fingerprint)[1:])
+        return names
+
     def _rows(self, keys: set[str]) -> dict[str, list[Any]]:
         """``{key: [places, fingerprint]}`` of the known ones among ``keys``."""
+        if not keys:
+            return {}
         rows = self._db.execute(
             f"SELECT key, places, fingerprint FROM keys WHERE key IN ({_marks(len(keys))})",
             tuple(keys),
@@ -342,6 +370,15 @@ class AccountIndex:
 
 def _marks(count: int) -> str:
     return ",".join("?" * count)
+
+
+def _split_base(key: str) -> str | None:
+    """The bare key of a ``#`` key (``<account>/mid:<id>#<hex>``), else None."""
+    message_id = message_id_of_key(key)
+    if message_id is None or "#" not in key[key.index("/mid:") :]:
+        return None
+    bare = f"{key.partition('/mid:')[0]}/mid:{message_id}"
+    return bare if bare != key else None
 
 
 def _choose(candidates: tuple[str, ...], fingerprint: str, rows: dict[str, list[Any]]) -> str:

@@ -170,8 +170,13 @@ def normalize_message_id(raw: str | None) -> str | None:
 
 def content_fingerprint(raw: bytes) -> str:
     """sha256 hex of the raw message normalized as described in the module docstring."""
-    # Three C-speed passes instead of a regex: CRLF and lone CR to LF, then LF to CRLF.
-    normalized = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
+    # IMAP serves CRLF already: three counts (no copies) find that out; otherwise three
+    # C-speed passes instead of a regex: CRLF and lone CR to LF, then LF to CRLF.
+    crlf = raw.count(b"\r\n")
+    if raw.count(b"\n") == crlf and raw.count(b"\r") == crlf:
+        normalized = raw
+    else:
+        normalized = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
     head, body = split_head(normalized)
     digest = hashlib.sha256()
     keep = True
