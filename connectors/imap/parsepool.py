@@ -171,8 +171,8 @@ def _build_batch(
 ) -> ParsedBatch:
     builder = _builder(spec)
 
-    def change(mail: FetchedMail, _key: str) -> ChangeKind:
-        return "RESCANNED" if mail.uid < rescan_until else "ADDED"
+    def change(mail: FetchedMail, key: str, _fingerprint: str | None) -> tuple[str, ChangeKind]:
+        return key, "RESCANNED" if mail.uid < rescan_until else "ADDED"
 
     with builder.staged_blobs() as blobs:
         built = builder.build_all(mails, uidvalidity, change, blobs)

@@ -122,6 +122,7 @@ def mail_event() -> dict[str, Any]:
         "flags": ["\\Seen"],
         "parse_error": None,
         "observed_at": NOW,
+        "content_fingerprint": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
     }
 
 

@@ -4,6 +4,7 @@ a transactional writer that records what it committed, and a parser."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -208,15 +209,14 @@ class Parsed:
 def fake_parse(
     raw: bytes, *, account: str, source: Mapping[str, Any], flags: list[str], **_: Any
 ) -> Parsed:
-    """Key = account + first line; ``BAD`` in the mail sets parse_error; ``BOOM`` raises."""
+    """Key = account + first line; ``BAD`` in the mail sets parse_error; ``BOOM`` raises.
+    The content fingerprint is the sha256 of the whole mail."""
     if b"BOOM" in raw:
         raise RuntimeError("parser bug")
     error = "broken" if b"BAD" in raw else None
-    return Parsed(
-        f"{account}/mid:{raw.splitlines()[0].decode()}",
-        {"source": dict(source), "flags": flags, "message_id": None, "parse_error": error},
-        error,
-    )
+    event = {"source": dict(source), "flags": flags, "message_id": None, "parse_error": error}
+    event["content_fingerprint"] = hashlib.sha256(raw).hexdigest()
+    return Parsed(f"{account}/mid:{raw.splitlines()[0].decode()}", event, error)
 
 
 class JsonSerde:

@@ -138,8 +138,8 @@ class ThreadedParsing:
     ) -> Future[ParsedBatch]:
         self.batches.append([m.uid for m in mails])
 
-        def kind(mail: FetchedMail, _key: str) -> ChangeKind:
-            return "RESCANNED" if mail.uid < rescan_until else "ADDED"
+        def kind(mail: FetchedMail, key: str, _fp: str | None) -> tuple[str, ChangeKind]:
+            return key, "RESCANNED" if mail.uid < rescan_until else "ADDED"
 
         def build() -> ParsedBatch:
             built = self.builder.build_all(list(mails), uidvalidity, kind)
@@ -681,3 +681,19 @@ def test_a_change_sync_resumed_from_its_cursor_publishes_the_rest_and_what_chang
     assert sorted(again) == [2, 7, 8, 9, 10, 11, 12]
     assert again[2] == ["\\Seen", "\\Flagged"]
     assert rest.last_offset["changes_done"] is None
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_two_different_mails_with_one_message_id_get_two_keys_and_are_both_added(
+    pipelined: bool,
+) -> None:
+    server = filled(4)
+    server.append(b"m1\r\n\r\nanother body")  # uid 5: the key of uid 2, another mail
+    server.append(b"m1\r\n\r\nbody")  # uid 6: an identical copy of uid 2
+    worker, writer, _ = make_worker(server, pipelined=pipelined)
+    worker.run()
+    published = {e["source"]["uid"]: (e["key"], e["change"]) for e in events(writer)}
+    other = "a/mid:m1#" + hashlib.sha256(b"m1\r\n\r\nanother body").hexdigest()[:8]
+    assert published[2] == ("a/mid:m1", "ADDED")
+    assert published[5] == (other, "ADDED")
+    assert published[6] == ("a/mid:m1", "UPDATED")  # the same mail again (documented)
