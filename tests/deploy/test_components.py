@@ -2,7 +2,8 @@
 (deploy/compose/mailtap.yaml) with environment overrides only, against the session's Kafka,
 Dovecot and SMTP server: each reaches healthy, and together they do their jobs — a mail
 appended to the mailbox becomes its MailEvent, then a ReplyCommand, then a SENT DeliveryEvent
-and a reply at the SMTP server. These are the commands of deploy/README.md."""
+and a reply at the SMTP server. The Exchange source runs from deploy/compose/ews-source.yaml against the test
+suite's EWS server. These are the commands of deploy/README.md."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from tests.deploy.containers import (
     status,
     wait_healthy,
 )
+from tests.ews_server.fixture import PASSWORD as EWS_PASSWORD
+from tests.ews_server.fixture import USER as EWS_USER
+from tests.ews_server.fixture import fast_server
 from tests.support import deploy
 
 CONFIG = deploy.ROOT / "deploy" / "compose" / "mailtap.yaml"
@@ -159,3 +163,52 @@ def test_each_component_reaches_healthy_and_does_its_job(running, services, imap
     assert replies, "the SMTP server received no reply to the mail"
     for name, container in containers.items():
         assert status(container) == "running", f"{name} stopped:\n{logs(container)}"
+
+
+EWS_CONFIG = deploy.ROOT / "deploy" / "compose" / "ews-source.yaml"
+
+
+@pytest.mark.timeout(400)
+def test_ews_source_reaches_healthy_and_publishes_a_delivered_mail(
+    image, docker_api, volume, services, unique
+):
+    """The fourth component, from deploy/compose/ews-source.yaml (compose --profile ews),
+    against the test suite's EWS server (tests/ews_server) on the loopback."""
+    with fast_server() as ews:
+        env = {
+            "MAILTAP_KAFKA_BOOTSTRAP": services.bootstrap_servers,
+            "MAILTAP__KAFKA__SCHEMA_REGISTRY_URL": "null",
+            **topic_env(unique),
+            "MAILTAP__EWS__ACCOUNTS__0__SERVICE_ENDPOINT": ews.url,
+            "MAILTAP__EWS__ACCOUNTS__0__EMAIL": EWS_USER,
+            "MAILTAP__EWS__ACCOUNTS__0__AUTH": "basic",
+            "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": EWS_PASSWORD,
+        }
+        code, output = run_once(
+            mailtap_container(image, ["topics", "ensure"], EWS_CONFIG, env, volume)
+        )
+        assert code == 0, output
+        port = free_port()
+        container = mailtap_container(
+            image,
+            ["run", "ews-source"],
+            EWS_CONFIG,
+            {**env, "MAILTAP__HEALTH__PORT": str(port)},
+            volume,
+        ).start()
+        try:
+            started = time.monotonic()
+            detail = wait_healthy(container, port)
+            print(f"ews-source: healthy after {time.monotonic() - started:.1f} s: {detail}")
+            mail = scenario.ticket_request(unique)
+            ews.deliver(EWS_USER, mail.raw)
+            event = wait_record(
+                f"mail.events.{unique}",
+                env,
+                lambda r: mail.message_id in json.dumps(r),
+                {"ews-source": container},
+            )
+            print(f"ews event after {time.monotonic() - started:.1f} s: key {event['key']}")
+            assert status(container) == "running", logs(container)
+        finally:
+            container.stop()

@@ -40,7 +40,7 @@ def compose(podman, *args: str, env: dict[str, str] | None = None, timeout: floa
     )
 
 
-def test_config_points_at_an_existing_cluster_from_the_environment(podman, tmp_path) -> None:
+def test_config_points_at_an_existing_cluster_from_the_environment(podman, image, tmp_path) -> None:
     cluster = {
         "MAILTAP_KAFKA_BOOTSTRAP": "b1.example.com:9093",
         "MAILTAP__KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
@@ -59,6 +59,19 @@ def test_config_points_at_an_existing_cluster_from_the_environment(podman, tmp_p
         env = services[name]["environment"]
         assert env["MAILTAP_KAFKA_BOOTSTRAP"] == "b1.example.com:9093"
         assert env["MAILTAP__KAFKA__SASL_MECHANISM"] == "SCRAM-SHA-512"
+    # deploy/README.md's check before `up`: the shipped config with that env file, per component.
+    check = podman.run(
+        "run",
+        "--rm",
+        "--env-file",
+        str(env_file),
+        "-v",
+        f"{deploy.ROOT}/deploy/compose/mailtap.yaml:/etc/mailtap/mailtap.yaml:ro",
+        image,
+        "config",
+        "check",
+    )
+    assert "valid for imap-source, streams, smtp-sink" in check.stdout
     missing = compose(podman, "config", env={"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": ""})
     assert missing.returncode != 0 and "IMAP password" in missing.stderr + missing.stdout
 
@@ -80,9 +93,10 @@ def containers(podman) -> dict[str, dict]:
 
 
 @pytest.mark.timeout(900)
-def test_up_and_down_with_the_local_kafka_profile(podman, image, standins) -> None:
-    env = {"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "not-used-here"}
-    up = compose(podman, "--profile", "local-kafka", "up", "-d", env=env)
+def test_up_and_down_with_the_local_kafka_profile(podman, image, standins, tmp_path) -> None:
+    env_file = tmp_path / "mailtap.env"
+    env_file.write_text("MAILTAP__IMAP__ACCOUNTS__0__PASSWORD=not-used-here\n")
+    up = compose(podman, "--env-file", str(env_file), "--profile", "local-kafka", "up", "-d")
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         assert set(containers(podman)) >= {
@@ -107,7 +121,9 @@ def test_up_and_down_with_the_local_kafka_profile(podman, image, standins) -> No
         topics = podman.run("inspect", containers(podman)["topics"]["Id"]).stdout
         assert json.loads(topics)[0]["State"]["ExitCode"] == 0, logs(podman)
     finally:
-        down = compose(podman, "--profile", "local-kafka", "down", "-v", env=env)
+        down = compose(
+            podman, "--env-file", str(env_file), "--profile", "local-kafka", "down", "-v"
+        )
     assert down.returncode == 0, down.stderr[-2000:]
     assert containers(podman) == {}
 

@@ -20,8 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S_BASE = ROOT / "deploy" / "k8s" / "base"
-#: Values for the compose variables a user must set (the ones with ``:?``).
-COMPOSE_REQUIRED = {"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "imap-secret"}
+#: Values for the compose variables a user must set (the ones with ``:?``, and the EWS password
+#: of --profile ews, without which ews-source stops at start).
+COMPOSE_REQUIRED = {
+    "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "imap-secret",
+    "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": "ews-secret",
+}
 
 _VAR = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 

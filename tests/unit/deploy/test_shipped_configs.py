@@ -31,7 +31,12 @@ def config_check(path: Path, component: str, env: dict[str, str]) -> tuple[int, 
 
 
 def test_compose_runs_every_long_running_component() -> None:
-    assert {s["command"][1] for s in SERVICES.values()} == {"imap-source", "streams", "smtp-sink"}
+    assert {s["command"][1] for s in SERVICES.values()} == {
+        "imap-source",
+        "ews-source",
+        "streams",
+        "smtp-sink",
+    }
 
 
 @pytest.mark.parametrize("name", sorted(SERVICES))
@@ -68,7 +73,8 @@ def test_compose_broker_and_registry_only_in_the_local_kafka_profile() -> None:
     services = deploy.compose_services()
     assert services["kafka"]["profiles"] == ["local-kafka"]
     assert services["schema-registry"]["profiles"] == ["local-kafka"]
-    assert all("profiles" not in s and "depends_on" not in s for s in SERVICES.values())
+    assert all("depends_on" not in s for s in SERVICES.values())
+    assert {n for n, s in SERVICES.items() if "profiles" in s} == {"ews-source"}
 
 
 def test_compose_config_alone_names_its_components(tmp_path: Path) -> None:
