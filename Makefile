@@ -44,5 +44,5 @@ image:
 # The shipped deployment files, run: the image, each component in a container against the test
 # services, the compose file (with the local-kafka profile), the Kubernetes manifests
 # (kubernetes-validate, podman kube play). Skips, saying why, where podman cannot run.
-deploy-test: venv
+deploy-test: venv registry
 	$(PYTHON) -m pytest tests/deploy $(PYTEST_FLAGS)
