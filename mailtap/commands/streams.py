@@ -6,7 +6,7 @@ import logging
 from typing import cast
 
 from connectors.core.claimcheck import open_configured
-from connectors.core.config import load_config
+from connectors.core.config import MailtapConfig, load_config
 from connectors.core.metrics import HealthServer, SourceMetrics
 from mailtap.commands.streams_health import HEARTBEAT_SECONDS, StreamsHealth
 from streams.app import StreamsWorker, events_partitions
@@ -32,9 +32,12 @@ def build_worker(config_path: str) -> StreamsWorker:
 
 
 def run_streams(config_path: str) -> None:
-    """Run until SIGTERM/SIGINT, with /healthz and /metrics on ``health.host:port``."""
+    """Run until SIGTERM/SIGINT; with a ``health`` section, /healthz and /metrics too."""
     cfg = load_config(config_path)
     worker = build_worker(config_path)
+    if not serves_health(cfg):
+        worker.run()
+        return
     health = StreamsHealth(cfg.kafka.topics.events)
 
     async def report() -> None:
@@ -49,3 +52,9 @@ def run_streams(config_path: str) -> None:
         worker.run()
     finally:
         server.stop()
+
+
+def serves_health(cfg: MailtapConfig) -> bool:
+    """Only a file with a ``health:`` section (or MAILTAP__HEALTH__*) opens the port: the worker
+    served none before, and files without one may run several workers on one host."""
+    return "health" in cfg.model_fields_set
