@@ -17,6 +17,9 @@ import yaml
 
 from tests.deploy.containers import free_port, healthz
 from tests.deploy.test_components import component_env
+from tests.ews_server.fixture import PASSWORD as EWS_PASSWORD
+from tests.ews_server.fixture import USER as EWS_USER
+from tests.ews_server.fixture import fast_server
 from tests.support import deploy
 
 VERSIONS = ("1.29", "1.37")  # an older supported minor and the newest bundled schemas
@@ -55,10 +58,7 @@ def validate(*files: Path, version: str) -> subprocess.CompletedProcess[str]:
 def test_manifests_pass_strict_schema_validation(version: str, tmp_path: Path) -> None:
     secret = tmp_path / "secret.yaml"
     secret.write_text(yaml.safe_dump(secret_manifest()))
-    files = [
-        deploy.K8S_BASE / r
-        for r in yaml.safe_load((deploy.K8S_BASE / "kustomization.yaml").read_text())["resources"]
-    ]
+    files = deploy.k8s_files()  # the base and the optional components
     overlay = deploy.ROOT / "deploy" / "k8s" / "overlays" / "example"
     result = validate(*files, overlay / "namespace.yaml", secret, version=version)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -86,7 +86,7 @@ def test_image_matches_the_manifests(podman, image) -> None:
 
 
 def local_manifests(
-    image: str, env: dict[str, str], ports: dict[str, int], configmap: str
+    image: str, env: dict[str, str], ports: dict[str, int], suffix: str
 ) -> list[dict]:
     """The base manifests as they run on this machine: the local image, the host's network (the
     test services are on the loopback), the Secret's values inline (podman 4.3 panics on Secret
@@ -99,7 +99,7 @@ def local_manifests(
         doc = copy.deepcopy(doc)
         if doc["kind"] == "ConfigMap":
             # podman keeps a ConfigMap as a named volume after --down: a name of this run only.
-            doc["metadata"]["name"] = configmap
+            doc["metadata"]["name"] += suffix
         if doc["kind"] == "Deployment":
             component = deploy.deployment_component(doc)
             pod = doc["spec"]["template"]["spec"]
@@ -116,7 +116,7 @@ def local_manifests(
                 container.pop(probe)
             for volume in pod["volumes"]:
                 if "configMap" in volume:
-                    volume["configMap"]["name"] = configmap
+                    volume["configMap"]["name"] += suffix
             container.pop("ports")  # host network: no port mappings (podman refuses them)
         docs.append(doc)
     return docs
@@ -126,6 +126,11 @@ def local_manifests(
 def test_kube_play_runs_each_deployment_without_restarts(
     podman, image, services, unique, imap_account, tmp_path
 ):
+    with fast_server() as ews:  # the Exchange source's mailbox (deploy/k8s/components)
+        kube_play(podman, image, services, unique, imap_account, tmp_path, ews.url)
+
+
+def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: str) -> None:
     env = {
         **component_env(services, unique, imap_account),
         "MAILTAP__KAFKA__SECURITY_PROTOCOL": "PLAINTEXT",
@@ -134,11 +139,17 @@ def test_kube_play_runs_each_deployment_without_restarts(
         "MAILTAP__CLAIM_CHECK__URL": "file:///var/lib/mailtap/claims",
         "MAILTAP__SMTP__USERNAME": "null",
         "MAILTAP__SMTP__PASSWORD": "null",
+        "MAILTAP__EWS__ACCOUNTS__0__SERVICE_ENDPOINT": ews_url,
+        "MAILTAP__EWS__ACCOUNTS__0__EMAIL": EWS_USER,
+        "MAILTAP__EWS__ACCOUNTS__0__AUTH": "basic",
+        "MAILTAP__EWS__ACCOUNTS__0__USERNAME": EWS_USER,
+        "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": EWS_PASSWORD,
     }
-    ports = {d: free_port() for d in ("imap-source", "streams", "smtp-sink")}
+    deployments = [deploy.deployment_component(d) for d in deploy.k8s_kind("Deployment")]
+    ports = {d: free_port() for d in deployments}
     play = tmp_path / "play.yaml"
-    configmap = f"mailtap-config-{unique}"
-    play.write_text(yaml.safe_dump_all(local_manifests(image, env, ports, configmap)))
+    suffix = f"-{unique}"
+    play.write_text(yaml.safe_dump_all(local_manifests(image, env, ports, suffix)))
     # The topics first, as in deploy/README.md (a Job or an admin does it on a real cluster).
     config = tmp_path / "mailtap.yaml"
     config.write_text(deploy.configmap_config())
@@ -170,7 +181,7 @@ def test_kube_play_runs_each_deployment_without_restarts(
             for c in containers
             if any(n.startswith("mailtap-") for n in c["Names"]) and not c.get("IsInfra")
         ]
-        assert len(ours) == 3, [c["Names"] for c in ours]
+        assert len(ours) == len(deployments), [c["Names"] for c in ours]
         for container in ours:
             inspect = json.loads(podman.run("inspect", container["Id"]).stdout)[0]
             assert inspect["State"]["Status"] == "running", (container["Names"], pod_logs(podman))
@@ -178,7 +189,9 @@ def test_kube_play_runs_each_deployment_without_restarts(
         assert all(healthz(p)[0] == 200 for p in ports.values())
     finally:
         podman.run("kube", "play", "--down", str(play), check=False, timeout=120)
-        podman.run("volume", "rm", "--force", configmap, check=False)
+        for configmap in deploy.k8s_kind("ConfigMap"):
+            name = configmap["metadata"]["name"] + suffix
+            podman.run("volume", "rm", "--force", name, check=False)
 
 
 def pod_logs(podman) -> str:

@@ -82,12 +82,23 @@ def compose_config_file(service: Mapping[str, Any]) -> Path:
     raise AssertionError(f"nothing is mounted at {target}")
 
 
+K8S_COMPONENTS = ROOT / "deploy" / "k8s" / "components"
+
+
+def k8s_files() -> list[Path]:
+    """The manifests of the kustomize base and of every optional component, in resources order."""
+    files: list[Path] = []
+    for folder in (K8S_BASE, *sorted(p for p in K8S_COMPONENTS.iterdir() if p.is_dir())):
+        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        files += [folder / resource for resource in kustomization["resources"]]
+    return files
+
+
 def k8s_documents() -> list[dict[str, Any]]:
-    """Every manifest of the kustomize base, in its resources order."""
-    kustomization = yaml.safe_load((K8S_BASE / "kustomization.yaml").read_text())
+    """Every manifest of :func:`k8s_files`."""
     docs: list[dict[str, Any]] = []
-    for resource in kustomization["resources"]:
-        docs += [d for d in yaml.safe_load_all((K8S_BASE / resource).read_text()) if d]
+    for file in k8s_files():
+        docs += [d for d in yaml.safe_load_all(file.read_text()) if d]
     return docs
 
 
@@ -124,10 +135,17 @@ def secret_keys_example() -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
-def configmap_config() -> str:
-    (configmap,) = k8s_kind("ConfigMap")
+def configmap_config(name: str = "mailtap-config") -> str:
+    (configmap,) = [c for c in k8s_kind("ConfigMap") if c["metadata"]["name"] == name]
     text: str = configmap["data"]["mailtap.yaml"]
     return text
+
+
+def deployment_configmap(deployment: Mapping[str, Any]) -> str:
+    """The name of the ConfigMap a Deployment mounts as its config."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    name: str = volumes["config"]["configMap"]["name"]
+    return name
 
 
 def dockerfile_user() -> str:
