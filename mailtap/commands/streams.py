@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 from connectors.core.claimcheck import open_configured
-from connectors.core.config import load_config
+from connectors.core.config import MailtapConfig, load_config
+from connectors.core.metrics import HealthServer, SourceMetrics
+from mailtap.commands.streams_health import HEARTBEAT_SECONDS, StreamsHealth
 from streams.app import StreamsWorker, events_partitions
 from streams.config import StreamsSettings
 
@@ -29,5 +32,29 @@ def build_worker(config_path: str) -> StreamsWorker:
 
 
 def run_streams(config_path: str) -> None:
-    """Run until SIGTERM/SIGINT."""
-    build_worker(config_path).run()
+    """Run until SIGTERM/SIGINT; with a ``health`` section, /healthz and /metrics too."""
+    cfg = load_config(config_path)
+    worker = build_worker(config_path)
+    if not serves_health(cfg):
+        worker.run()
+        return
+    health = StreamsHealth(cfg.kafka.topics.events)
+
+    async def report() -> None:
+        health.observe(worker.app)
+
+    worker.app.timer(HEARTBEAT_SECONDS)(report)
+    h = cfg.health
+    # HealthServer only uses .registry and .health(max_age), which StreamsHealth provides.
+    server = HealthServer(cast(SourceMetrics, health), h.host, h.port, h.max_sync_age_seconds)
+    server.start()
+    try:
+        worker.run()
+    finally:
+        server.stop()
+
+
+def serves_health(cfg: MailtapConfig) -> bool:
+    """Only a file with a ``health:`` section (or MAILTAP__HEALTH__*) opens the port: the worker
+    served none before, and files without one may run several workers on one host."""
+    return "health" in cfg.model_fields_set
