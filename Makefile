@@ -15,8 +15,10 @@ venv:
 # The Apicurio registry (built with Maven, cached) lets the Confluent wire-format tests run
 # against a real registry, not only against confluent-kafka's mock.
 # S3Proxy (resolved with Maven, cached) is the S3-compatible server of the S3 claim-check tests.
+# One pytest session for everything, the deployment tests (tests/deploy) included, so that the
+# whole suite shares one Kafka broker, one Dovecot and one SMTP server.
 test: venv registry s3proxy
-	$(PYTHON) -m pytest tests --ignore=tests/deploy $(PYTEST_FLAGS)
+	$(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
 demo: venv
 	$(VENV)/bin/mailtap demo
