@@ -13,14 +13,17 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
+from connectors.core.kafka import producer_config
 from connectors.core.mail import parse_mail
 from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
 from tests.ews_server import EwsTestServer
@@ -334,3 +337,43 @@ def test_no_credential_in_any_log_line_even_at_debug(
     assert "streaming" in caplog.text.lower() or "ews" in caplog.text.lower()
     basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     assert basic not in caplog.text and PASSWORD not in caplog.text
+
+
+def test_an_error_after_a_commit_keeps_the_cursor_instead_of_reading_a_lagging_one(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """A read_committed read of the offsets topic ends at its last stable offset, before this
+    source's own newest commits: for a moment after each commit (the broker writes the markers
+    after answering the commit), and while another source holds a transaction open on that one
+    shared partition (held open here, as a crashed instance's is until it times out). A GetItem
+    error must not send the source back to that read: it would find no cursor, start over at
+    ``latest``, take the new mail for one already there, and never publish it."""
+    other = Producer(
+        producer_config(
+            kafka,
+            transactional_id=f"other-source-{uuid.uuid4().hex[:8]}",
+            transaction_timeout_ms=180_000,  # stays open for the whole test
+        )
+    )
+    other.init_transactions(30)
+    other.begin_transaction()
+    other.produce(kafka.topics.offsets, key=b'{"account":"other"}', value=b"{}")
+    other.flush(30)
+    try:
+        cfg = config_from_dict(
+            source_config(kafka, ews, tmp_path / "claims", account={"start": "latest"})
+        )
+        src = EwsSource.from_config(cfg, serve_health=False)
+        src.start()
+        try:
+            assert ews.wait_until(lambda: streaming(ews), WAIT_S)
+            # Not a connection loss (EwsProtocolError): the path that used to re-read the cursor.
+            ews.fail_requests(1, operation="GetItem", soap_code="ErrorCorruptData")
+            ews.deliver(USER, mime(1))
+            assert ews.wait_until(lambda: published(src) == 1, WAIT_S)
+        finally:
+            src.stop()
+    finally:
+        other.abort_transaction(30)
+    assert next(r.status for r in ews.requests if r.operation == "GetItem") != 200  # fault hit
+    assert [k for k, _ in read_events(kafka)] == [imap_key(mime(1))]
