@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
-from confluent_kafka.admin import OffsetSpec
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import admin_client, consumer_config
+from connectors.core.kafka import consumer_config
+from connectors.core.offsets import wait_transactions_settled
 from connectors.core.serde import AvroSerde
 from tests.ews_server import EwsTestServer
 from tests.ews_server.fixture import PASSWORD, USER
@@ -23,7 +22,6 @@ __all__ = [
     "read_events",
     "read_topic",
     "source_config",
-    "wait_settled",
 ]
 
 ACCOUNT = "ops"
@@ -63,39 +61,14 @@ def source_config(
     }
 
 
-def wait_settled(kafka: KafkaSettings, topic: str, timeout: float = SETTLE_S) -> None:
-    """Wait until every transaction that has records on ``topic`` now has ended (committed or
-    aborted): until the read_committed end (the LSO) of each partition reaches the end a
-    read_uncommitted reader sees now."""
-    admin = admin_client(kafka)
-    parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
-    tps = [TopicPartition(topic, p) for p in parts]
-
-    def ends(level: IsolationLevel) -> dict[int, int]:
-        answers = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=level)
-        return {tp.partition: future.result().offset for tp, future in answers.items()}
-
-    target = ends(IsolationLevel.READ_UNCOMMITTED)
-    deadline = time.monotonic() + timeout
-    while True:
-        stable = ends(IsolationLevel.READ_COMMITTED)
-        if all(stable[p] >= end for p, end in target.items()):
-            return
-        assert time.monotonic() < deadline, (
-            f"transactions on {topic} still open after {timeout:.0f}s: "
-            f"last stable offsets {stable}, ends {target}"
-        )
-        time.sleep(0.05)
-
-
 def read_topic(
     kafka: KafkaSettings, topic: str, isolation: str = "read_committed", *, settled: bool = True
 ) -> list[tuple[bytes, bytes | None]]:
     """Every (key, value) of ``topic`` up to its end. read_committed waits for the transactions
-    open on the topic to end first (:func:`wait_settled`); ``settled=False`` reads what is
-    committed now (a test that leaves a crashed writer's transaction open on purpose)."""
+    open on the topic to end first (``wait_transactions_settled``); ``settled=False`` reads what
+    is committed now (a test that leaves a crashed writer's transaction open on purpose)."""
     if isolation == "read_committed" and settled:
-        wait_settled(kafka, topic)
+        wait_transactions_settled(kafka, topic, SETTLE_S)
     consumer = Consumer(
         consumer_config(
             kafka,

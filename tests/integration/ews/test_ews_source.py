@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -346,8 +347,14 @@ def test_an_error_after_a_commit_keeps_the_cursor_instead_of_reading_a_lagging_o
     source's own newest commits: for a moment after each commit (the broker writes the markers
     after answering the commit), and while another source holds a transaction open on that one
     shared partition (held open here, as a crashed instance's is until it times out). A GetItem
-    error must not send the source back to that read: it would find no cursor, start over at
-    ``latest``, take the new mail for one already there, and never publish it."""
+    error must not send the source back to that read: it would resume from an older cursor and
+    publish again what the newer one had (and with no cursor at all, ``start: latest`` would
+    take new mail for mail already there and never publish it)."""
+    cfg = config_from_dict(
+        source_config(kafka, ews, tmp_path / "claims", account={"start": "latest"})
+    )
+    src = EwsSource.from_config(cfg, serve_health=False)
+    src.start()
     other = Producer(
         producer_config(
             kafka,
@@ -355,25 +362,68 @@ def test_an_error_after_a_commit_keeps_the_cursor_instead_of_reading_a_lagging_o
             transaction_timeout_ms=180_000,  # stays open for the whole test
         )
     )
-    other.init_transactions(30)
-    other.begin_transaction()
-    other.produce(kafka.topics.offsets, key=b'{"account":"other"}', value=b"{}")
-    other.flush(30)
     try:
-        cfg = config_from_dict(
-            source_config(kafka, ews, tmp_path / "claims", account={"start": "latest"})
-        )
-        src = EwsSource.from_config(cfg, serve_health=False)
-        src.start()
-        try:
-            assert ews.wait_until(lambda: streaming(ews), WAIT_S)
-            # Not a connection loss (EwsProtocolError): the path that used to re-read the cursor.
-            ews.fail_requests(1, operation="GetItem", soap_code="ErrorCorruptData")
-            ews.deliver(USER, mime(1))
-            assert ews.wait_until(lambda: published(src) == 1, WAIT_S)
-        finally:
-            src.stop()
+        assert ews.wait_until(lambda: streaming(ews), WAIT_S)  # first cursor committed
+        other.init_transactions(30)
+        other.begin_transaction()
+        other.produce(kafka.topics.offsets, key=b'{"account":"other"}', value=b"{}")
+        other.flush(30)
+        ews.deliver(USER, mime(1))
+        assert ews.wait_until(lambda: published(src) == 1, WAIT_S)  # its cursor: behind
+        # Not a connection loss (EwsProtocolError): the path that used to re-read the cursor.
+        ews.fail_requests(1, operation="GetItem", soap_code="ErrorCorruptData")
+        ews.deliver(USER, mime(2))
+        assert ews.wait_until(lambda: published(src) >= 2 and streaming(ews), WAIT_S)
     finally:
+        src.stop()
         other.abort_transaction(30)
-    assert next(r.status for r in ews.requests if r.operation == "GetItem") != 200  # fault hit
-    assert [k for k, _ in read_events(kafka)] == [imap_key(mime(1))]
+    assert [r.status for r in ews.requests if r.operation == "GetItem"].count(503) == 1
+    keys = [k for k, _ in read_events(kafka)]
+    assert sorted(keys) == sorted([imap_key(mime(1)), imap_key(mime(2))])
+
+
+def test_a_restart_behind_another_sources_open_transaction_resumes_from_its_newest_cursor(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """The first run's newest cursor is committed behind another source's open transaction on
+    the shared offsets topic (a crashed instance's stays open until it times out). A restart
+    whose read ends at the last stable offset resumes from an older cursor and publishes again
+    what the newer one had (with no cursor at all, ``start: latest`` would even skip the mail
+    that arrived meanwhile). The restart must wait for that transaction to end."""
+    cfg = config_from_dict(
+        source_config(kafka, ews, tmp_path / "claims", account={"start": "latest"})
+    )
+    first = EwsSource.from_config(cfg, serve_health=False)
+    first.start()
+    other = Producer(
+        producer_config(
+            kafka,
+            transactional_id=f"other-source-{uuid.uuid4().hex[:8]}",
+            transaction_timeout_ms=180_000,
+        )
+    )
+    try:
+        assert ews.wait_until(lambda: streaming(ews), WAIT_S)  # first cursor committed
+        other.init_transactions(30)
+        other.begin_transaction()
+        other.produce(kafka.topics.offsets, key=b'{"account":"other"}', value=b"{}")
+        other.flush(30)
+        ews.deliver(USER, mime(1))
+        assert ews.wait_until(lambda: published(first) == 1, WAIT_S)  # its cursor: behind
+    finally:
+        first.stop()
+    ews.deliver(USER, mime(2))  # while the source is down: its subscription queues the event
+
+    # The other source's transaction ends a little after the restart began reading.
+    ending = threading.Timer(2.0, other.commit_transaction, args=(30,))
+    ending.start()
+    second = EwsSource.from_config(cfg, serve_health=False)
+    second.start()
+    try:
+        assert ews.wait_until(lambda: published(second) >= 1 and streaming(ews), WAIT_S)
+    finally:
+        second.stop()
+        ending.join()
+    keys = [k for k, _ in read_events(kafka)]
+    assert sorted(keys) == sorted([imap_key(mime(1)), imap_key(mime(2))])
+    assert published(second) == 1
