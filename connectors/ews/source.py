@@ -100,7 +100,8 @@ class EwsSource:
             metrics=self.metrics,
             stop=self.stop_event,
             writer_factory=writer_factory,
-            read_offsets=lambda: OffsetStore(kafka).read_all(),
+            # Settled: a cursor committed behind another source's open transaction counts.
+            read_offsets=lambda: OffsetStore(kafka).read_all(settled=True),
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
             transactional_id=transactional_id(
                 TRANSACTIONAL_ID_PREFIX, source_partition(account.name, folder)
