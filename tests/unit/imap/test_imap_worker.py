@@ -173,6 +173,34 @@ def test_a_session_walks_the_diagram_and_publishes_in_batches_with_the_cursor() 
     assert writer.last_offset["uidvalidity"] == 100 and writer.last_offset["highestmodseq"] == 8
 
 
+def test_mail_arriving_during_a_sync_is_published_before_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real server announces it in the sync's own answers (EXISTS among FETCH responses), so
+    # the IDLE that follows would not: the worker must look again before it idles.
+    server = filled(7)
+    fetch = FakeConnection.fetch
+
+    def fetch_while_mail_arrives(self: FakeConnection, uids: Sequence[int]) -> list[FetchedMail]:
+        if server.uidnext["INBOX"] == 8:
+            server.append(b"late\r\n\r\nbody")
+        return fetch(self, uids)
+
+    idle = FakeConnection.idle_until
+    published_at_idle: list[int] = []
+
+    def idle_until(self: FakeConnection, *args: Any) -> Any:
+        published_at_idle.append(len(events(writer)))
+        return idle(self, *args)
+
+    monkeypatch.setattr(FakeConnection, "fetch", fetch_while_mail_arrives)
+    monkeypatch.setattr(FakeConnection, "idle_until", idle_until)
+    worker, writer, _ = make_worker(server)
+    worker.run()
+    assert published_at_idle == [8]
+    assert writer.last_offset["last_uid"] == 8
+
+
 def test_a_restart_from_the_stored_cursor_publishes_nothing_again() -> None:
     server = filled(4)
     first, writer, _ = make_worker(server)
