@@ -60,6 +60,7 @@ def _descendants(root: int) -> set[int]:
 def test_kill_9_early_leaves_no_parse_process_and_no_resource_tracker(
     imap: ImapHarness,
 ) -> None:
+    imap.account_name = f"orphans-{imap.unique}"  # no shared transactional id (see the harness)
     config = imap.write_config(parse_workers=2)
     rng = random.Random()
     plans = [("random", rng.uniform(0.0, 4.0)) for _ in range(RANDOM_KILLS)]
