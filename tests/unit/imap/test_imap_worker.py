@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -199,6 +200,29 @@ def test_mail_arriving_during_a_sync_is_published_before_idle(
     worker.run()
     assert published_at_idle == [8]
     assert writer.last_offset["last_uid"] == 8
+
+
+def test_a_missing_folder_is_said_once_then_read_once_it_exists(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = FakeServer(folders={}, uidnext={})
+
+    class FolderCreatedLater(CountingStop):
+        def wait(self, timeout: float | None = None) -> bool:
+            if len(self.delays) == 4:  # four looks at the backoff cap's pace, then it is back
+                server.folders["INBOX"], server.uidnext["INBOX"] = {}, 1
+                server.append(b"m\r\n\r\nbody")
+            return super().wait(timeout)
+
+    caplog.set_level(logging.INFO)
+    worker, writer, stop = make_worker(server, stop=FolderCreatedLater())
+    worker.run()
+    said = [r for r in caplog.records if "folder does not exist on the server" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR
+    assert stop.delays[:4] == [worker.settings.backoff_cap_seconds] * 4
+    assert "the folder exists again" in caplog.text
+    assert [e["change"] for e in events(writer)] == ["ADDED"]
+    assert worker.machine.history[-3:] == [S.SYNCING, S.IDLE, S.STOPPED]
 
 
 def test_a_restart_from_the_stored_cursor_publishes_nothing_again() -> None:
