@@ -266,11 +266,12 @@ class MailboxWorker:
             )
         full = True
         self._last_catchup = time.monotonic()
+        round_mails = 0  # of the syncs since the last IDLE: what the metric calls the last sync
         while not self.stop.is_set():
             self.machine.to(S.SYNCING)
             self._changed_by_us = False
-            mails = self._sync(conn, reconcile=full)
-            self.metrics.synced(*self._labels, mails=mails)
+            round_mails += self._sync(conn, reconcile=full)
+            self.metrics.synced(*self._labels, mails=round_mails)
             self.backoff.reset()
             if self._changed_by_us or not self._settled:
                 # Our own STORE is not announced to our own IDLE (RFC 3501 7.4.2 answers it on
@@ -279,6 +280,7 @@ class MailboxWorker:
                 # announce it again: sync again at once, until a sync finds nothing new.
                 full = False
                 continue
+            round_mails = 0
             full = self._wait(conn)
 
     def _await_folder(self, conn: ImapConnection, missing: FolderMissing) -> None:
