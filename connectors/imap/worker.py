@@ -53,7 +53,7 @@ from connectors.imap.cursor import (
     source_partition,
     split_by_bytes,
 )
-from connectors.imap.errors import ConnectionLost, ImapProtocolError
+from connectors.imap.errors import ConnectionLost, FolderMissing, ImapProtocolError
 from connectors.imap.index import AccountIndex
 from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, Placement, RecordBuilder
 from connectors.imap.state import StateMachine, WorkerState
@@ -177,6 +177,10 @@ class MailboxWorker:
         self._conn: ImapConnection | None = None
         self._reload_cursor = True
         self._last_catchup = 0.0
+        #: False when the last sync may have left something unpublished (see ``_session``).
+        self._settled = False
+        #: The folder was found missing and said so; cleared once it exists again.
+        self._missing_reported = False
         self._labels = (SOURCE_KIND, account.name, folder)
 
     # --- thread body ---------------------------------------------------------------------------
@@ -257,21 +261,57 @@ class MailboxWorker:
         conn.login()
         conn.enable_condstore()
         self.machine.to(S.SELECTING)
-        self._select(conn)
+        try:
+            self._select(conn)
+        except FolderMissing as exc:
+            self._await_folder(conn, exc)
+            return  # it exists again: a new session selects it
+        if self._missing_reported:
+            self._missing_reported = False
+            log.info(
+                "imap %s/%s: the folder exists again; reading it", self.account.name, self.folder
+            )
         full = True
         self._last_catchup = time.monotonic()
+        round_mails = 0  # of the syncs since the last IDLE: what the metric calls the last sync
         while not self.stop.is_set():
             self.machine.to(S.SYNCING)
             self._changed_by_us = False
-            mails = self._sync(conn, reconcile=full)
-            self.metrics.synced(*self._labels, mails=mails)
+            round_mails += self._sync(conn, reconcile=full)
+            self.metrics.synced(*self._labels, mails=round_mails)
             self.backoff.reset()
-            if self._changed_by_us:
+            if self._changed_by_us or not self._settled:
                 # Our own STORE is not announced to our own IDLE (RFC 3501 7.4.2 answers it on
-                # the STORE): sync again at once so the flag change is published now.
+                # the STORE), and mail that arrived during the sync was announced by the
+                # sync's own commands (an EXISTS among the FETCH answers), so IDLE will not
+                # announce it again: sync again at once, until a sync finds nothing new.
                 full = False
                 continue
+            round_mails = 0
             full = self._wait(conn)
+
+    def _await_folder(self, conn: ImapConnection, missing: FolderMissing) -> None:
+        """The folder is gone (or was never created): say so once, then look for it at the
+        backoff cap's pace, on this connection, until it exists again or the source stops.
+        The account's other folders have their own workers and go on."""
+        cap = self.settings.backoff_cap_seconds
+        self.last_error = missing
+        self.machine.to(S.BACKOFF, f"{missing}; looking again every {cap:.0f}s")
+        if not self._missing_reported:
+            self._missing_reported = True
+            log.error(
+                "imap %s/%s: the folder does not exist on the server (deleted or renamed?). "
+                "Nothing is read from it until it exists again (checked every %.0f s); the "
+                "account's other folders go on. Create it again, or remove it from "
+                "imap.accounts[].folders.",
+                self.account.name,
+                self.folder,
+                cap,
+            )
+        while not self.stop.wait(cap):
+            if conn.folder_exists(self.folder):
+                self._drop_connection()
+                return
 
     def _select(self, conn: ImapConnection) -> None:
         readonly = self.account.after_commit == "none"
@@ -323,7 +363,11 @@ class MailboxWorker:
         catchup_due = self._last_catchup + self.settings.catchup_poll_seconds
         if self.account.mode == "idle" and conn.supports_idle:
             self.machine.to(S.IDLE)
-            deadline = min(now + self.settings.idle_renew_seconds, catchup_due)
+            # Dovecot tells an IDLE session neither a UIDVALIDITY change nor a deleted folder;
+            # it answers the next command with BYE. The light sync after this IDLE period
+            # (NOOP + STATUS) is that command.
+            period = min(self.settings.idle_renew_seconds, self.settings.uidvalidity_check_seconds)
+            deadline = min(now + period, catchup_due)
             outcome = conn.idle_until(deadline, self._interrupted, IDLE_SLICE_S)
             expunged = outcome.expunged or outcome.other
         else:
@@ -359,6 +403,13 @@ class MailboxWorker:
             )
         mails = 0
         hms = status.highestmodseq
+        # Nothing new at STATUS and no further command that could carry an EXISTS: IDLE will
+        # announce whatever comes next.
+        self._settled = (
+            not reconcile
+            and status.uidnext - 1 <= self.cursor.last_uid
+            and (hms is None or not conn.condstore or hms <= self.cursor.highestmodseq)
+        )
         if hms is not None and conn.condstore:
             mails += self._sync_changes(conn, hms)
         if status.uidnext - 1 > self.cursor.last_uid:

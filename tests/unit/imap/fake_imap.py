@@ -18,7 +18,7 @@ from connectors.imap.connection import (
     IdleOutcome,
     MovedTo,
 )
-from connectors.imap.errors import ImapProtocolError
+from connectors.imap.errors import FolderMissing, ImapProtocolError
 from connectors.imap.uidset import UidSet
 
 
@@ -85,6 +85,8 @@ class FakeConnection:
         return True
 
     def select(self, folder: str, readonly: bool = False) -> FolderStatus:
+        if not self.folder_exists(folder):
+            raise FolderMissing(f"folder {folder} does not exist on the server")
         self.folder = folder
         s = self.server
         return FolderStatus(s.uidvalidity, s.uidnext[folder], s.modseq, len(s.folders[folder]))
@@ -143,6 +145,9 @@ class FakeConnection:
 
     def message_ids_in(self, folder: str, message_ids: Sequence[str]) -> set[str]:
         return set()
+
+    def folder_exists(self, folder: str) -> bool:
+        return folder in self.server.folders
 
     def create_folder(self, folder: str) -> None:
         self.server.folders.setdefault(folder, {})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -171,6 +172,57 @@ def test_a_session_walks_the_diagram_and_publishes_in_batches_with_the_cursor() 
     assert [o[0]["last_uid"] for _, o in writer.transactions] == [0, 3, 6, 7]
     assert [e["change"] for e in events(writer)] == ["ADDED"] * 7
     assert writer.last_offset["uidvalidity"] == 100 and writer.last_offset["highestmodseq"] == 8
+
+
+def test_mail_arriving_during_a_sync_is_published_before_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real server announces it in the sync's own answers (EXISTS among FETCH responses), so
+    # the IDLE that follows would not: the worker must look again before it idles.
+    server = filled(7)
+    fetch = FakeConnection.fetch
+
+    def fetch_while_mail_arrives(self: FakeConnection, uids: Sequence[int]) -> list[FetchedMail]:
+        if server.uidnext["INBOX"] == 8:
+            server.append(b"late\r\n\r\nbody")
+        return fetch(self, uids)
+
+    idle = FakeConnection.idle_until
+    published_at_idle: list[int] = []
+
+    def idle_until(self: FakeConnection, *args: Any) -> Any:
+        published_at_idle.append(len(events(writer)))
+        return idle(self, *args)
+
+    monkeypatch.setattr(FakeConnection, "fetch", fetch_while_mail_arrives)
+    monkeypatch.setattr(FakeConnection, "idle_until", idle_until)
+    worker, writer, _ = make_worker(server)
+    worker.run()
+    assert published_at_idle == [8]
+    assert writer.last_offset["last_uid"] == 8
+
+
+def test_a_missing_folder_is_said_once_then_read_once_it_exists(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = FakeServer(folders={}, uidnext={})
+
+    class FolderCreatedLater(CountingStop):
+        def wait(self, timeout: float | None = None) -> bool:
+            if len(self.delays) == 4:  # four looks at the backoff cap's pace, then it is back
+                server.folders["INBOX"], server.uidnext["INBOX"] = {}, 1
+                server.append(b"m\r\n\r\nbody")
+            return super().wait(timeout)
+
+    caplog.set_level(logging.INFO)
+    worker, writer, stop = make_worker(server, stop=FolderCreatedLater())
+    worker.run()
+    said = [r for r in caplog.records if "folder does not exist on the server" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR
+    assert stop.delays[:4] == [worker.settings.backoff_cap_seconds] * 4
+    assert "the folder exists again" in caplog.text
+    assert [e["change"] for e in events(writer)] == ["ADDED"]
+    assert worker.machine.history[-3:] == [S.SYNCING, S.IDLE, S.STOPPED]
 
 
 def test_a_restart_from_the_stored_cursor_publishes_nothing_again() -> None:
