@@ -130,15 +130,18 @@ def topic_encodings(
 
 
 def _watermarks(consumer: Consumer, tp: TopicPartition, timeout: float) -> tuple[int, int]:
-    """(low, high) of a partition; retried while its leader moves (a topic created or
-    reassigned a moment ago answers NOT_LEADER for a while)."""
+    """(low, high) of a partition; retried until ``timeout`` whatever the error: a topic created
+    or reassigned a moment ago answers NOT_LEADER or UNKNOWN_TOPIC_OR_PART for a while, and a
+    busy broker lets a single request time out (_TIMED_OUT, which librdkafka does not flag as
+    retriable) — none of them says anything about the topic's encoding."""
     deadline = time.monotonic() + timeout
+    attempt_timeout = max(1.0, timeout / 4)
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+            low, high = consumer.get_watermark_offsets(tp, timeout=attempt_timeout, cached=False)
             return int(low), int(high)
-        except KafkaException as exc:
-            if not exc.args[0].retriable() or time.monotonic() > deadline:
+        except KafkaException:
+            if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
 
