@@ -135,8 +135,15 @@ def ensure_topics(
 
     Returns ``{topic: "created" | "updated" | "ok"}``.
     """
+    return ensure_topic_specs(kafka, topic_specs(kafka, retry_tiers), timeout)
+
+
+def ensure_topic_specs(
+    kafka: KafkaSettings, specs: Iterable[TopicSpec], timeout: float = 30.0
+) -> dict[str, str]:
+    """:func:`ensure_topics` for any list of topics (e.g. the streams worker's changelogs)."""
     admin = admin_client(kafka)
-    specs = topic_specs(kafka, retry_tiers)
+    specs = list(specs)
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
