@@ -65,7 +65,7 @@ from connectors.smtp.state import ensure_state_topic, read_state
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
-#: Start and stop lines: shown at the default (WARNING) level too, see mailtap/logs.py.
+#: The start line: shown at the default (WARNING) level too, see mailtap/logs.py.
 lifecycle = logging.getLogger(f"mailtap.lifecycle.{__name__}")
 
 TEST_HOOK_ENV = "MAILTAP_SMTP_SINK_TEST_HOOK"
@@ -282,7 +282,8 @@ class SmtpSink:
         however large the batch. Each round is one transaction: the outcomes that came in and the
         intents of the commands taking the freed slots. It runs in a thread, so the other sessions
         keep sending meanwhile, and what finishes during it is recorded by the next round: groups
-        form by themselves, and an outcome waits for at most one transaction before its own.
+        form by themselves. Before its own transaction an outcome waits for at most the one in
+        progress and for the other replies, at most one commit's duration (MAX_GROUP_WAIT_S).
         The consumer offsets go with the last round, once the whole batch is recorded.
         """
         queue = deque(to_send)
