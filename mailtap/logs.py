@@ -19,6 +19,9 @@ from typing import Literal
 from pythonjsonlogger.json import JsonFormatter
 
 LogFormat = Literal["text", "json"]
+#: Parent of the loggers a long-running component uses for its start and stop lines
+#: (``mailtap.lifecycle.<module>``): logged at INFO, shown at the default WARNING level too.
+LIFECYCLE_LOGGER = "mailtap.lifecycle"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
@@ -38,3 +41,7 @@ def configure(level: int, fmt: LogFormat = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # A component that logs nothing at the default level cannot be told from one that never
+    # started: its start and stop lines show unless the level asked for is above WARNING.
+    lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
+    lifecycle.setLevel(min(level, logging.INFO) if level <= logging.WARNING else level)

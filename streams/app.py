@@ -15,8 +15,9 @@ command ids, which the SMTP sink absorbs; after 4 the dedupe table stops the rep
 ``exactly_once`` mode is not used (open rebalance bugs, PITFALLS.md).
 
 Tables (``memory://`` store, rebuilt from their changelog topics ``<app_id>-<name>-changelog``
-at start): ``runs`` (dedupe), ``rates`` (reply windows per sender and per recipient,
-``streams/README.md``), ``state`` (workflow state).
+at start, which :mod:`streams.changelogs` creates before faust starts): ``runs`` (dedupe),
+``rates`` (reply windows per sender and per recipient, ``streams/README.md``), ``state``
+(workflow state).
 They use the producer's partitioner (``use_partitioner=True``) because workflow state is keyed
 by thread or approval id, not by the mail key, and because the reminder timer writes outside any
 stream event. Consequence: run **one worker per app id** (all partitions on one process); a
@@ -45,6 +46,7 @@ from connectors.core.errors import ConfigError, DataError
 from connectors.core.kafka import admin_client
 from connectors.core.serde import AvroSerde
 from streams.auth import DnsFunc, RawLoader
+from streams.changelogs import ensure_changelog_topics
 from streams.config import StreamsSettings
 from streams.pipeline import SKIPPED, Outcome, Pipeline
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
@@ -292,13 +294,18 @@ class StreamsWorker:
             await asyncio.gather(*pending)
 
     def run(self, loglevel: str = "INFO") -> None:
-        """Run the worker until SIGTERM/SIGINT (blocking)."""
+        """Run the worker until SIGTERM/SIGINT (blocking).
+
+        The tables' changelog topics are created first (:mod:`streams.changelogs`): left to
+        faust, a fresh ``app_id`` could crash-loop on a broker slow to list them.
+        """
         # Fail at start, not at the first command: a topic of the other encoding, a registry
         # that refuses the schemas (connectors.core.encoding, connectors.core.schemaregistry).
         topics = self.kafka.topics
         check_topic_encodings(self.kafka, [topics.commands, topics.workflow])
         self.command_serde.prepare(topics.commands)
         self.workflow_serde.prepare(topics.workflow)
+        ensure_changelog_topics(self.app, self.kafka)
         worker = faust.Worker(self.app, loglevel=loglevel, redirect_stdouts=False)
         try:
             worker.execute_from_commandline()

@@ -138,8 +138,26 @@ def ensure_topics(
 
     Returns ``{topic: "created" | "updated" | "ok"}``.
     """
+    result = ensure_topic_specs(kafka, topic_specs(kafka, retry_tiers), timeout)
+    # Imported here: connectors.core.encoding reads the topics with this module's consumer config.
+    from connectors.core.encoding import avro_topics, check_topic_encodings
+
+    # Every component ensures the topics before it writes: the place to refuse a topic that
+    # holds the other encoding (one encoding per topic, DESIGN.md).
+    # Topics created just now are empty (and may have no partition leader yet): skip them.
+    existed = {name for name, state in result.items() if state != "created"}
+    check_topic_encodings(
+        kafka, [t for t in avro_topics(kafka, retry_tiers) if t in existed], timeout
+    )
+    return result
+
+
+def ensure_topic_specs(
+    kafka: KafkaSettings, specs: Iterable[TopicSpec], timeout: float = 30.0
+) -> dict[str, str]:
+    """:func:`ensure_topics` for any list of topics (e.g. the streams worker's changelogs)."""
     admin = admin_client(kafka)
-    specs = topic_specs(kafka, retry_tiers)
+    specs = list(specs)
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as exc:
@@ -196,14 +214,4 @@ def ensure_topics(
     for name, state in sorted(result.items()):
         if state != "ok":
             log.info("topic %s %s", name, state)
-    # Imported here: connectors.core.encoding reads the topics with this module's consumer config.
-    from connectors.core.encoding import avro_topics, check_topic_encodings
-
-    # Every component ensures the topics before it writes: the place to refuse a topic that
-    # holds the other encoding (one encoding per topic, DESIGN.md).
-    # Topics created just now are empty (and may have no partition leader yet): skip them.
-    existed = {s.name for s in present}
-    check_topic_encodings(
-        kafka, [t for t in avro_topics(kafka, retry_tiers) if t in existed], timeout
-    )
     return result

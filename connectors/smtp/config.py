@@ -105,7 +105,13 @@ class SmtpSinkSettings(BaseModel):
         default="2d", description="after this age (since created_at) a deferred command is FAILED"
     )
     max_attempts: int = Field(default=10, ge=1, description="attempts before FAILED + DLQ")
-    pool_size: int = Field(default=4, ge=1, le=100, description="connections (= concurrency)")
+    pool_size: int = Field(
+        default=4,
+        ge=1,
+        le=100,
+        description="connections (= concurrency); also the most mails a crash can leave UNKNOWN "
+        "(and resent)",
+    )
     rate: RateLimit | None = Field(default=None, description="relay-wide message rate")
     domain_rates: dict[str, RateLimit] = Field(
         default_factory=dict, description="per recipient domain; key '*' applies to every domain"
@@ -113,8 +119,9 @@ class SmtpSinkSettings(BaseModel):
     max_rate_wait: float = Field(
         default=10.0,
         ge=0,
-        description="a message whose rate-limit wait would be longer is DEFERRED to a retry "
-        "tier instead, so a throttled domain does not hold the whole batch",
+        description="a message that would still wait for the rate limit this many seconds "
+        "after its batch began is DEFERRED to a retry tier instead, so a throttled domain does "
+        "not hold the whole batch",
     )
     connect_timeout: float = Field(
         default=30.0, gt=0, description="TCP + TLS + greeting; RFC 5321 4.5.3.2 allows 5 min"
@@ -128,7 +135,12 @@ class SmtpSinkSettings(BaseModel):
         description="waiting for the reply to the final '.'; RFC 5321 4.5.3.2.6 suggests 10 min. "
         "Past it the outcome is UNKNOWN and the mail is resent with the same Message-ID",
     )
-    batch_size: int = Field(default=200, ge=1, description="commands per intent/outcome round")
+    batch_size: int = Field(
+        default=200,
+        ge=1,
+        description="commands consumed at once; each outcome is recorded as its reply comes in, "
+        "the batch's offsets once all are",
+    )
     max_message_bytes: int = Field(
         default=25_000_000, ge=1000, description="larger rendered messages are FAILED unsent"
     )

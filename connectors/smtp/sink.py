@@ -1,6 +1,6 @@
 """The SMTP sink: ReplyCommands in, mail out, a DeliveryEvent for every outcome.
 
-Lifecycle (one asyncio task; Kafka calls are short and made between SMTP rounds):
+Lifecycle (one asyncio task; the transactions of step 2c run in a worker thread meanwhile):
 
 1. start: create the state topic if missing, ``init_transactions()`` (aborts whatever a previous
    process with the same instance id left open), subscribe to
@@ -11,20 +11,22 @@ Lifecycle (one asyncio task; Kafka calls are short and made between SMTP rounds)
       due time -- other tiers and new commands keep flowing;
    b. drop what the state says is finished (DONE, SCHEDULED) or was already claimed in the batch;
       an INTENT left by a dead process becomes an UNKNOWN outcome and is rescheduled;
-   c. **intent transaction**: state INTENT (attempt, Message-ID, pending recipients) for each
-      command about to be sent, committed;
-   d. render and send concurrently (pool size = concurrency, rate limits per relay and domain);
+   c. send through ``pool_size`` slots (rate limits per relay and domain): a command takes a
+      slot with its state INTENT (attempt, Message-ID, pending recipients) committed, and gives
+      it back when its outcome is committed -- DeliveryEvents (one per recipient), the new
+      state, retry or DLQ records. Each round is one Kafka transaction holding the outcomes that
+      came in since the last round and the intents of the commands taking the freed slots;
       a RenderError is a FAILED outcome with its reason, and nothing is sent;
-   e. **outcome transaction**: DeliveryEvents (one per recipient), the new state, retry or DLQ
-      records, and the consumer offsets, in one Kafka transaction (KIP-447 style, fenced by the
-      consumer group generation).
+   d. the last round also commits the consumer offsets of the batch (KIP-447 style, fenced by
+      the consumer group generation).
 
-A crash between c and e leaves INTENT: on restart the record is consumed again (its offset was
-not committed) and the attempt is reported UNKNOWN and resent later with the same Message-ID.
-Everything before c is repeatable; everything after e is recorded.
+A crash leaves at most ``pool_size`` commands in INTENT: on restart their records are consumed
+again (the batch's offsets were not committed), each such attempt is reported UNKNOWN and resent
+later with the same Message-ID; the commands already recorded are skipped, the others are sent.
 
 Test hook: ``MAILTAP_SMTP_SINK_TEST_HOOK=kill_after_intent|kill_after_send`` makes the process
-SIGKILL itself at that point (after the first batch that gets there). Never set it in production.
+SIGKILL itself at that point: after the first intents are committed, or once every send in
+flight has its reply and before those outcomes are recorded. Never set it in production.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import logging
 import os
 import signal
 import socket
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
@@ -61,11 +65,16 @@ from connectors.smtp.state import ensure_state_topic, read_state
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
+#: The start line: shown at the default (WARNING) level too, see mailtap/logs.py.
+lifecycle = logging.getLogger(f"mailtap.lifecycle.{__name__}")
 
 TEST_HOOK_ENV = "MAILTAP_SMTP_SINK_TEST_HOOK"
 #: Poll timeout: short, so due retries are resumed and a stop request is seen promptly.
 POLL_TIMEOUT_S = 0.2
 PRODUCER_COMPRESSION = "lz4"
+#: Cap of the wait for more replies before recording a round (it is the last commit's duration):
+#: a slow broker must not hold the outcomes, and their slots, for long.
+MAX_GROUP_WAIT_S = 0.05
 
 
 class SmtpSink:
@@ -98,6 +107,9 @@ class SmtpSink:
         self.instance_id = settings.instance_id or socket.gethostname()
         self.sent_total = 0
         self.records_total = 0
+        self.rounds_total = 0
+        """Transactions written (each records a group of outcomes and intents)."""
+        self._group_wait_s = 0.0
         self._hook = os.environ.get(TEST_HOOK_ENV, "")
         self._recorder: DeliveryRecorder | None = None
         self._events_closed = 0
@@ -149,13 +161,15 @@ class SmtpSink:
             on_revoke=self._on_revoke,
         )
         self._consumer = consumer
-        log.info(
-            "smtp sink started instance=%s relay=%s:%d tiers=%s states=%d",
+        lifecycle.info(
+            "smtp sink started instance=%s relay=%s:%d commands=%s tiers=%s pool=%d",
             self.instance_id,
             self.settings.host,
             self.settings.port,
+            self.topics.commands,
             ",".join(self.settings.retry_tiers),
-            len(self.recorder.states),
+            self.settings.pool_size,
+            extra={"instance_id": self.instance_id},
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -245,18 +259,90 @@ class SmtpSink:
             if item is not None:
                 work.append(item)
 
-        to_send = [w for w in work if not w.recovered and self._prepare(w, now)]
+        to_send: list[Work] = []
+        known: list[Work] = []  # outcome known without sending: recovered, given up, unrenderable
+        for item in work:
+            (to_send if not item.recovered and self._prepare(item, now) else known).append(item)
         # Within one batch, a relay that cannot be reached is not tried again for every message
         # (a batch must end well inside max.poll.interval.ms); the next batch tries afresh.
         self.pool.reset_breaker()
-        if to_send:
-            self.recorder.transaction(lambda: self.recorder.write_intents(to_send))
-            self._test_hook("kill_after_intent")
-            await asyncio.gather(*(self._send(w) for w in to_send))
-            self._test_hook("kill_after_send")
-        self.recorder.transaction(
-            lambda: self.recorder.write_outcomes(work, dead, now), offsets, self._consumer
-        )
+        await self._deliver(to_send, known, dead, offsets)
+
+    async def _deliver(
+        self,
+        to_send: Sequence[Work],
+        known: Sequence[Work],
+        dead: Sequence[tuple[Message, str, str]],
+        offsets: dict[tuple[str, int], int],
+    ) -> None:
+        """Send through ``pool_size`` slots, recording each outcome as soon as it is known.
+
+        A command holds a slot from its INTENT to its recorded outcome, so at most ``pool_size``
+        commands are ever INTENT at once: a kill -9 leaves at most that many UNKNOWN (and resent),
+        however large the batch. Each round is one transaction: the outcomes that came in and the
+        intents of the commands taking the freed slots. It runs in a thread, so the other sessions
+        keep sending meanwhile, and what finishes during it is recorded by the next round: groups
+        form by themselves. Before its own transaction an outcome waits for at most the one in
+        progress and for the other replies, at most one commit's duration (MAX_GROUP_WAIT_S).
+        The consumer offsets go with the last round, once the whole batch is recorded.
+        """
+        queue = deque(to_send)
+        finished, dead_letters = list(known), list(dead)
+        active: dict[asyncio.Task[None], Work] = {}
+        started = time.monotonic()
+        try:
+            while True:
+                free = self.settings.pool_size - len(active)
+                starting = [queue.popleft() for _ in range(min(free, len(queue)))]
+                last = not queue and not active and not starting
+                if finished or dead_letters or starting or last:
+                    await self._record(finished, dead_letters, starting, offsets if last else None)
+                    finished, dead_letters = [], []
+                if last:
+                    return
+                if starting:
+                    self._test_hook("kill_after_intent")
+                # The rate-limit budget is the batch's (as when every message of the batch
+                # waited at once): a throttled batch still ends well inside max.poll.interval.ms.
+                budget = max(0.0, self.settings.max_rate_wait - (time.monotonic() - started))
+                for item in starting:
+                    active[asyncio.create_task(self._send(item, budget))] = item
+                done, pending = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
+                if pending:
+                    # A round costs one commit whether it records one outcome or a pool's
+                    # worth: wait up to one commit's duration for the other sessions' replies.
+                    more, _ = await asyncio.wait(pending, timeout=self._group_wait_s)
+                    done |= more
+                for task in done:
+                    finished.append(active.pop(task))
+                    task.result()  # an unexpected error stops the sink, as a failed record does
+                if not active:
+                    self._test_hook("kill_after_send")
+        finally:
+            for task in active:
+                task.cancel()
+            await asyncio.gather(*active, return_exceptions=True)
+
+    async def _record(
+        self,
+        finished: Sequence[Work],
+        dead: Sequence[tuple[Message, str, str]],
+        starting: Sequence[Work],
+        offsets: dict[tuple[str, int], int] | None,
+    ) -> None:
+        """One transaction: outcomes of ``finished`` and ``dead``, intents of ``starting``."""
+        now = self.clock()
+
+        def write() -> None:
+            self.recorder.write_outcomes(finished, dead, now)
+            self.recorder.write_intents(starting)
+
+        # In a thread: librdkafka releases the GIL while it waits for the broker, so the sends
+        # in flight go on; only this coroutine waits for the commit.
+        began = time.monotonic()
+        await asyncio.to_thread(self.recorder.transaction, write, offsets, self._consumer)
+        self._group_wait_s = min(time.monotonic() - began, MAX_GROUP_WAIT_S)
+        self.rounds_total += 1
 
     def _admit(
         self,
@@ -347,7 +433,7 @@ class SmtpSink:
         log.warning("render failed command_id=%s reason=%s", item.command_id, exc.reason)
         item.outcomes = [RecipientOutcome(None, DeliveryStatus.FAILED, diagnostic=exc.reason)]
 
-    async def _send(self, item: Work) -> None:
+    async def _send(self, item: Work, max_rate_wait: float) -> None:
         try:
             rendered = render(
                 item.command,
@@ -369,10 +455,11 @@ class SmtpSink:
                 for r in rendered.recipients
             ]
             return
-        if not await self.limiter.acquire(rendered.recipients, self.settings.max_rate_wait):
+        if not await self.limiter.acquire(rendered.recipients, max_rate_wait):
             reason = (
                 f"rate limit: no sending slot for these recipient domains within "
-                f"{self.settings.max_rate_wait:g}s (smtp.rate / smtp.domain_rates)"
+                f"smtp.max_rate_wait={self.settings.max_rate_wait:g}s of the batch's start "
+                f"(smtp.rate / smtp.domain_rates)"
             )
             item.outcomes = [
                 RecipientOutcome(r, DeliveryStatus.DEFERRED, diagnostic=reason)
@@ -387,7 +474,7 @@ class SmtpSink:
             if isinstance(exc, SmtpAuthError | SmtpTlsError):
                 log.error("relay refused us (check smtp settings): %s", exc)
             item.outcomes = classify_error(rendered.recipients, exc)
-        log.info(
+        log.debug(
             "sent command_id=%s attempt=%d outcomes=%s",
             item.command_id,
             item.attempt,

@@ -219,11 +219,13 @@ def bench_sink(json_out: bool, messages: int = MESSAGES, rounds: int = ROUNDS) -
         "pool_size": sink.settings.pool_size,
         "batch_size": sink.settings.batch_size,
         "smtp_sessions_opened": sink.pool.opened,
+        "sink_transactions": sink.rounds_total,
     }
     lines = [
         f"raw aiosmtplib, one reused connection: {raw_rate:8.1f} msg/s (median of {rounds})",
         f"sink end to end (commands -> SENT):    {sink_rate:8.1f} msg/s "
-        f"(pool {sink.settings.pool_size}, batch {sink.settings.batch_size})",
+        f"(pool {sink.settings.pool_size}, batch {sink.settings.batch_size}, "
+        f"{sink.rounds_total} transactions for {rounds * messages + 1} messages)",
         f"ratio: {ratio:.0%} median, per round {', '.join(f'{r:.0%}' for r in ratios)} "
         f"(target >= {TARGET_RATIO:.0%})",
     ]

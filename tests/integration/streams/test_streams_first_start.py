@@ -1,0 +1,195 @@
+"""First starts of ``mailtap run streams`` on fresh app ids: every one does its job, none crashes.
+
+A fresh ``app_id`` (a first deployment, a new workflow set) means new changelog topics. Left to
+faust they are created while the worker starts, and a broker slow to list them made the agent
+crash-loop (``TypeError`` in ``key_partition``, restarted every few seconds, for good). The
+"metadata-lag" runs make the broker slow on purpose: faust's own topic creation is held back
+by a few seconds in the worker process, which is what a lagging broker looks like from the
+client (the created topic is missing from the metadata answers that follow).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+from test_streams_kafka import (
+    COMMAND,
+    DEADLINE_S,
+    EVENT,
+    REPO,
+    TopicReader,
+    kafka,  # noqa: F401  (fixture)
+    produce,
+)
+
+from connectors.core.config import KafkaSettings
+from connectors.core.kafka import admin_client
+from streams.testing import mail_record
+
+FIRST_STARTS = 5
+#: How long the injected lag holds faust's own topic creation back.
+LAG_S = 3.0
+#: Run in the worker process before ``mailtap run streams``: faust's CreateTopics is sent only
+#: LAG_S later, so the metadata refresh faust makes right after "creating" comes back without it.
+LAG_PRELUDE = f"""
+import asyncio
+from faust.transport.drivers import aiokafka as driver
+create = driver.Transport._create_topic
+async def lagging(self, *args, **kwargs):
+    async def later():
+        await asyncio.sleep({LAG_S})
+        await create(self, *args, **kwargs)
+    asyncio.ensure_future(later())
+driver.Transport._create_topic = lagging
+"""
+CRASH_MARKS = ("Crashed reason", "Restarting dead", "Traceback")
+
+
+def write_config(settings: KafkaSettings, tmp_path: Path, app_id: str) -> Path:
+    document = {
+        "kafka": {
+            "bootstrap_servers": settings.bootstrap_servers,
+            "topics": settings.topics.model_dump(),
+        },
+        "claim_check": {"url": (tmp_path / "claims").as_uri()},
+        "streams": {
+            "app_id": app_id,
+            "data_dir": str(tmp_path / app_id),
+            "from_address": {"name": "Helpdesk", "address": "help@example.com"},
+            "auth_policy": "none",
+            "rules": [{"match": {"recipient": "support@example.com"}, "workflow": "ticket_intake"}],
+        },
+    }
+    path = tmp_path / f"{app_id}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+class CliWorker:
+    """``mailtap run streams -c CONFIG`` in its own process group, with its log in a file."""
+
+    def __init__(self, config: Path, log_path: Path, prelude: str = "") -> None:
+        self.log_path = log_path
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("MAILTAP_KAFKA_BOOTSTRAP", None)  # the config names the broker
+        code = f"{prelude}\nfrom mailtap.cli import main\nmain()"
+        with log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", code, "run", "streams", "-c", str(config)],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self) -> str:
+        return self.log()[-6000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        return self.proc.wait(timeout=30)
+
+
+def wait_for_ticket(
+    commands: TopicReader, events: TopicReader, key: str, worker: CliWorker
+) -> None:
+    """Until the mail's acknowledgement and TICKET_OPENED are out; fails at the first crash."""
+    deadline = time.monotonic() + DEADLINE_S
+
+    def done() -> bool:
+        acked = any(c["event_key"] == key and c["step"] == "acknowledge" for c in commands.records)
+        opened = any(
+            e["event_key"] == key and e["status"] == "TICKET_OPENED" for e in events.records
+        )
+        return acked and opened
+
+    while not done():
+        log = worker.log()
+        assert not any(mark in log for mark in CRASH_MARKS), f"worker crashed:\n{worker.tail()}"
+        assert worker.proc.poll() is None, f"worker exited:\n{worker.tail()}"
+        assert time.monotonic() < deadline, f"timed out; worker log:\n{worker.tail()}"
+        for reader in (commands, events):
+            msg = reader.consumer.poll(0.2)
+            if msg is not None and not msg.error():
+                reader.records.append(reader.serde.decode(msg.value()))
+
+
+def ticket_mail(run: int) -> dict[str, Any]:
+    return mail_record(
+        message_id=f"first-{run}-{uuid.uuid4().hex}@example.com",
+        # One sender per mail: the per-sender reply limit must not hide a missing reply.
+        sender=f"first-{run}-{uuid.uuid4().hex[:6]}@example.org",
+        observed_at=dt.datetime.now(dt.UTC),
+    )
+
+
+@pytest.mark.parametrize("lag", [False, True], ids=["plain", "metadata-lag"])
+def test_first_start_on_fresh_app_ids(
+    kafka: KafkaSettings,  # noqa: F811
+    tmp_path: Path,
+    unique: str,
+    lag: bool,
+) -> None:
+    commands = TopicReader(kafka, kafka.topics.commands, COMMAND)
+    events = TopicReader(kafka, kafka.topics.workflow, EVENT)
+    try:
+        for run in range(FIRST_STARTS):
+            app_id = f"mailtap-streams-{unique}-{run}"
+            config = write_config(kafka, tmp_path, app_id)
+            worker = CliWorker(config, tmp_path / f"{app_id}.log", LAG_PRELUDE if lag else "")
+            try:
+                # Two mails, one after the other: the agent handles mails one at a time, so the
+                # second one's ticket proves the first one's table writes went through.
+                for mail in (ticket_mail(run), ticket_mail(run)):
+                    produce(kafka, [mail])
+                    wait_for_ticket(commands, events, mail["key"], worker)
+            finally:
+                code = worker.stop()
+            log = worker.log()
+            assert code == 0, log[-6000:]
+            assert not any(mark in log for mark in CRASH_MARKS), log[-6000:]
+            # The changelog topics are there, compacted, partitioned like mail.events.
+            described = admin_client(kafka).list_topics(timeout=30).topics
+            events_partitions = len(described[kafka.topics.events].partitions)
+            for table in ("runs", "rates", "state"):
+                topic = described[f"{app_id}-{table}-changelog"]
+                assert len(topic.partitions) == events_partitions
+    finally:
+        commands.close()
+        events.close()
+
+
+def test_a_changelog_with_other_partitions_fails_at_start(
+    kafka: KafkaSettings,  # noqa: F811
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    app_id = f"mailtap-streams-{unique}"
+    admin = admin_client(kafka)
+    name = f"{app_id}-state-changelog"
+    admin.create_topics([NewTopic(name, 1, kafka.replication_factor)])[name].result()
+    worker = CliWorker(write_config(kafka, tmp_path, app_id), tmp_path / "worker.log")
+    assert worker.proc.wait(timeout=DEADLINE_S) == 1, worker.tail()
+    log = worker.log()
+    assert f"changelog topic {name} has 1 partitions, but the table needs 2" in log, log
+    assert "Use a new streams.app_id" in log
