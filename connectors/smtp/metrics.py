@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from connectors.core.metrics import build_info
+
 
 class SinkMetrics:
     """Counters by outcome; served by :class:`connectors.core.metrics.HealthServer`."""
@@ -44,6 +46,12 @@ class SinkMetrics:
             "Unix time of the last completed consume round",
             registry=r,
         )
+        self.assigned_partitions = Gauge(
+            f"{prefix}_assigned_partitions",
+            "Partitions of the commands and retry topics this instance holds (its work units)",
+            registry=r,
+        )
+        self.build_info = build_info(r, "smtp-sink")
         self._last_round = time.time()
         self._lock = threading.Lock()
 
@@ -57,4 +65,11 @@ class SinkMetrics:
         with self._lock:
             age = round(time.time() - self._last_round, 3)
         ok = age <= max_age
-        return ok, {"ok": ok, "max_age_seconds": max_age, "last_round_age_seconds": age}
+        detail: dict[str, Any] = {
+            "ok": ok,
+            "max_age_seconds": max_age,
+            "last_round_age_seconds": age,
+        }
+        if not ok:
+            detail["reason"] = f"no consume round completed for {age:.0f}s (hung relay or Kafka?)"
+        return ok, detail
