@@ -25,6 +25,18 @@ def scrape(port: int, host: str = "127.0.0.1") -> Samples:
     }
 
 
+def families(port: int, host: str = "127.0.0.1") -> set[str]:
+    """Every metric a component declares (HELP/TYPE), with or without samples yet: a labelled
+    counter has no sample until its first label set is used, yet Prometheus rules on it are valid."""
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = set()
+    for family in text_string_to_metric_families(text):
+        found.add(family.name)
+        found |= {s.name for s in family.samples}
+    return found
+
+
 def healthz(port: int, host: str = "127.0.0.1") -> tuple[int, dict[str, Any]]:
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=10) as response:
