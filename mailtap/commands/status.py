@@ -4,7 +4,8 @@ Everything comes from the cluster (and from the health endpoints given), so it w
 machine that reaches Kafka, whether or not a component runs there:
 
 * per mailbox: its cursor on the offsets topic and when it was written, the last event of the
-  window and how many (by ``observed_at``), and its records on the DLQ (source DLQ headers);
+  window and how many (by ``observed_at``), and its records on the DLQ (source DLQ headers;
+  records dropped with ``mailtap dlq drop`` do not count);
 * per topic: the lag of the streams app's group and of the SMTP sink's group;
 * delivery outcomes of the window by status (``mail.delivery``) and the bounce rate, i.e.
   BOUNCED / (SENT + BOUNCED): of the mail a relay accepted, the share that came back;
@@ -28,6 +29,7 @@ from connectors.core.errors import DataError
 from connectors.core.kafka import admin_client
 from connectors.core.serde import AnyAvroDecoder
 from mailtap.commands.common import config_option
+from mailtap.commands.dlq import read_dropped
 from mailtap.commands.topicscan import group_lag, scan
 
 #: Header names of the source DLQ records (connectors.core.records.RecordBuilder.dlq).
@@ -103,7 +105,10 @@ def collect(
             entry["last_event_at"] = max(entry["last_event_at"] or "", stamp)
 
     commands_dlq = 0
+    dropped = read_dropped(kafka, topics.dlq)  # handled with `mailtap dlq drop`
     for seen in scan(kafka, topics.dlq):
+        if f"{seen.partition}:{seen.offset}" in dropped:
+            continue
         account = seen.header(SOURCE_ACCOUNT)
         if account is None:
             commands_dlq += 1
