@@ -37,6 +37,12 @@ def cli(config: Path, *args: str) -> str:
     return result.output
 
 
+def status(config: Path) -> dict[str, Any]:
+    result = CliRunner().invoke(main, ["status", "-c", str(config), "--json", "--window", "600"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return dict(json.loads(result.output))
+
+
 async def test_dead_letter_listed_shown_replayed_once_and_dropped(
     services: DevServices, unique: str, relay: ScriptedRelay, tmp_path: Path
 ) -> None:
@@ -92,10 +98,15 @@ async def test_dead_letter_listed_shown_replayed_once_and_dropped(
     await run_until(sink, events, lambda _: sink.records_total >= 1)
     assert sum(relay.handler.deliveries.values()) == 1
 
-    # 5. Dropped: gone from list, still there with --all.
+    # 5. Dropped: gone from list and from status' count, still there with --all.
+    assert status(fixed)["commands_dlq_records"] == 1
     assert "1 dropped" in cli(fixed, "drop", "--key", cmd["command_id"], "--reason", "handled")
     assert cli(fixed, "list") == ""
     assert "DROPPED" in cli(fixed, "list", "--all")
+    report = status(fixed)
+    assert report["commands_dlq_records"] == 0
+    assert report["deliveries_in_window"]["SENT"] == 1
+    assert report["deliveries_in_window"]["FAILED"] == 1
     events.close()
 
 
