@@ -129,8 +129,10 @@ def summary(seen: Seen, note: Any) -> dict[str, Any]:
         "error_class": error_class(seen),
         "reason": error_reason(seen),
         "original_topic": seen.header("mailtap.error.topic"),
+        # The same spelling as `mailtap status` (imap/ACCOUNT/FOLDER).
         "mailbox": "/".join(
-            seen.header(f"mailtap.source.{f}") or "" for f in ("kind", "account", "folder")
+            [(seen.header("mailtap.source.kind") or "").lower()]
+            + [seen.header(f"mailtap.source.{f}") or "" for f in ("account", "folder")]
         )
         if kind_of(seen) == "source"
         else None,
