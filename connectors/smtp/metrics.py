@@ -51,9 +51,25 @@ class SinkMetrics:
             "Partitions of the commands and retry topics this instance holds (its work units)",
             registry=r,
         )
+        self.lag = Gauge(
+            f"{prefix}_consumer_lag",
+            "High watermark minus position, per assigned partition (commands and retry topics)",
+            ["topic", "partition"],
+            registry=r,
+        )
         self.build_info = build_info(r, "smtp-sink")
         self._last_round = time.time()
         self._lock = threading.Lock()
+
+    def observe_consumer(self, consumer: Any) -> None:
+        """Work units and lag, once per round; local figures only (no broker round trip)."""
+        assignment = consumer.assignment()
+        self.assigned_partitions.set(len(assignment))
+        for tp in consumer.position(assignment) if assignment else []:
+            # cached: the high watermark of the last fetch response for this partition.
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                self.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
 
     def round_completed(self) -> None:
         now = time.time()

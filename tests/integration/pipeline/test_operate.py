@@ -105,6 +105,10 @@ def test_metrics_status_and_alert_names_on_a_running_pipeline(
             == 1
         )
         assert total(after["smtp-sink"], "mailtap_smtp_assigned_partitions") >= 1
+        sink_lag = [
+            dict(lab) for (n, lab) in after["smtp-sink"] if n == "mailtap_smtp_consumer_lag"
+        ]
+        assert f"mail.commands.{unique}" in {lab["topic"] for lab in sink_lag}
         assert total(after["streams"], "mailtap_streams_records_processed_total") >= 1
         for name, port in ports.items():
             assert wait_for(lambda p=port: healthz(p)[0] == 200, STAGE_S), (name, healthz(port))
