@@ -6,7 +6,8 @@ machine that reaches Kafka, whether or not a component runs there:
 * per mailbox: its cursor on the offsets topic and when it was written, the last event of the
   window and how many (by ``observed_at``), and its records on the DLQ (source DLQ headers;
   records dropped with ``mailtap dlq drop`` do not count);
-* per topic: the lag of the streams app's group and of the SMTP sink's group;
+* per topic: the lag of the streams app's group and of the SMTP sink's group (``-``: that
+  partition has no committed offset yet);
 * delivery outcomes of the window by status (``mail.delivery``) and the bounce rate, i.e.
   BOUNCED / (SENT + BOUNCED): of the mail a relay accepted, the share that came back;
 * each ``/healthz`` answer (the config's ``health`` section, and ``--health URL``).
@@ -26,9 +27,9 @@ import click
 
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import DataError
-from connectors.core.kafka import admin_client
+from connectors.core.kafka import DEFAULT_RETRY_TIERS
 from connectors.core.serde import AnyAvroDecoder
-from mailtap.commands.common import config_option
+from mailtap.commands.common import config_option, retry_tiers_of
 from mailtap.commands.dlq import read_dropped
 from mailtap.commands.topicscan import group_lag, scan
 
@@ -140,8 +141,10 @@ def collect(
     }
 
 
-def _lags(cfg: MailtapConfig) -> dict[str, Any]:
-    kafka, topics = cfg.kafka, cfg.kafka.topics
+def lag_groups(cfg: MailtapConfig) -> dict[str, list[str]]:
+    """The consumer groups the config runs and the topics each reads (the configured retry tiers
+    only: other deployments' retry topics may share the prefix)."""
+    topics = cfg.kafka.topics
     groups: dict[str, list[str]] = {}
     raw = cfg.model_extra or {}
     if cfg.has_section("streams"):
@@ -149,10 +152,13 @@ def _lags(cfg: MailtapConfig) -> dict[str, Any]:
         groups[str(app_id)] = [topics.events]
     if cfg.has_section("smtp"):
         group = (raw.get("smtp") or {}).get("group_id", "mailtap-smtp-sink")
-        listed = admin_client(kafka).list_topics(timeout=10).topics
-        retry = sorted(t for t in listed if t.startswith(topics.retry_prefix + "."))
-        groups[str(group)] = [topics.commands, *retry]
-    return {group: group_lag(kafka, group, names) for group, names in groups.items()}
+        tiers = retry_tiers_of(cfg) or DEFAULT_RETRY_TIERS
+        groups[str(group)] = [topics.commands, *(f"{topics.retry_prefix}.{t}" for t in tiers)]
+    return groups
+
+
+def _lags(cfg: MailtapConfig) -> dict[str, Any]:
+    return {group: group_lag(cfg.kafka, group, names) for group, names in lag_groups(cfg).items()}
 
 
 def _health_urls(cfg: MailtapConfig, extra: tuple[str, ...]) -> list[str]:
@@ -185,6 +191,7 @@ def render(report: dict[str, Any]) -> str:
     for group, per_topic in report["lag"].items():
         for topic, parts in per_topic.items():
             shown = " ".join(f"p{p}={'-' if lag is None else lag}" for p, lag in parts.items())
+            shown = shown or "(no such topic)"
             lines.append(f"{group}  {topic}  {shown}")
     deliveries = " ".join(f"{k}={v}" for k, v in report["deliveries_in_window"].items()) or "none"
     rate = report["bounce_rate"]
