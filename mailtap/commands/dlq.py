@@ -86,7 +86,12 @@ def read_dropped(kafka: KafkaSettings, dlq_topic: str) -> dict[str, Any]:
 def _parse_time(text: str | None) -> int | None:
     if text is None:
         return None
-    when = dt.datetime.fromisoformat(text)
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not an ISO time; write e.g. 2026-12-01T10:00 or 2026-12-01T10:00+01:00"
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.UTC)
     return int(when.timestamp() * 1000)
@@ -103,8 +108,8 @@ def select(
     include_dropped: bool = False,
 ) -> Iterator[tuple[Seen, Any]]:
     """DLQ records matching the filters, with their drop note (None when not dropped)."""
+    since_ms, until_ms = _parse_time(since), _parse_time(until)  # bad input: before any I/O
     dropped = read_dropped(kafka, topic)
-    since_ms, until_ms = _parse_time(since), _parse_time(until)
     for seen in scan(kafka, topic, since_ms=since_ms):
         note = dropped.get(record_id(seen))
         if note is not None and not include_dropped:
@@ -301,9 +306,9 @@ def drop(config_path: str, topic: str | None, dry_run: bool, reason: str, **kw: 
     """Mark dead letters as handled (they stay on the topic until retention)."""
     cfg = load_config(config_path)
     dlq_topic = topic or cfg.kafka.topics.dlq
-    chosen = [seen for seen, _ in select(cfg.kafka, dlq_topic, **kw)]
     if not any(kw.values()) and not dry_run:
         raise click.ClickException("drop needs a filter (--key, --error-class, --since/--until)")
+    chosen = [seen for seen, _ in select(cfg.kafka, dlq_topic, **kw)]
     for seen in chosen:
         click.echo(f"{record_id(seen)} {'would drop' if dry_run else 'dropping'} {seen.key!r}")
     if dry_run or not chosen:
