@@ -24,6 +24,8 @@ REQUIRED=(
   # javac: the Avro contract tests generate Java classes and compile them (test_java_avro.py).
   "default-jdk-headless:javac"
   "maven:mvn"
+  # promtool checks deploy/observability's alert rules (tests/unit/deploy/test_observability.py).
+  "prometheus:promtool"
 )
 
 python_ok() {

@@ -32,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "mailtap.commands.config:config",
         "Check a config file; print the reference of every key.",
     ),
+    "status": (
+        "mailtap.commands.status:status",
+        "Mailboxes, lag, deliveries and health, read from Kafka.",
+    ),
+    "dlq": ("mailtap.commands.dlq:dlq", "List, show, replay and drop dead letters."),
 }
 
 #: Which extra provides what a command imports, for the error message.

@@ -33,7 +33,7 @@ import asyncio
 import datetime as dt
 import logging
 import ssl
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +184,8 @@ class StreamsWorker:
                 for name in TABLE_NAMES
             )
         )
+        #: Called with each record's / tick's outcome and whether it came from a record (metrics).
+        self.outcome_hooks: list[Callable[[Outcome, bool], None]] = []
         self.agent = self.app.agent(self.events_topic, name=AGENT_NAME)(self._consume)
         self.app.timer(settings.tick_interval_seconds)(self._tick)
 
@@ -192,7 +194,9 @@ class StreamsWorker:
 
     async def _consume(self, stream: Any) -> None:
         async for event in stream.events():
-            await self.on_record(event.key, event.value)
+            outcome = await self.on_record(event.key, event.value)
+            for hook in self.outcome_hooks:
+                hook(outcome, True)
 
     async def on_record(self, key: bytes | None, value: bytes | None) -> Outcome:
         """Handle one ``mail.events`` record end to end (also called by tests)."""
@@ -227,7 +231,9 @@ class StreamsWorker:
         if self.app.in_recovery or self.app.rebalancing:
             return  # the tables are incomplete; the next tick comes soon enough
         await self._reseek_after_rebalance()
-        await self.on_tick(dt.datetime.now(dt.UTC))
+        outcome = await self.on_tick(dt.datetime.now(dt.UTC))
+        for hook in self.outcome_hooks:
+            hook(outcome, False)
 
     async def _reseek_after_rebalance(self) -> None:
         """Once per consumer generation, one tick after it settled, rewind ``mail.events`` to

@@ -7,6 +7,7 @@ sync for longer than ``health.max_sync_age_seconds``.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import threading
@@ -18,6 +19,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 log = logging.getLogger(__name__)
+
+#: States a mailbox worker reports in ``mailtap_source_state`` (FENCED: another instance with the
+#: same transactional id took over; the mailbox is stopped here and needs an operator).
+UNHEALTHY_STATES = frozenset({"BACKOFF", "FENCED"})
+
+
+def build_info(registry: CollectorRegistry, component: str) -> Gauge:
+    """``mailtap_build_info{component,version} 1``: which release each process runs."""
+    try:
+        version = importlib.metadata.version("mailtap")
+    except importlib.metadata.PackageNotFoundError:  # a source tree without installed metadata
+        version = "unknown"
+    gauge = Gauge(
+        "mailtap_build_info",
+        "Always 1; the labels say which component and release this process runs",
+        ["component", "version"],
+        registry=registry,
+    )
+    gauge.labels(component, version).set(1)
+    return gauge
 
 
 class SourceMetrics:
@@ -58,13 +79,38 @@ class SourceMetrics:
             labels,
             registry=r,
         )
+        self.state = Gauge(
+            f"{prefix}_source_state",
+            "1 for the state each mailbox worker is in, 0 for the others",
+            (*labels, "state"),
+            registry=r,
+        )
+        self.watched = Gauge(
+            f"{prefix}_source_mailboxes",
+            "Mailboxes this process owns (its work units)",
+            ("source",),
+            registry=r,
+        )
+        self.build_info = build_info(r, "source")
         self._last_sync: dict[tuple[str, str, str], float] = {}
+        self._states: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
 
     def watch(self, source: str, account: str, folder: str) -> None:
         """Register a mailbox: from now on it counts for health, synced or not."""
         with self._lock:
             self._last_sync.setdefault((source, account, folder), time.time())
+            owned = sum(1 for k in self._last_sync if k[0] == source)
+        self.watched.labels(source).set(owned)
+
+    def set_state(self, source: str, account: str, folder: str, state: str) -> None:
+        """The mailbox worker's state machine moved (``connectors.imap.state``, ews worker)."""
+        with self._lock:
+            old = self._states.get((source, account, folder))
+            self._states[(source, account, folder)] = state
+        if old is not None and old != state:
+            self.state.labels(source, account, folder, old).set(0)
+        self.state.labels(source, account, folder, state).set(1)
 
     def synced(self, source: str, account: str, folder: str, mails: int) -> None:
         now = time.time()
@@ -77,13 +123,23 @@ class SourceMetrics:
         now = time.time()
         with self._lock:
             ages = {"/".join(k): round(now - t, 3) for k, t in self._last_sync.items()}
+            fenced = sorted("/".join(k) for k, st in self._states.items() if st == "FENCED")
+            backoff = sorted("/".join(k) for k, st in self._states.items() if st == "BACKOFF")
         stale = {k: a for k, a in ages.items() if a > max_age}
-        return not stale, {
-            "ok": not stale,
+        ok = not stale and not fenced
+        detail: dict[str, Any] = {
+            "ok": ok,
             "max_age_seconds": max_age,
             "ages": ages,
             "stale": stale,
+            "fenced": fenced,
+            "backoff": backoff,
         }
+        if not ok:
+            reasons = [f"{k} not synced for {a:.0f}s" for k, a in sorted(stale.items())]
+            reasons += [f"{k} fenced by another instance" for k in fenced]
+            detail["reason"] = "; ".join(reasons)
+        return ok, detail
 
 
 class HealthServer:

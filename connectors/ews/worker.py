@@ -160,6 +160,7 @@ class EwsFolderWorker:
         old, self.state = self.state, new
         if old is new:
             return
+        self.metrics.set_state(*self._labels, "FENCED" if self.fenced else new.value)
         routine = {old, new} == {S.STREAMING, S.CATCHING_UP}
         level = logging.WARNING if new is S.BACKOFF else logging.DEBUG if routine else logging.INFO
         log.log(

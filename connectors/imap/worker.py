@@ -167,7 +167,14 @@ class MailboxWorker:
         self._queue_lock = threading.Lock()
         self.partition = source_partition(account.name, folder)
         self._partition_key = canonical_json(self.partition)
-        self.machine = StateMachine(account.name, folder)
+        self.machine = StateMachine(
+            account.name,
+            folder,
+            # FENCED is a metric state only: the machine ends in STOPPED either way.
+            on_change=lambda _old, new: self.metrics.set_state(
+                *self._labels, "FENCED" if self.fenced else new.value
+            ),
+        )
         self.backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds)
         self.cursor: Cursor | None = None
         self.fenced = False

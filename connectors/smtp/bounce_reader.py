@@ -27,6 +27,7 @@ from connectors.core.kafka import consumer_config, producer_config
 from connectors.core.serde import AvroSerde
 from connectors.smtp.bounce import Bounce, parse_bounce
 from connectors.smtp.config import SmtpSinkSettings
+from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.render import BlobFetcher
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,12 @@ class BounceReader:
         *,
         fetch_blob: BlobFetcher,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: SinkMetrics | None = None,
     ) -> None:
         self.config = config
+        #: The sink's, in ``mailtap run smtp-sink``: BOUNCED counts next to SENT for the bounce
+        #: rate (deploy/observability's MailtapBounceRateHigh).
+        self.metrics = metrics
         self.settings = settings
         self.fetch_blob = fetch_blob
         self.clock = clock
@@ -131,6 +136,8 @@ class BounceReader:
         )
         self._producer.commit_transaction()
         self.published += len(events)
+        if self.metrics is not None and events:
+            self.metrics.outcomes.labels("BOUNCED").inc(len(events))
         return len(records)
 
     def _bounces_in(self, record: Message) -> list[dict[str, Any]]:

@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from connectors.core.metrics import build_info
+
 
 class SinkMetrics:
     """Counters by outcome; served by :class:`connectors.core.metrics.HealthServer`."""
@@ -44,8 +46,30 @@ class SinkMetrics:
             "Unix time of the last completed consume round",
             registry=r,
         )
+        self.assigned_partitions = Gauge(
+            f"{prefix}_assigned_partitions",
+            "Partitions of the commands and retry topics this instance holds (its work units)",
+            registry=r,
+        )
+        self.lag = Gauge(
+            f"{prefix}_consumer_lag",
+            "High watermark minus position, per assigned partition (commands and retry topics)",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.build_info = build_info(r, "smtp-sink")
         self._last_round = time.time()
         self._lock = threading.Lock()
+
+    def observe_consumer(self, consumer: Any) -> None:
+        """Work units and lag, once per round; local figures only (no broker round trip)."""
+        assignment = consumer.assignment()
+        self.assigned_partitions.set(len(assignment))
+        for tp in consumer.position(assignment) if assignment else []:
+            # cached: the high watermark of the last fetch response for this partition.
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                self.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
 
     def round_completed(self) -> None:
         now = time.time()
@@ -57,4 +81,11 @@ class SinkMetrics:
         with self._lock:
             age = round(time.time() - self._last_round, 3)
         ok = age <= max_age
-        return ok, {"ok": ok, "max_age_seconds": max_age, "last_round_age_seconds": age}
+        detail: dict[str, Any] = {
+            "ok": ok,
+            "max_age_seconds": max_age,
+            "last_round_age_seconds": age,
+        }
+        if not ok:
+            detail["reason"] = f"no consume round completed for {age:.0f}s (hung relay or Kafka?)"
+        return ok, detail

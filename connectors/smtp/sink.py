@@ -216,6 +216,7 @@ class SmtpSink:
             self.metrics.paused_partitions.set(len(self.gate.paused))
         else:
             await asyncio.sleep(0)
+        self.metrics.observe_consumer(self._consumer)
         self.metrics.round_completed()
         return len(records)
 

@@ -62,7 +62,7 @@ def run_smtp_sink(config_path: str) -> None:
     reader_failed = threading.Event()
     reader_thread: threading.Thread | None = None
     if settings.bounce_accounts:
-        reader = BounceReader(cfg, settings, fetch_blob=_blob_fetcher(cfg))
+        reader = BounceReader(cfg, settings, fetch_blob=_blob_fetcher(cfg), metrics=sink.metrics)
 
         def read_bounces() -> None:
             try:

@@ -42,6 +42,11 @@ def run_streams(config_path: str) -> None:
 
     async def report() -> None:
         health.observe(worker.app)
+        health.observe_tables(vars(worker.tables))
+
+    worker.outcome_hooks.append(
+        lambda outcome, record: health.observe_outcome(outcome, record=record)
+    )
 
     worker.app.timer(HEARTBEAT_SECONDS)(report)
     h = cfg.health

@@ -12,7 +12,10 @@ import threading
 import time
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from connectors.core.metrics import build_info
+from streams.pipeline import FAILED, SKIPPED, UNROUTED, Outcome
 
 #: How often the loop reports; well inside any sensible max age (600 s by default).
 HEARTBEAT_SECONDS = 2.0
@@ -35,9 +38,48 @@ class StreamsHealth:
         )
         self.assigned = Gauge(
             "mailtap_streams_assigned_partitions",
-            "Partitions of the events topic this worker holds",
+            "Partitions of the events topic this worker holds (its work units)",
             registry=self.registry,
         )
+        r = self.registry
+        self.lag = Gauge(
+            "mailtap_streams_consumer_lag",
+            "High watermark minus committed offset, per assigned partition (transaction markers "
+            "count, so an idle transactional topic can show 1)",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.records = Counter(
+            "mailtap_streams_records_processed", "mail.events records handled", registry=r
+        )
+        self.guard_decisions = Counter(
+            "mailtap_streams_guard_decisions",
+            "Mails a guard stopped, by workflow and guard (routing: no rule matched)",
+            ["workflow", "guard"],
+            registry=r,
+        )
+        self.workflow_steps = Counter(
+            "mailtap_streams_workflow_steps",
+            "WorkflowEvents emitted, by workflow and status",
+            ["workflow", "status"],
+            registry=r,
+        )
+        self.workflow_failures = Counter(
+            "mailtap_streams_workflow_failures",
+            "Workflow handlers that raised (the mail is not marked as run)",
+            ["workflow"],
+            registry=r,
+        )
+        self.commands = Counter(
+            "mailtap_streams_commands_emitted",
+            "ReplyCommands sent to the commands topic, by workflow and step",
+            ["workflow", "step"],
+            registry=r,
+        )
+        self.table_entries = Gauge(
+            "mailtap_streams_table_entries", "Keys in each table", ["table"], registry=r
+        )
+        self.build_info = build_info(r, "streams")
 
     def observe(self, app: Any) -> None:
         """Called on the event loop by the worker's timer."""
@@ -49,16 +91,64 @@ class StreamsHealth:
             self._beat, self._partitions, self._settled = now, partitions, settled
         self.heartbeat.set(now)
         self.assigned.set(partitions)
+        if app.consumer is not None:
+            self._observe_lag(app.consumer, assignment)
+
+    def _observe_lag(self, consumer: Any, assignment: Any) -> None:
+        # faust keeps the committed offset per partition (_committed_offset, the next offset to
+        # read); the high watermark comes from the fetcher's last response.
+        committed = getattr(consumer, "_committed_offset", {})
+        for tp in assignment:
+            try:
+                high = consumer.highwater(tp)
+            except Exception:  # not fetched yet: no figure rather than a wrong one
+                continue
+            if high is None:
+                continue
+            done = committed.get(tp) or 0
+            self.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - done))
+
+    def observe_tables(self, tables: dict[str, Any]) -> None:
+        """Called on the event loop with the worker's faust tables."""
+        for name, table in tables.items():
+            self.table_entries.labels(name).set(len(table))
+
+    def observe_outcome(self, outcome: Outcome, *, record: bool) -> None:
+        """Count one handled record (``record``) or timer tick and what it produced."""
+        if record:
+            self.records.inc()
+        for event in outcome.events:
+            workflow, status = event["workflow"], event["status"]
+            self.workflow_steps.labels(workflow, status).inc()
+            if status == SKIPPED:
+                self.guard_decisions.labels(workflow, event["attributes"].get("guard", "")).inc()
+            elif status == UNROUTED:
+                self.guard_decisions.labels(workflow, "routing").inc()
+            elif status == FAILED:
+                self.workflow_failures.labels(workflow).inc()
+        for command in outcome.commands:
+            self.commands.labels(command["workflow"], command["step"]).inc()
 
     def health(self, max_age: float) -> tuple[bool, dict[str, Any]]:
         with self._lock:
             age = round(time.time() - self._beat, 3) if self._beat else None
             partitions, settled = self._partitions, self._settled
         ok = age is not None and age <= max_age and partitions > 0 and settled
-        return ok, {
+        detail: dict[str, Any] = {
             "ok": ok,
             "max_age_seconds": max_age,
             "loop_age_seconds": age,
             "assigned_partitions": partitions,
             "settled": settled,
         }
+        if not ok:
+            detail["reason"] = (
+                "event loop has not reported yet"
+                if age is None
+                else f"event loop stuck for {age:.0f}s"
+                if age > max_age
+                else "recovering tables or rebalancing"
+                if not settled
+                else f"no partition of {self.events_topic} assigned"
+            )
+        return ok, detail

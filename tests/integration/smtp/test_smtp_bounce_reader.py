@@ -14,6 +14,7 @@ from connectors.core.kafka import ensure_topics, producer_config
 from connectors.core.mail import parse_mail
 from connectors.core.serde import AvroSerde
 from connectors.smtp.bounce_reader import BounceReader
+from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.sink import PRODUCER_COMPRESSION
 from mailtap.dev import DevServices
 
@@ -59,7 +60,8 @@ def test_bounces_become_correlated_bounced_events(
         producer.produce(topic, key=parsed.key.encode(), value=serde.encode(parsed.event, topic))
     assert producer.flush(30) == 0
 
-    reader = BounceReader(cfg, settings, fetch_blob=store.get)
+    metrics = SinkMetrics()
+    reader = BounceReader(cfg, settings, fetch_blob=store.get, metrics=metrics)
     events = TopicReader(cfg, cfg.kafka.topics.delivery)
     reader.start()
     try:
@@ -77,4 +79,8 @@ def test_bounces_become_correlated_bounced_events(
     assert got[0]["enhanced_status"] == "5.1.1" and got[0]["smtp_code"] == 550
     assert got[0]["message_id"] == "mailtap.c0c0a5e5@example.com"
     assert [k for k, _, _ in events.records] == [e["command_id"] for e in events.values]
+    # Counted where the bounce-rate alert looks for them.
+    assert (
+        metrics.registry.get_sample_value("mailtap_smtp_outcomes_total", {"status": "BOUNCED"}) == 2
+    )
     events.close()

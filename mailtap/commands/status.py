@@ -1,0 +1,213 @@
+"""``mailtap status -c CONFIG [--json]``: where every mailbox and topic stands, read from Kafka.
+
+Everything comes from the cluster (and from the health endpoints given), so it works from any
+machine that reaches Kafka, whether or not a component runs there:
+
+* per mailbox: its cursor on the offsets topic and when it was written, the last event of the
+  window and how many (by ``observed_at``), and its records on the DLQ (source DLQ headers;
+  records dropped with ``mailtap dlq drop`` do not count);
+* per topic: the lag of the streams app's group and of the SMTP sink's group (``-``: that
+  partition has no committed offset yet);
+* delivery outcomes of the window by status (``mail.delivery``) and the bounce rate, i.e.
+  BOUNCED / (SENT + BOUNCED): of the mail a relay accepted, the share that came back;
+* each ``/healthz`` answer (the config's ``health`` section, and ``--health URL``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from typing import Any
+
+import click
+
+from connectors.core.config import MailtapConfig, load_config
+from connectors.core.errors import DataError
+from connectors.core.kafka import DEFAULT_RETRY_TIERS
+from connectors.core.serde import AnyAvroDecoder
+from mailtap.commands.common import config_option, retry_tiers_of
+from mailtap.commands.dlq import read_dropped
+from mailtap.commands.topicscan import group_lag, scan
+
+#: Header names of the source DLQ records (connectors.core.records.RecordBuilder.dlq).
+SOURCE_KIND, SOURCE_ACCOUNT, SOURCE_FOLDER = (
+    "mailtap.source.kind",
+    "mailtap.source.account",
+    "mailtap.source.folder",
+)
+
+
+def _iso(ms: int | float | None) -> str | None:
+    if ms is None:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="seconds")
+
+
+def mailbox_id(kind: str, account: str, folder: str) -> str:
+    return f"{kind.lower()}/{account}/{folder}"
+
+
+def collect(
+    cfg: MailtapConfig, *, window_s: float = 3600.0, health_urls: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    kafka, topics = cfg.kafka, cfg.kafka.topics
+    decoder = AnyAvroDecoder(kafka.schema_registry_url)
+    now_ms = int(time.time() * 1000)
+    since_ms = now_ms - int(window_s * 1000)
+    mailboxes: dict[str, dict[str, Any]] = {}
+
+    def box(name: str) -> dict[str, Any]:
+        return mailboxes.setdefault(
+            name,
+            {
+                "cursor": None,
+                "cursor_written_at": None,
+                "last_event_at": None,
+                "events_in_window": 0,
+                "dlq_records": 0,
+            },
+        )
+
+    for seen in scan(kafka, topics.offsets):
+        if seen.key is None:
+            continue
+        part = json.loads(seen.key)
+        name = mailbox_id(
+            part.get("source", "?"), part.get("account", "?"), part.get("folder", "?")
+        )
+        if seen.value is None:
+            mailboxes.pop(name, None)
+            continue
+        entry = box(name)
+        entry["cursor"] = json.loads(seen.value)
+        entry["cursor_written_at"] = _iso(seen.timestamp_ms)
+
+    undecodable = 0
+    for seen in scan(kafka, topics.events, since_ms=since_ms):
+        if seen.value is None:
+            continue
+        try:
+            _, event = decoder.decode(seen.value, topics.events)
+        except DataError:
+            undecodable += 1
+            continue
+        source = event.get("source") or {}
+        entry = box(
+            mailbox_id(str(source.get("kind", "?")), event["account"], source.get("folder", "?"))
+        )
+        entry["events_in_window"] += 1
+        observed = event.get("observed_at")
+        if isinstance(observed, dt.datetime):
+            stamp = observed.isoformat(timespec="seconds")
+            entry["last_event_at"] = max(entry["last_event_at"] or "", stamp)
+
+    commands_dlq = 0
+    dropped = read_dropped(kafka, topics.dlq)  # handled with `mailtap dlq drop`
+    for seen in scan(kafka, topics.dlq):
+        if f"{seen.partition}:{seen.offset}" in dropped:
+            continue
+        account = seen.header(SOURCE_ACCOUNT)
+        if account is None:
+            commands_dlq += 1
+            continue
+        kind, folder = seen.header(SOURCE_KIND) or "?", seen.header(SOURCE_FOLDER) or "?"
+        box(mailbox_id(kind, account, folder))["dlq_records"] += 1
+
+    deliveries: Counter[str] = Counter()
+    for seen in scan(kafka, topics.delivery, since_ms=since_ms):
+        if seen.value is None:
+            continue
+        try:
+            _, event = decoder.decode(seen.value, topics.delivery)
+        except DataError:
+            deliveries["undecodable"] += 1
+            continue
+        deliveries[str(event["status"])] += 1
+    accepted = deliveries["SENT"] + deliveries["BOUNCED"]
+    return {
+        "at": _iso(now_ms),
+        "window_seconds": window_s,
+        "mailboxes": dict(sorted(mailboxes.items())),
+        "undecodable_events_in_window": undecodable,
+        "commands_dlq_records": commands_dlq,
+        "lag": _lags(cfg),
+        "deliveries_in_window": dict(sorted(deliveries.items())),
+        "bounce_rate": round(deliveries["BOUNCED"] / accepted, 4) if accepted else None,
+        "health": {url: _health(url) for url in _health_urls(cfg, health_urls)},
+    }
+
+
+def lag_groups(cfg: MailtapConfig) -> dict[str, list[str]]:
+    """The consumer groups the config runs and the topics each reads (the configured retry tiers
+    only: other deployments' retry topics may share the prefix)."""
+    topics = cfg.kafka.topics
+    groups: dict[str, list[str]] = {}
+    raw = cfg.model_extra or {}
+    if cfg.has_section("streams"):
+        app_id = (raw.get("streams") or {}).get("app_id", "mailtap-streams")
+        groups[str(app_id)] = [topics.events]
+    if cfg.has_section("smtp"):
+        group = (raw.get("smtp") or {}).get("group_id", "mailtap-smtp-sink")
+        tiers = retry_tiers_of(cfg) or DEFAULT_RETRY_TIERS
+        groups[str(group)] = [topics.commands, *(f"{topics.retry_prefix}.{t}" for t in tiers)]
+    return groups
+
+
+def _lags(cfg: MailtapConfig) -> dict[str, Any]:
+    return {group: group_lag(cfg.kafka, group, names) for group, names in lag_groups(cfg).items()}
+
+
+def _health_urls(cfg: MailtapConfig, extra: tuple[str, ...]) -> list[str]:
+    urls = list(extra)
+    if "health" in cfg.model_fields_set and cfg.health.port:
+        host = "127.0.0.1" if cfg.health.host in ("0.0.0.0", "::") else cfg.health.host
+        urls.append(f"http://{host}:{cfg.health.port}/healthz")
+    return urls
+
+
+def _health(url: str) -> dict[str, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return {"status": response.status, **json.loads(response.read())}
+    except urllib.error.HTTPError as exc:
+        return {"status": exc.code, **json.loads(exc.read() or b"{}")}
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return {"status": None, "ok": False, "reason": f"unreachable: {exc}"}
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"mailtap status at {report['at']} (window {report['window_seconds']:.0f}s)", ""]
+    lines.append("MAILBOX  CURSOR_WRITTEN  LAST_EVENT  EVENTS  DLQ  CURSOR")
+    for name, box in report["mailboxes"].items():
+        lines.append(
+            f"{name}  {box['cursor_written_at'] or '-'}  {box['last_event_at'] or '-'}  "
+            f"{box['events_in_window']}  {box['dlq_records']}  {json.dumps(box['cursor'])}"
+        )
+    lines += ["", f"commands DLQ records: {report['commands_dlq_records']}", "", "LAG"]
+    for group, per_topic in report["lag"].items():
+        for topic, parts in per_topic.items():
+            shown = " ".join(f"p{p}={'-' if lag is None else lag}" for p, lag in parts.items())
+            shown = shown or "(no such topic)"
+            lines.append(f"{group}  {topic}  {shown}")
+    deliveries = " ".join(f"{k}={v}" for k, v in report["deliveries_in_window"].items()) or "none"
+    rate = report["bounce_rate"]
+    lines += ["", f"deliveries: {deliveries}", f"bounce rate: {'-' if rate is None else rate}"]
+    for url, answer in report["health"].items():
+        verdict = "ok" if answer.get("ok") else f"UNHEALTHY: {answer.get('reason', answer)}"
+        lines.append(f"health {url}: {verdict}")
+    return "\n".join(lines)
+
+
+@click.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of the text.")
+@click.option("--window", default=3600.0, show_default=True, help="Seconds counted as recent.")
+@click.option("--health", "health_urls", multiple=True, help="A /healthz URL to ask as well.")
+def status(config_path: str, as_json: bool, window: float, health_urls: tuple[str, ...]) -> None:
+    """Mailboxes, lag, deliveries and health, read from Kafka."""
+    report = collect(load_config(config_path), window_s=window, health_urls=health_urls)
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))

@@ -1,0 +1,44 @@
+"""Source metrics for operators: build info, owned mailboxes, state gauge, health reasons."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from connectors.core.metrics import SourceMetrics
+from connectors.smtp.metrics import SinkMetrics
+
+
+def value(metrics: SourceMetrics | SinkMetrics, line_start: str) -> float:
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sample {line_start}")
+
+
+def test_state_gauge_keeps_one_state_per_mailbox_and_fenced_is_unhealthy() -> None:
+    m = SourceMetrics()
+    m.watch("imap", "a", "INBOX")
+    m.watch("imap", "b", "INBOX")
+    assert value(m, 'mailtap_source_mailboxes{source="imap"}') == 2
+    m.set_state("imap", "a", "INBOX", "SYNCING")
+    m.set_state("imap", "a", "INBOX", "BACKOFF")
+    labels = 'account="a",folder="INBOX",source="imap"'
+    assert value(m, f'mailtap_source_state{{{labels},state="SYNCING"}}') == 0
+    assert value(m, f'mailtap_source_state{{{labels},state="BACKOFF"}}') == 1
+    ok, detail = m.health(600)
+    assert ok and detail["backoff"] == ["imap/a/INBOX"]
+    m.set_state("imap", "a", "INBOX", "FENCED")
+    ok, detail = m.health(600)
+    assert not ok and detail["reason"] == "imap/a/INBOX fenced by another instance"
+
+
+def test_stale_mailbox_reason_and_build_info() -> None:
+    m = SourceMetrics()
+    m.watch("ews", "x", "Inbox")
+    ok, detail = m.health(-1)
+    assert not ok and detail["reason"].startswith("ews/x/Inbox not synced for")
+    assert value(m, 'mailtap_build_info{component="source"') == 1
+    sink = SinkMetrics()
+    assert value(sink, 'mailtap_build_info{component="smtp-sink"') == 1
+    ok, detail = sink.health(-1)
+    assert not ok and "no consume round" in detail["reason"]
