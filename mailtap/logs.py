@@ -38,3 +38,11 @@ def configure(level: int, fmt: LogFormat = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def current_format() -> LogFormat:
+    """The format :func:`configure` set on the root logger (text when it was not called)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, JsonFormatter):
+            return "json"
+    return "text"

@@ -41,7 +41,7 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError, DataError
-from connectors.core.kafka import admin_client
+from connectors.core.kafka import admin_client, cluster_metadata
 from connectors.core.serde import AvroSerde
 from streams.auth import DnsFunc, RawLoader
 from streams.config import StreamsSettings
@@ -90,12 +90,12 @@ class FaustTables:
 def events_partitions(kafka: KafkaSettings, timeout: float = 15.0) -> int:
     """Partition count of ``mail.events``; the changelog topics must match it."""
     topic = kafka.topics.events
-    metadata = admin_client(kafka).list_topics(topic, timeout=timeout)
+    metadata = cluster_metadata(admin_client(kafka), kafka, timeout, topic)
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
         raise ConfigError(
             f"topic {topic} does not exist on {kafka.bootstrap_servers}; create the topics first "
-            f"(mailtap topics create -c CONFIG)"
+            f"(mailtap topics ensure -c CONFIG)"
         )
     return len(found.partitions)
 

@@ -21,7 +21,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import consumer_config
+from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class OffsetStore:
         )
         offsets: dict[bytes, dict[str, Any]] = {}
         try:
-            metadata = consumer.list_topics(topic, timeout=10)
+            metadata = cluster_metadata(consumer, self._kafka, 10, topic)
             partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
             if not partitions:
                 return offsets
@@ -69,6 +69,7 @@ class OffsetStore:
             consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
             deadline = time.monotonic() + timeout
             while pending:
+                raise_if_stopping()
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"reading {topic} did not reach its end within {timeout:.0f}s "

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
-from connectors.core.kafka import consumer_config
+from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
 from connectors.core.serde import AvroSerde
 
 log = logging.getLogger(__name__)
@@ -298,13 +298,14 @@ def load_indexes(
     records = 0
     latest = _LatestLocations()
     try:
-        metadata = consumer.list_topics(topic, timeout=10)
+        metadata = cluster_metadata(consumer, kafka, 10, topic)
         partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
         if not partitions or metadata.topics[topic].error is not None:
             return indexes
         pending = set(partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         while pending:
+            raise_if_stopping()
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
             seen: list[tuple[str, str, str | None, int | None, int | None]] = []

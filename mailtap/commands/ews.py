@@ -6,12 +6,17 @@ import signal
 from collections.abc import Callable
 
 from connectors.core.config import load_config
+from connectors.core.kafka import request_stop
 from connectors.ews.source import run_forever
 
 
 def _install(stop: Callable[[], None]) -> None:
+    def _stop(_signum: int, _frame: object) -> None:
+        request_stop()  # also ends a wait for Kafka (init_transactions, cursor read)
+        stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda _signum, _frame: stop())
+        signal.signal(sig, _stop)
 
 
 def run_ews_source(config_path: str) -> None:

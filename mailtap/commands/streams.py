@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import signal
 
 from connectors.core.claimcheck import open_configured
 from connectors.core.config import load_config
+from connectors.core.kafka import request_stop
 from streams.app import StreamsWorker, events_partitions
 from streams.config import StreamsSettings
 
@@ -30,4 +32,7 @@ def build_worker(config_path: str) -> StreamsWorker:
 
 def run_streams(config_path: str) -> None:
     """Run until SIGTERM/SIGINT."""
+    # Until faust installs its own handlers: a stop ends the wait for Kafka at start-up.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _signum, _frame: request_stop())
     build_worker(config_path).run()
