@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Callable
 
 from connectors.core.config import load_config
 from connectors.core.kafka import request_stop
 from connectors.ews.source import run_forever
+
+log = logging.getLogger(__name__)
 
 
 def _install(stop: Callable[[], None]) -> None:
@@ -22,3 +25,4 @@ def _install(stop: Callable[[], None]) -> None:
 def run_ews_source(config_path: str) -> None:
     """Load the config (``ews``, ``kafka``, ``claim_check``, ``health``) and run until stopped."""
     run_forever(load_config(config_path), _install)
+    log.info("ews source stopped")
