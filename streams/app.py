@@ -290,9 +290,15 @@ class StreamsWorker:
         if pending:
             await asyncio.gather(*pending)
 
-    def run(self, loglevel: str = "INFO") -> None:
-        """Run the worker until SIGTERM/SIGINT (blocking)."""
-        worker = faust.Worker(self.app, loglevel=loglevel, redirect_stdouts=False)
+    def run(self, loglevel: str = "INFO", *, override_logging: bool = True) -> None:
+        """Run the worker until SIGTERM/SIGINT (blocking). ``override_logging=False`` keeps the
+        caller's logging (the CLI's ``--log-format json`` and level) instead of faust's."""
+        worker = faust.Worker(
+            self.app,
+            loglevel=loglevel,
+            redirect_stdouts=False,
+            override_logging=override_logging,
+        )
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:

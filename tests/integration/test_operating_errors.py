@@ -6,6 +6,7 @@ user runs it, against a closed loopback port.
 - 25 s without Kafka is a handful of log lines per component, all through the logging system
   (before: ~580 raw ``%3|...|FAIL|`` lines from librdkafka on stderr, outside ``--log-format json``).
 - ``consume`` without Kafka says which setting to check instead of a ``cimpl.KafkaException``.
+- The streams worker's faust logs are JSON lines too under ``--log-format json``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
+
+from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.kafka import ensure_topics
 
 COMPONENTS = ("imap-source", "ews-source", "smtp-sink", "streams")
 #: Well before what the old code needed after a SIGTERM in this state (15-90 s), far above the
@@ -225,3 +231,50 @@ def test_consume_without_kafka_names_the_setting_to_check(config: Path, closed_p
     assert "check kafka.bootstrap_servers (or MAILTAP_KAFKA_BOOTSTRAP)" in result.stderr
     assert "Traceback" not in result.stderr and "KafkaException" not in result.stderr
     assert "%3|" not in result.stderr  # librdkafka's own stderr lines
+
+
+def test_streams_logs_are_json_lines_under_log_format_json(
+    services: Any, unique: str, tmp_path: Path
+) -> None:
+    """faust set up its own text handler at INFO over the CLI's (before: ``[2026-...] [pid] [INFO]
+    [^Worker]: Starting...`` lines in ``--log-format json``)."""
+    names = {f: f"{getattr(TopicNames(), f)}.{unique}" for f in TopicNames.model_fields}
+    kafka = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, topics=TopicNames(**names)
+    )
+    ensure_topics(kafka, retry_tiers=["1m"])
+    config = tmp_path / "mailtap.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {
+                    "bootstrap_servers": kafka.bootstrap_servers,
+                    "topics": kafka.topics.model_dump(),
+                },
+                "claim_check": {"url": (tmp_path / "claims").as_uri()},
+                "streams": {
+                    "app_id": f"ops-json-{unique}",
+                    # A path whose parent does not exist: faust alone fails on it.
+                    "data_dir": str(tmp_path / "state" / "streams"),
+                    "from_address": {"address": "help@example.com"},
+                },
+            }
+        )
+    )
+    worker = Component("streams", config, "-v")
+    try:
+        deadline = time.monotonic() + 180
+        while not any("Worker ready" in line for line in worker.lines):
+            assert worker.process.poll() is None, worker.lines
+            assert time.monotonic() < deadline, worker.lines
+            time.sleep(0.2)
+        took = worker.terminate()
+    finally:
+        if worker.process.poll() is None:
+            worker.process.kill()
+            worker.process.wait()
+    print(f"streams: {len(worker.lines)} lines, exit {took:.1f}s after SIGTERM")
+    records = worker.records()  # fails on any line that is not a JSON log record
+    assert any(r["logger"] == "faust.worker" for r in records)
+    assert worker.process.returncode == 0, worker.lines
+    assert took < EXIT_WITHIN_S
