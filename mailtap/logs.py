@@ -18,6 +18,8 @@ from typing import Literal
 
 from pythonjsonlogger.json import JsonFormatter
 
+from connectors.core.kafka_log import RepeatFilter
+
 LogFormat = Literal["text", "json"]
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -34,9 +36,15 @@ def formatter(fmt: LogFormat) -> logging.Formatter:
 
 
 def configure(level: int, fmt: LogFormat = "text") -> None:
-    """The root logger writes to stderr at ``level`` in ``fmt`` (replacing earlier handlers)."""
+    """The root logger writes to stderr at ``level`` in ``fmt`` (replacing earlier handlers).
+
+    Kafka clients that log through Python logging themselves (aiokafka under the streams worker)
+    log a condition once and then its repeat count, like librdkafka's lines
+    (:mod:`connectors.core.kafka_log`).
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
+    handler.addFilter(RepeatFilter(("aiokafka",)))
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 

@@ -61,6 +61,7 @@ _VARYING = (
     (re.compile(r"\s*\(\d+ identical error\(s\) suppressed\)"), ""),
     (re.compile(r",\s*\d+ identical error\(s\) suppressed"), ""),
     (re.compile(r"\d+ms"), "Nms"),
+    (re.compile(r"\d+/\d+ brokers"), "N/N brokers"),
 )
 
 
@@ -95,6 +96,41 @@ class _Seen:
     repeats: int = 0
 
 
+class _Repeats:
+    """Which occurrences of a condition to log: the first, then one per interval with a count."""
+
+    def __init__(self, interval: float, clock: Callable[[], float]) -> None:
+        self.interval = interval
+        self._clock = clock
+        self._seen: dict[tuple[str, str], _Seen] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, key: tuple[str, str]) -> int | None:
+        """None: suppress this occurrence; else log it, saying it repeated that many times."""
+        now = self._clock()
+        with self._lock:
+            seen = self._seen.get(key)
+            if seen is None:
+                self._seen[key] = _Seen(last_logged=now)
+                return 0
+            if now - seen.last_logged < self.interval:
+                seen.repeats += 1
+                return None
+            repeats, seen.repeats, seen.last_logged = seen.repeats, 0, now
+            return repeats
+
+    def pending(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            return {key: s.repeats for key, s in self._seen.items() if s.repeats}
+
+    def take_pending(self) -> dict[tuple[str, str], int]:
+        with self._lock:
+            out = {key: s.repeats for key, s in self._seen.items() if s.repeats}
+            for seen in self._seen.values():
+                seen.repeats = 0
+            return out
+
+
 class ClientLog:
     """The ``logger`` of every confluent-kafka client (it calls :meth:`log`), shared by all."""
 
@@ -107,9 +143,7 @@ class ClientLog:
     ) -> None:
         self.logger = logger or logging.getLogger("librdkafka")
         self.repeat_interval = repeat_interval
-        self._clock = clock
-        self._seen: dict[tuple[str, str], _Seen] = {}
-        self._lock = threading.Lock()
+        self._repeats = _Repeats(repeat_interval, clock)
 
     def log(self, level: int, fmt: str, *args: object) -> None:
         """What confluent-kafka calls: ``log(level, "%s [%s] %s", facility, client, text)``."""
@@ -136,17 +170,9 @@ class ClientLog:
         if not self.logger.isEnabledFor(level):
             return
         key = (facility, condition_of(text))
-        now = self._clock()
-        with self._lock:
-            seen = self._seen.get(key)
-            if seen is None:
-                self._seen[key] = _Seen(last_logged=now)
-                repeats = 0
-            elif now - seen.last_logged < self.repeat_interval:
-                seen.repeats += 1
-                return
-            else:
-                repeats, seen.repeats, seen.last_logged = seen.repeats, 0, now
+        repeats = self._repeats.admit(key)
+        if repeats is None:
+            return
         shown = _VARYING[0][0].sub("", text).strip()  # without librdkafka's thread name
         self._emit(level, facility, client, shown, repeats)
 
@@ -164,16 +190,11 @@ class ClientLog:
 
     def pending(self) -> dict[tuple[str, str], int]:
         """Repeats seen since each condition was last logged (not yet reported)."""
-        with self._lock:
-            return {key: s.repeats for key, s in self._seen.items() if s.repeats}
+        return self._repeats.pending()
 
     def flush(self) -> None:
         """Log the repeat counts not yet reported (at the end of a run)."""
-        with self._lock:
-            items = [(key, s.repeats) for key, s in self._seen.items() if s.repeats]
-            for _, seen in self._seen.items():
-                seen.repeats = 0
-        for (facility, text), repeats in items:
+        for (facility, text), repeats in self._repeats.take_pending().items():
             self.logger.info(
                 "kafka %s: %s (repeated %d more times before the end)",
                 facility,
@@ -181,3 +202,42 @@ class ClientLog:
                 repeats,
                 extra={"facility": facility, "client": "", "repeated": repeats},
             )
+
+
+class RepeatFilter(logging.Filter):
+    """The same treatment for Kafka clients that log through Python logging themselves
+    (aiokafka, under the streams worker: ~50 ERROR lines a second while a broker is down).
+
+    Installed on a handler, it applies to records of loggers under ``prefixes``: the first
+    occurrence of a message passes (at :func:`level_of`'s level), repeats within
+    ``repeat_interval`` are dropped, the next one after it carries the count (``repeated``).
+    """
+
+    def __init__(
+        self,
+        prefixes: tuple[str, ...] = ("aiokafka",),
+        *,
+        repeat_interval: float = REPEAT_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+        self.repeat_interval = repeat_interval
+        self._repeats = _Repeats(repeat_interval, clock)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        message = record.getMessage()
+        repeats = self._repeats.admit((record.name, condition_of(message)))
+        if repeats is None:
+            return False
+        level = level_of(record.levelno, message)
+        if level != record.levelno:
+            record.levelno, record.levelname = level, logging.getLevelName(level)
+        if repeats:
+            record.msg = f"{message} (and {repeats} more times in the last "
+            record.msg += f"{self.repeat_interval:.0f}s)"
+            record.args = None
+        record.repeated = repeats
+        return True

@@ -159,3 +159,36 @@ def test_a_stop_request_ends_init_transactions(closed_port: int, fresh_stop: Non
     threading.Timer(1.0, kafka.request_stop).start()
     with pytest.raises(kafka.StopRequested):
         kafka.init_transactions(producer, settings, timeout=90)
+
+
+def test_aiokafka_repeats_are_collapsed_by_the_cli_handler() -> None:
+    """Under the streams worker, aiokafka logged ~50 ERROR lines a second while a broker was down."""
+    from connectors.core.kafka_log import RepeatFilter
+
+    clock = Clock()
+    handler = logging.StreamHandler()
+    handler.addFilter(RepeatFilter(("aiokafka",), repeat_interval=60, clock=clock))
+    records: list[logging.LogRecord] = []
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("aiokafka.test")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        for i in range(300):
+            clock.now = i * 0.1
+            logger.error(
+                "Unable connect to node with id %s: [Errno 111] Connect call failed %s",
+                1,
+                ("127.0.0.1", 41839),
+            )
+        clock.now = 61.0
+        logger.error(
+            "Unable connect to node with id %s: [Errno 111] Connect call failed %s",
+            1,
+            ("127.0.0.1", 41839),
+        )
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+    assert [(r.levelname, r.repeated) for r in records] == [("WARNING", 0), ("WARNING", 299)]  # type: ignore[attr-defined]
+    assert records[1].getMessage().endswith("(and 299 more times in the last 60s)")
