@@ -290,10 +290,16 @@ class StreamsWorker:
         if pending:
             await asyncio.gather(*pending)
 
-    def run(self, loglevel: str = "INFO", *, override_logging: bool = True) -> None:
+    def run(
+        self,
+        loglevel: str = "INFO",
+        *,
+        override_logging: bool = True,
+        worker_class: type[faust.Worker] = faust.Worker,
+    ) -> None:
         """Run the worker until SIGTERM/SIGINT (blocking). ``override_logging=False`` keeps the
         caller's logging (the CLI's ``--log-format json`` and level) instead of faust's."""
-        worker = faust.Worker(
+        worker = worker_class(
             self.app,
             loglevel=loglevel,
             redirect_stdouts=False,
