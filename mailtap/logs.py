@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from typing import Literal
 
 from pythonjsonlogger.json import JsonFormatter
 
+from connectors.core.kafka import stop_requested
 from connectors.core.kafka_log import RepeatFilter
 
 LogFormat = Literal["text", "json"]
@@ -54,3 +56,19 @@ def current_format() -> LogFormat:
         if isinstance(handler.formatter, JsonFormatter):
             return "json"
     return "text"
+
+
+def log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook``: an exception that ends a thread becomes a log record (one JSON
+    line in JSON mode) instead of a raw traceback on stderr. While the process stops (a client
+    library's thread cancelled mid-retry, Kafka unreachable) it is one WARNING line."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logger = logging.getLogger("mailtap.threads")
+    if stop_requested():
+        logger.warning(
+            "thread %s ended while stopping: %s %s", name, args.exc_type.__name__, args.exc_value
+        )
+        return
+    logger.error("thread %s failed", name, exc_info=args.exc_value or True)

@@ -35,6 +35,7 @@ class BoundedStopWorker(faust.Worker):
 
     def _schedule_shutdown(self, signal: Any) -> None:  # mode.Worker's one signal entry point
         if not self._signal_stop_time:
+            request_stop()  # threads cancelled from here on end quietly (mailtap.logs)
             threading.Thread(target=_exit_after_grace, name="stop-deadline", daemon=True).start()
         super()._schedule_shutdown(signal)
 
