@@ -48,7 +48,8 @@ REPEAT_INTERVAL_S = 60.0
 #: may have to act); a coordinator that is loading or moving settles in seconds (INFO).
 _CONNECTION = re.compile(
     r"Connection refused|Connect to .* failed|Disconnected|transport failure|timed out|"
-    r"brokers are down|Failed to resolve|Connection reset|No route to host|Network is unreachable",
+    r"brokers are down|Failed to resolve|Connection reset|No route to host|Network is unreachable|"
+    r"KafkaConnectionError|NodeNotReady|CoordinatorNotAvailable|Connect call failed",
     re.IGNORECASE,
 )
 _SETTLING = re.compile(
