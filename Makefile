@@ -7,7 +7,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_FLAGS ?= -ra --durations=15
 
-.PHONY: venv test demo lint registry s3proxy
+.PHONY: venv test demo lint registry s3proxy image deploy-test
 
 venv:
 	./deploy/bootstrap.sh
@@ -15,6 +15,8 @@ venv:
 # The Apicurio registry (built with Maven, cached) lets the Confluent wire-format tests run
 # against a real registry, not only against confluent-kafka's mock.
 # S3Proxy (resolved with Maven, cached) is the S3-compatible server of the S3 claim-check tests.
+# One pytest session for everything, the deployment tests (tests/deploy) included, so that the
+# whole suite shares one Kafka broker, one Dovecot and one SMTP server.
 test: venv registry s3proxy
 	$(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
@@ -35,3 +37,14 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy connectors streams mailtap
+
+# The container image with podman (deploy/podman/build-image.sh: podman, runc and mmdebstrap from
+# apt, a private containers.conf, the base image from the Debian mirror; all cached).
+image:
+	./deploy/podman/build-image.sh
+
+# The shipped deployment files, run: the image, each component in a container against the test
+# services, the compose file (with the local-kafka profile), the Kubernetes manifests
+# (kubernetes-validate, podman kube play). Skips, saying why, where podman cannot run.
+deploy-test: venv registry
+	$(PYTHON) -m pytest tests/deploy $(PYTEST_FLAGS)

@@ -21,6 +21,8 @@ REQUIRED=(
   "postfix:postfix"
   "faketime:faketime"
   "default-jre-headless:java"
+  # javac: the Avro contract tests generate Java classes and compile them (test_java_avro.py).
+  "default-jdk-headless:javac"
   "maven:mvn"
 )
 

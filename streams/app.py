@@ -40,6 +40,7 @@ import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from connectors.core.config import KafkaSettings
+from connectors.core.encoding import check_topic_encodings
 from connectors.core.errors import ConfigError, DataError
 from connectors.core.kafka import admin_client, cluster_metadata
 from connectors.core.serde import AvroSerde
@@ -299,6 +300,12 @@ class StreamsWorker:
     ) -> None:
         """Run the worker until SIGTERM/SIGINT (blocking). ``override_logging=False`` keeps the
         caller's logging (the CLI's ``--log-format json`` and level) instead of faust's."""
+        # Fail at start, not at the first command: a topic of the other encoding, a registry
+        # that refuses the schemas (connectors.core.encoding, connectors.core.schemaregistry).
+        topics = self.kafka.topics
+        check_topic_encodings(self.kafka, [topics.commands, topics.workflow])
+        self.command_serde.prepare(topics.commands)
+        self.workflow_serde.prepare(topics.workflow)
         worker = worker_class(
             self.app,
             loglevel=loglevel,

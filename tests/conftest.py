@@ -13,6 +13,10 @@
 ``MAILTAP_KAFKA_BOOTSTRAP=host:port`` uses that Kafka instead of starting one.
 ``MAILTAP_TEST_STATE_DIR=DIR`` keeps the services in DIR running after the session and reuses
 them next time (fast local iterations; ``mailtap dev down --state-dir DIR`` stops them).
+
+At the end of the session, a process the session started that is still alive fails the run,
+named with its pid and command line (``tests/support/leftovers.py``); kept services are not
+counted.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ import pytest
 from connectors.core.config import S3Settings
 from mailtap.dev import Account, DevServices, down, s3proxy, up
 from mailtap.dev.process import group_members
+from tests.support.leftovers import keep as keep_past_session
+from tests.support.leftovers import pytest_sessionfinish as pytest_sessionfinish
+from tests.support.leftovers import pytest_sessionstart as pytest_sessionstart
 
 TESTS_ROOT = Path(__file__).parent
 ENV_TEST_STATE_DIR = "MAILTAP_TEST_STATE_DIR"
@@ -50,7 +57,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def services() -> Iterator[DevServices]:
     kept = os.environ.get(ENV_TEST_STATE_DIR)
     if kept:
-        yield up(Path(kept))
+        info = up(Path(kept))
+        keep_past_session(info.pids)  # kept on purpose: not leftovers of this session
+        yield info
         return
     # World-traversable so Dovecot's unprivileged mail processes can reach the maildirs.
     state_dir = Path(tempfile.mkdtemp(prefix="mailtap-test-"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -40,6 +41,7 @@ from pydantic import (
 
 from connectors.core.config_errors import closest, describe, env_sources, missing_section
 from connectors.core.errors import ConfigError
+from connectors.core.schemaregistry import DEFAULT_COMPATIBILITY, Compatibility
 
 ENV_PREFIX = "MAILTAP__"
 ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"
@@ -90,7 +92,11 @@ class KafkaSettings(StrictModel):
         default=None,
         description="Confluent-compatible registry; when unset, Avro single-object encoding is used",
     )
-    topics: TopicNames = Field(default=TopicNames(), description="topic names (DESIGN.md defaults)")
+    schema_compatibility: Compatibility = Field(
+        default=DEFAULT_COMPATIBILITY,
+        description="compatibility mailtap sets on its registry subjects before registering",
+    )
+    topics: TopicNames = Field(default=TopicNames(), description="topic names (defaults below)")
     partitions: int = Field(default=3, ge=1, description="partitions for topics mailtap creates")
     replication_factor: int = Field(
         default=1,
@@ -236,7 +242,8 @@ class MailtapConfig(StrictModel):
 
 
 def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """Return ``raw`` with ``MAILTAP__A__B=v`` and ``MAILTAP_KAFKA_BOOTSTRAP`` applied.
+    """Return ``raw`` with ``MAILTAP__A__B=v`` and ``MAILTAP_KAFKA_BOOTSTRAP`` applied; a number
+    indexes an existing list entry (``MAILTAP__IMAP__ACCOUNTS__0__PASSWORD``).
 
     >>> apply_env_overrides({"kafka": {"bootstrap_servers": "a:1"}},
     ...                     {"MAILTAP__HEALTH__PORT": "9100", "MAILTAP_KAFKA_BOOTSTRAP": "b:2"})
@@ -249,18 +256,39 @@ def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
         if not path:
             continue
-        node = merged
-        for part in path[:-1]:
-            child = node.get(part)
-            child = dict(child) if isinstance(child, Mapping) else {}
-            node[part] = child
+        node: Any = merged
+        for part, after in pairwise(path):
+            child = _child(node, part)
+            # A number after a list is an index (MAILTAP__IMAP__ACCOUNTS__0__PASSWORD): a
+            # credential of one list entry comes from the environment, the rest from the file.
+            is_list = isinstance(child, list) and after.isdigit()
+            child = list(child) if is_list else dict(child) if isinstance(child, Mapping) else {}
+            _set(node, part, child)
             node = child
-        node[path[-1]] = yaml.safe_load(value) if value else value
+        _set(node, path[-1], yaml.safe_load(value) if value else value)
     if env.get(ENV_KAFKA_BOOTSTRAP):
         kafka = dict(merged.get("kafka") or {})
         kafka["bootstrap_servers"] = env[ENV_KAFKA_BOOTSTRAP]
         merged["kafka"] = kafka
     return merged
+
+
+def _child(node: dict[str, Any] | list[Any], part: str) -> Any:
+    if isinstance(node, list):
+        return node[int(part)] if int(part) < len(node) else None
+    return node.get(part)
+
+
+def _set(node: dict[str, Any] | list[Any], part: str, value: Any) -> None:
+    if not isinstance(node, list):
+        node[part] = value
+    elif int(part) < len(node):
+        node[int(part)] = value
+    else:
+        raise ConfigError(
+            f"environment override index {part} is past the end of a list of {len(node)} "
+            f"entries; add the entry to the file first"
+        )
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> MailtapConfig:

@@ -80,9 +80,16 @@ def unreachable(kafka: KafkaSettings, reason: object, waited: float | None = Non
 
 
 def _serve_logs(client: Any) -> None:
-    # A consumer's poll() could return a record: only admin clients and producers are polled here.
-    if not isinstance(client, Consumer):
-        client.poll(0)
+    """Deliver the client's queued log lines and errors (confluent-kafka hands them over in poll).
+
+    A consumer is polled only while it has no assignment (the metadata waits here come before
+    ``assign``): with one, poll() could return a record that nobody would read.
+    """
+    if isinstance(client, Consumer):
+        if not client.assignment():
+            client.poll(0)
+        return
+    client.poll(0)
 
 
 def cluster_metadata(
@@ -246,6 +253,9 @@ def ensure_topics(
 ) -> dict[str, str]:
     """Create missing topics and align the cleanup policy of existing ones. Idempotent.
 
+    Raises ConfigError when a topic holds records of the other encoding than this configuration
+    writes (connectors.core.encoding).
+
     Returns ``{topic: "created" | "updated" | "ok"}``.
     """
     admin = admin_client(kafka)
@@ -301,4 +311,14 @@ def ensure_topics(
     for name, state in sorted(result.items()):
         if state != "ok":
             log.info("topic %s %s", name, state)
+    # Imported here: connectors.core.encoding reads the topics with this module's consumer config.
+    from connectors.core.encoding import avro_topics, check_topic_encodings
+
+    # Every component ensures the topics before it writes: the place to refuse a topic that
+    # holds the other encoding (one encoding per topic, DESIGN.md).
+    # Topics created just now are empty (and may have no partition leader yet): skip them.
+    existed = {s.name for s in present}
+    check_topic_encodings(
+        kafka, [t for t in avro_topics(kafka, retry_tiers) if t in existed], timeout
+    )
     return result

@@ -18,19 +18,24 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, no __all__
+    AdminClient,
+    OffsetSpec,
+)
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka import admin_client, cluster_metadata, consumer_config, raise_if_stopping
 
 log = logging.getLogger(__name__)
 
 SourcePartition = Mapping[str, Any]
 SourceOffset = Mapping[str, Any]
 
-#: Reading the offsets topic waits for any open transaction on it to settle (read_committed stops at
-#: the last stable offset). Our own writer's init_transactions() aborts a zombie's open transaction
-#: first, so a long wait here means the cluster is unwell: fail the start rather than hang.
+#: Reading the offsets topic waits for open transactions on it to settle (``settled``; read_committed
+#: stops at the last stable offset). Our own writer's init_transactions() aborts our zombie's open
+#: transaction first, and another source's crashed one ends at its transaction timeout, so a
+#: longer wait means the cluster is unwell: fail the read (the caller retries) rather than hang.
 READ_TIMEOUT_S = 60.0
 
 
@@ -43,15 +48,77 @@ def canonical_json(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) -> None:
+    """Wait until every transaction open on ``topic`` now has ended (committed or aborted): until
+    each partition's last stable offset reaches that partition's end as of the call.
+
+    A read_committed reader that starts after this sees every record committed before the call,
+    including the newest commits, whose markers the broker writes after answering the commit.
+    Raises TimeoutError after ``timeout`` seconds. A topic that does not exist has nothing open.
+    """
+    admin = admin_client(kafka)
+    deadline = time.monotonic() + timeout
+    target: dict[int, int] | None = None
+    while True:
+        try:
+            metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+            if metadata is None or metadata.error is not None or not metadata.partitions:
+                return
+            parts = [TopicPartition(topic, p) for p in metadata.partitions]
+            if target is None:
+                target = _ends(admin, parts, IsolationLevel.READ_UNCOMMITTED)
+            stable = _ends(admin, parts, IsolationLevel.READ_COMMITTED)
+            if all(stable.get(p, -1) >= end for p, end in target.items()):
+                return
+            waiting = f"last stable offsets {stable}, ends {target}"
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            # A new topic's leader may not be known yet (the error comes without the retriable
+            # flag when the admin client passes on the broker's answer).
+            if not error.retriable() and error.code() not in _LEADERSHIP_ERRORS:
+                raise
+            waiting = error.str()
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"{topic}: transactions open on it did not end within {timeout:.0f}s ({waiting})"
+            )
+        time.sleep(0.1)
+
+
+_LEADERSHIP_ERRORS = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+
+
+def _ends(admin: AdminClient, parts: list[TopicPartition], level: IsolationLevel) -> dict[int, int]:
+    asked = {tp: OffsetSpec.latest() for tp in parts}  # type: ignore[no-untyped-call]
+    answers = admin.list_offsets(asked, isolation_level=level, request_timeout=10)
+    return {tp.partition: future.result().offset for tp, future in answers.items()}
+
+
 class OffsetStore:
     """Reads the newest committed offset of every source partition."""
 
     def __init__(self, kafka: KafkaSettings) -> None:
         self._kafka = kafka
 
-    def read_all(self, timeout: float = READ_TIMEOUT_S) -> dict[bytes, dict[str, Any]]:
-        """``{canonical partition json: offset dict}``; a tombstone removes the partition."""
+    def read_all(
+        self, timeout: float = READ_TIMEOUT_S, *, settled: bool = False
+    ) -> dict[bytes, dict[str, Any]]:
+        """``{canonical partition json: offset dict}``; a tombstone removes the partition.
+
+        A read_committed read ends at the last stable offset: records committed behind a
+        transaction that is still open (another source's, on this one shared topic) are not
+        seen, nor, for a moment, the newest commits (the broker writes a transaction's markers
+        after it has answered the commit). ``settled`` first waits until every transaction open
+        on the topic now has ended, as Kafka Connect reads its offsets topic at start-up
+        (KIP-618), so that the result holds every offset committed before the call.
+        """
         topic = self._kafka.topics.offsets
+        if settled:
+            wait_transactions_settled(self._kafka, topic, timeout)
         consumer = Consumer(
             consumer_config(
                 self._kafka,

@@ -5,6 +5,8 @@ Two encodings, chosen by configuration (DESIGN.md, "Topics"):
 - With ``kafka.schema_registry_url``: the Confluent wire format (``0x00`` + 4-byte schema id +
   Avro binary), subjects ``<topic>-value`` (TopicNameStrategy, set explicitly: confluent-kafka 2.16's
   default asks the registry's ``/associations`` endpoint first), so stock Java/Go deserializers read it.
+  Before the first write to a topic the subjects get their compatibility rule and the key schema
+  (connectors.core.schemaregistry).
 - Without one (the local default): Avro single-object encoding from the Avro spec
   (``0xC3 0x01`` + 8-byte little-endian CRC-64-AVRO fingerprint of the parsing canonical form +
   Avro binary). No server is needed; a reader finds the writer schema by fingerprint.
@@ -13,55 +15,67 @@ Wire sample (single-object, WorkflowEvent)::
 
     c3 01 | 8 bytes fingerprint | 02 0a 54 2d 31 ...   (schema_version=1, instance_id="T-1"...)
 
-:meth:`AvroSerde.decode` accepts both encodings, so a topic can move from one to the other.
+:meth:`AvroSerde.decode` accepts both encodings (a reader never chokes on either), but a topic
+carries one: writers check it before they start (connectors.core.encoding).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import struct
-from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any
 
 import fastavro
-from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
+from connectors.core.schemaregistry import (
+    DEFAULT_COMPATIBILITY,
+    Compatibility,
+    prepare_subjects,
+    registry_client,
+)
+from connectors.core.schemas import (
+    SCHEMAS_DIR_ENV,
+    TOPIC_SCHEMAS,
+    LoadedSchema,
+    SchemaName,
+    known_writers,
+    load_schema,
+    schemas_dir,
+)
 
-SchemaName = Literal["MailEvent", "ReplyCommand", "DeliveryEvent", "WorkflowEvent"]
+__all__ = [
+    "CONFLUENT_MAGIC",
+    "SCHEMAS_DIR_ENV",
+    "SINGLE_OBJECT_MAGIC",
+    "TOPIC_SCHEMAS",
+    "AnyAvroDecoder",
+    "AvroSerde",
+    "LoadedSchema",
+    "SchemaName",
+    "load_schema",
+    "schemas_dir",
+]
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = b"\x00"
-SCHEMAS_DIR_ENV = "MAILTAP_SCHEMAS_DIR"
+#: The default symbol of every enum: what a reader gets for a symbol its schema does not know.
+#: Readers only; writers never write it (schemas/README.md, "Enums").
+UNRECOGNIZED = "UNRECOGNIZED"
 
 
-def schemas_dir() -> Path:
-    """The folder of ``*.avsc`` files: ``$MAILTAP_SCHEMAS_DIR`` or the repository's ``schemas/``."""
-    override = os.environ.get(SCHEMAS_DIR_ENV)
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "schemas"
-
-
-@dataclass(frozen=True)
-class LoadedSchema:
-    name: str
-    raw: dict[str, Any]
-    parsed: Any
-    fingerprint: bytes
-
-
-@cache
-def load_schema(name: str, path: Path | None = None) -> LoadedSchema:
-    """Parse a schema once (fastavro advice); separate ``named_schemas`` per schema and version."""
-    file = path or schemas_dir() / f"{name}.avsc"
-    raw = json.loads(file.read_text(encoding="utf-8"))
-    parsed = fastavro.parse_schema(raw, named_schemas={})
-    canonical = to_parsing_canonical_form(parsed)
-    return LoadedSchema(name, raw, parsed, bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")))
+def _enum_paths(node: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Paths (through records, optional or not; not into arrays or maps) to enum fields."""
+    for field in node.get("fields", []):
+        branches = field["type"] if isinstance(field["type"], list) else [field["type"]]
+        for branch in branches:
+            if isinstance(branch, dict) and branch.get("type") == "enum":
+                yield (*path, field["name"])
+            elif isinstance(branch, dict) and branch.get("type") == "record":
+                yield from _enum_paths(branch, (*path, field["name"]))
 
 
 def _record_unions(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -78,25 +92,6 @@ def _record_unions(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-@cache
-def _known_writers() -> dict[bytes, LoadedSchema]:
-    """Every schema version we can read: ``schemas/*.avsc`` and ``schemas/history/*.avsc``."""
-    found: dict[bytes, LoadedSchema] = {}
-    root = schemas_dir()
-    for file in sorted([*root.glob("*.avsc"), *root.glob("history/*.avsc")]):
-        loaded = load_schema(file.stem, file)
-        found[loaded.fingerprint] = loaded
-    return found
-
-
-@cache
-def _registry_client(url: str) -> Any:
-    """One client per registry URL and process: its schema-id cache is shared by every serde."""
-    from confluent_kafka.schema_registry import SchemaRegistryClient
-
-    return SchemaRegistryClient.new_client({"url": url})
-
-
 class AvroSerde:
     """Encode and decode one record type.
 
@@ -108,10 +103,19 @@ class AvroSerde:
     'T-1'
     """
 
-    def __init__(self, schema: LoadedSchema, registry_url: str | None = None) -> None:
+    def __init__(
+        self,
+        schema: LoadedSchema,
+        registry_url: str | None = None,
+        compatibility: Compatibility = DEFAULT_COMPATIBILITY,
+    ) -> None:
         self.schema = schema
         self._registry_url = registry_url
+        self._compatibility = compatibility
+        self._schema_str = json.dumps(schema.raw)
+        self._prepared_topics: set[str] = set()
         self._record_unions = _record_unions(schema.raw)
+        self._enum_paths = tuple(_enum_paths(schema.raw))
         self._serializer: Any = None
         self._deserializer: Any = None
         if registry_url:
@@ -119,19 +123,21 @@ class AvroSerde:
 
     @classmethod
     def for_schema(cls, name: SchemaName, kafka: KafkaSettings | None = None) -> AvroSerde:
-        return cls(load_schema(name), kafka.schema_registry_url if kafka else None)
+        if kafka is None:
+            return cls(load_schema(name))
+        return cls(load_schema(name), kafka.schema_registry_url, kafka.schema_compatibility)
+
+    @property
+    def encoding(self) -> str:
+        """``"confluent"`` with a registry, else ``"single-object"`` (what :meth:`encode` writes)."""
+        return "confluent" if self._registry_url else "single-object"
 
     def _init_registry(self, url: str) -> None:
-        try:
-            from confluent_kafka.schema_registry import topic_subject_name_strategy
-            from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ImportError(
-                "a schema registry is configured but confluent-kafka's registry support is "
-                "missing: pip install 'confluent-kafka[avro,schemaregistry]'"
-            ) from exc
-        client = _registry_client(url)
-        schema_str = json.dumps(self.schema.raw)
+        client = registry_client(url)
+        from confluent_kafka.schema_registry import topic_subject_name_strategy
+        from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
+
+        schema_str = self._schema_str
         self._serializer = AvroSerializer(
             client,
             schema_str,
@@ -145,11 +151,14 @@ class AvroSerde:
         )
 
     def encode(self, value: dict[str, Any], topic: str) -> bytes:
+        self._refuse_placeholder(value)
         if self._record_unions:
             value = self._with_branches(value)
         if self._serializer is not None:
             from confluent_kafka.serialization import MessageField, SerializationContext
 
+            if topic not in self._prepared_topics:
+                self.prepare(topic)
             ctx = SerializationContext(topic, MessageField.VALUE)
             out: bytes = self._serializer(value, ctx)
             return out
@@ -158,6 +167,27 @@ class AvroSerde:
         buf.write(self.schema.fingerprint)
         fastavro.schemaless_writer(buf, self.schema.parsed, value)
         return buf.getvalue()
+
+    def _refuse_placeholder(self, value: dict[str, Any]) -> None:
+        """UNRECOGNIZED stands for "a symbol this reader does not know"; written, it would mean
+        nothing, and readers of the first released schema (no enum defaults) could not read it."""
+        for path in self._enum_paths:
+            datum: Any = value
+            for name in path:
+                datum = datum.get(name) if isinstance(datum, dict) else None
+            if datum == UNRECOGNIZED:
+                raise DataError(
+                    f"{self.schema.name}.{'.'.join(path)}: {UNRECOGNIZED} is the reader's "
+                    f"placeholder for an unknown symbol; a writer must name a real one"
+                )
+
+    def prepare(self, topic: str) -> None:
+        """With a registry: set the compatibility of ``<topic>-key``/``-value`` and register the
+        key and value schemas (connectors.core.schemaregistry). :meth:`encode` does it before
+        the first write to a topic; a component may call it at start to fail there instead."""
+        if self._registry_url:
+            prepare_subjects(self._registry_url, topic, self._schema_str, self._compatibility)
+            self._prepared_topics.add(topic)
 
     def _with_branches(self, value: dict[str, Any]) -> dict[str, Any]:
         """Name the branch of each top-level ``["null", record]`` union (fastavro's tuple
@@ -174,7 +204,7 @@ class AvroSerde:
     def decode(self, data: bytes, topic: str = "") -> dict[str, Any]:
         """Decode either encoding into a dict of the current (reader) schema."""
         if data[:2] == SINGLE_OBJECT_MAGIC:
-            writer = _known_writers().get(data[2:10])
+            writer = known_writers().get(data[2:10])
             if writer is None:
                 raise DataError(
                     f"unknown schema fingerprint {data[2:10].hex()} for {self.schema.name}: "
@@ -211,7 +241,7 @@ class AnyAvroDecoder:
     def decode(self, data: bytes, topic: str = "") -> tuple[str, dict[str, Any]]:
         """Return ``(schema name, record)``."""
         if data[:2] == SINGLE_OBJECT_MAGIC:
-            writer = _known_writers().get(data[2:10])
+            writer = known_writers().get(data[2:10])
             if writer is None:
                 raise DataError(f"unknown schema fingerprint {data[2:10].hex()}")
             record: dict[str, Any] = fastavro.schemaless_reader(  # type: ignore[assignment]
@@ -222,7 +252,7 @@ class AnyAvroDecoder:
             if self._deserializer is None:
                 from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-                self._deserializer = AvroDeserializer(_registry_client(self._registry_url))
+                self._deserializer = AvroDeserializer(registry_client(self._registry_url))
             from confluent_kafka.serialization import MessageField, SerializationContext
 
             decoded: dict[str, Any] = self._deserializer(

@@ -25,6 +25,7 @@ from connectors.core import faults
 from connectors.core.claimcheck import open_configured
 from connectors.core.config import MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
+from connectors.core.encoding import check_topic_encodings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
@@ -99,7 +100,8 @@ class EwsSource:
             metrics=self.metrics,
             stop=self.stop_event,
             writer_factory=writer_factory,
-            read_offsets=lambda: OffsetStore(kafka).read_all(),
+            # Settled: a cursor committed behind another source's open transaction counts.
+            read_offsets=lambda: OffsetStore(kafka).read_all(settled=True),
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
             transactional_id=transactional_id(
                 TRANSACTIONAL_ID_PREFIX, source_partition(account.name, folder)
@@ -113,6 +115,8 @@ class EwsSource:
         return self._health.port if self._health is not None else None
 
     def start(self) -> None:
+        # One encoding per topic: refuse to write mail.events framed otherwise than it is.
+        check_topic_encodings(self.cfg.kafka, [self.cfg.kafka.topics.events])
         if self._serve_health:
             h = self.cfg.health
             self._health = HealthServer(self.metrics, h.host, h.port, h.max_sync_age_seconds)

@@ -5,7 +5,9 @@ Lifecycle (one thread per (account, folder); the exchangelib Account never leave
     run()
       writer = TransactionalSourceWriter(txn id of (ews, account, folder))   # fences a zombie
       cursor = offsets topic, read_committed, AFTER init_transactions   # zombie's txn aborted
-      loop: session() until stopped; any error -> BACKOFF -> reconnect
+      loop: session() until stopped; any error -> BACKOFF -> reconnect, with the cursor in
+            memory (the last committed); a failed write -> a new writer, then the cursor read
+            again (never otherwise: a read_committed read can lag this source's own commits)
 
     session()
       CONNECTING (GetFolder)
@@ -149,10 +151,9 @@ class EwsFolderWorker:
                     self._back_off(exc)
         finally:
             self._drop_connection()
-            if self._writer is not None and not self.fenced:
-                with contextlib.suppress(Exception):
-                    self._writer.close()
-            self._writer = None  # releases the producer (librdkafka stops reconnecting)
+            if self.fenced:
+                self._writer = None
+            self._discard_writer()  # releases the producer (librdkafka stops reconnecting)
             self._to(S.STOPPED)
 
     def _to(self, new: WorkerState, reason: str = "") -> None:
@@ -173,9 +174,9 @@ class EwsFolderWorker:
         )
 
     def _back_off(self, exc: Exception) -> None:
+        # The cursor in memory is the last one committed (see _commit), so it is kept: reading it
+        # back from Kafka now could return an older one (see _load_cursor).
         self._drop_connection()
-        if not isinstance(exc, ConnectionLost):
-            self.cursor = None  # Kafka or unknown trouble: re-read the committed cursor
         delay = backoff_delay(
             exc,
             backoff=self.backoff,
@@ -235,6 +236,15 @@ class EwsFolderWorker:
             self.backoff.reset()
 
     def _load_cursor(self, conn: EwsConnection) -> EwsCursor:
+        """The committed cursor, read only right after init_transactions (a new writer).
+
+        A read_committed read ends at the last stable offset, which can lie before this source's
+        own newest commit: for a moment after every commit (the broker answers the commit before
+        it writes the transaction markers), and for as long as another source keeps a
+        transaction open on the shared offsets topic. init_transactions settles our own
+        transactions; reading at any other time could find an older cursor (mail published
+        twice) or none at all (``start: latest`` would then skip mail that arrived meanwhile).
+        """
         stored = self._read_offsets().get(self._partition_key)
         if stored:
             return EwsCursor.from_offset(stored)
@@ -335,5 +345,20 @@ class EwsFolderWorker:
 
     def _commit(self, records: Sequence[SourceRecord], cursor: EwsCursor) -> None:
         assert self._writer is not None
-        self._writer.write(records, [(self.partition, cursor.to_offset())])
+        try:
+            self._writer.write(records, [(self.partition, cursor.to_offset())])
+        except FencedError:
+            raise
+        except Exception:
+            # Whether the batch committed is not known for sure (a commit that timed out can
+            # still land): a new writer's init_transactions settles it, and run() reads the
+            # cursor back after that.
+            self._discard_writer()
+            raise
         self.cursor = cursor
+
+    def _discard_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()

@@ -186,6 +186,15 @@ class ImapSourceSettings(_Strict):
     idle_renew_seconds: float = Field(
         default=540.0, gt=0, le=1500, description="IDLE is ended and restarted at this interval"
     )
+    #: Dovecot tells an IDLE session neither a UIDVALIDITY change nor a deleted folder (it
+    #: answers the session's next command with BYE). IDLE is ended this often for a NOOP and a
+    #: STATUS (two round trips), which bounds how late such a change is noticed.
+    uidvalidity_check_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=1500,
+        description="IDLE is interrupted this often to notice a UIDVALIDITY change or a deleted folder",
+    )
     #: A dropped IDLE notification must not delay mail forever: a full re-sync (new mail, flag
     #: changes, expunges) at this interval even when IDLE says nothing happened.
     catchup_poll_seconds: float = Field(

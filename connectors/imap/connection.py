@@ -45,6 +45,7 @@ from connectors.imap.errors import (
     AuthenticationError,
     ConfigError,
     ConnectionLost,
+    FolderMissing,
     ImapProtocolError,
 )
 from connectors.imap.fetchparse import FetchResponse, parse_fetch
@@ -112,6 +113,18 @@ def _wire(operation: str) -> Iterator[None]:
         raise ConnectionLost(f"{operation}: {type(exc).__name__}: {exc}") from exc
     except imap_exc.IMAPClientError as exc:
         raise ImapProtocolError(f"{operation}: {exc}") from exc
+
+
+def _uidvalidity_code(response: tuple[Any, ...]) -> bool:
+    """``* OK [UIDVALIDITY n] ...`` (RFC 3501 7.1): a server may announce a new UIDVALIDITY.
+
+    >>> _uidvalidity_code((b"OK", b"[UIDVALIDITY 1700000000] UIDs valid"))
+    True
+    >>> _uidvalidity_code((b"OK", b"Still here"))
+    False
+    """
+    text = response[1] if len(response) > 1 else b""
+    return isinstance(text, bytes) and text.upper().startswith(b"[UIDVALIDITY ")
 
 
 def _text(value: bytes | str) -> str:
@@ -293,8 +306,15 @@ class ImapConnection:
     # --- folder ------------------------------------------------------------------------------
 
     def select(self, folder: str, readonly: bool = False) -> FolderStatus:
-        with _wire(f"select {folder}"):
-            info = self.client.select_folder(folder, readonly=readonly)
+        """SELECT (or EXAMINE) ``folder``; :class:`FolderMissing` when the server has no such
+        folder (deleted, renamed, or never created), as LIST says, not the NO's wording."""
+        try:
+            with _wire(f"select {folder}"):
+                info = self.client.select_folder(folder, readonly=readonly)
+        except ImapProtocolError as exc:
+            if not self.folder_exists(folder):
+                raise FolderMissing(f"folder {folder} does not exist on the server") from exc
+            raise
         hms = info.get(b"HIGHESTMODSEQ")
         return FolderStatus(
             uidvalidity=int(info[b"UIDVALIDITY"]),
@@ -317,6 +337,10 @@ class ImapConnection:
             highestmodseq=int(hms) if hms is not None else None,
             exists=int(info[b"MESSAGES"]),
         )
+
+    def folder_exists(self, folder: str) -> bool:
+        with _wire(f"list {folder}"):
+            return bool(self.client.folder_exists(folder))
 
     def create_folder(self, folder: str) -> None:
         with _wire(f"create {folder}"):
@@ -515,6 +539,8 @@ class ImapConnection:
                 expunged = True
             elif kind == b"FETCH":
                 flags_changed = True
+            elif head == b"OK" and _uidvalidity_code(response):
+                other = True  # "* OK [UIDVALIDITY n]": the sync's STATUS compares it
             elif kind == b"RECENT" or head == b"OK":
                 continue  # "* OK Still here" keep-alives and RECENT counters
             else:
@@ -522,8 +548,18 @@ class ImapConnection:
         return IdleOutcome(new_mail, expunged, flags_changed, other)
 
     def noop(self) -> IdleOutcome:
-        with _wire("noop"):
-            _, responses = self.client.noop()
+        """NOOP: what changed, as IDLE would say it. Dovecot answers a NOOP in a session whose
+        folder changed UIDVALIDITY or was deleted with ``* BYE IMAP session state is
+        inconsistent, please relogin.`` and closes: that BYE is in the ConnectionLost."""
+        client = self.client
+        try:
+            with _wire("noop"):
+                _, responses = client.noop()
+        except ConnectionLost as exc:
+            bye = client._imap.untagged_responses.get("BYE")
+            if bye:
+                raise ConnectionLost(f"noop: server said BYE: {_text(bye[-1])}") from exc
+            raise
         return self._classify(responses)
 
     # --- side effects ------------------------------------------------------------------------

@@ -13,6 +13,7 @@ __all__ = [
     "AuthenticationError",
     "ConfigError",
     "ConnectionLost",
+    "FolderMissing",
     "ImapError",
     "ImapProtocolError",
 ]
@@ -28,3 +29,8 @@ class ConnectionLost(ImapError, ConnectionError):
 
 class ImapProtocolError(ImapError):
     """The server answered NO or BAD to a command we expected to succeed."""
+
+
+class FolderMissing(ImapProtocolError):
+    """A watched folder does not exist on the server (deleted or renamed under the source, or
+    never created): its worker waits for it; the account's other folders go on."""

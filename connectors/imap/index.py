@@ -12,6 +12,11 @@ private temporary SQLite database (on disk, deleted when closed) behind a small 
 connector's memory stays flat however large the mailbox is (issue #3). It is a cache of the
 events topic, so nothing about it needs to be durable.
 
+It also decides the key of a mail whose Message-ID another mail of the account has already
+(:func:`~connectors.core.mail.identity.key_candidates`): each key is stored with the content
+fingerprint it was published with, so the same mail always finds its own key again (after a
+move, a rescan, a restart) and a different mail gets a distinct ``#<fp8>`` key.
+
 Thread-safe: the folder workers of an account run on their own threads.
 """
 
@@ -24,13 +29,16 @@ import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
 from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.mail.identity import key_candidates, message_id_of_key
 from connectors.core.serde import AvroSerde
+from connectors.imap.syncrounds import SyncRounds
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +67,24 @@ _PRAGMAS = (
     "PRAGMA temp_store=FILE",
 )
 
-# ``keys``: one row per known key (published and not tombstoned) with its number of locations;
+# ``keys``: one row per known key (published and not tombstoned) with its number of locations
+# and the content fingerprint it was published with (NULL: unknown, an event written before
+# events carried it);
 # ``locations``: ``(folder, uid) -> key`` under the UIDVALIDITY it was seen with. A forgotten key
 # may keep rows in ``locations`` (as the worker's expunge handling expects): removing one then
 # returns the key with no location left.
 _SCHEMA = (
-    "CREATE TABLE keys (key TEXT PRIMARY KEY, places INTEGER NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE keys (key TEXT PRIMARY KEY, places INTEGER NOT NULL, fingerprint TEXT)"
+    " WITHOUT ROWID",
     "CREATE TABLE locations (folder INTEGER NOT NULL, uid INTEGER NOT NULL,"
     " key TEXT NOT NULL, uidvalidity INTEGER, PRIMARY KEY (folder, uid)) WITHOUT ROWID",
 )
 
 Location = tuple[str, str, int | None, int | None]
 """``(key, folder, uidvalidity, uid)`` as given to `AccountIndex.register_many`."""
+
+Sighting = tuple[str, str | None, str, int | None, int | None]
+"""``(key, fingerprint, folder, uidvalidity, uid)`` as given to `AccountIndex.place_many`."""
 
 
 def _open_temporary_db() -> sqlite3.Connection:
@@ -98,7 +112,12 @@ class AccountIndex:
         self._folders: dict[str, int] = {}
         #: Number of rows in ``keys``, kept here because ``count(*)`` scans the table.
         self._known = 0
+        #: Bare Message-ID keys some other mail holds a ``#`` key of (a few: mails sharing an
+        #: id are rare); only their mails need the suffixed keys looked up.
+        self._split: set[str] = set()
         self._lock = threading.Lock()
+        #: When each folder of the account last synced: decides when an expunge is a tombstone.
+        self.rounds = SyncRounds()
 
     # --- publishing ------------------------------------------------------------------------------
 
@@ -113,32 +132,63 @@ class AccountIndex:
     def register_many(self, items: Sequence[Location]) -> list[bool]:
         """`register` each ``(key, folder, uidvalidity, uid)`` in order, in one transaction;
         returns what each `register` call would have returned."""
-        known: list[bool] = []
+        sightings = [(key, None, folder, v, uid) for key, folder, v, uid in items]
+        return [known for _, known in self.place_many(sightings, resolve=False)]
+
+    def place(
+        self,
+        key: str,
+        fingerprint: str | None,
+        folder: str,
+        uidvalidity: int | None,
+        uid: int | None,
+    ) -> tuple[str, bool]:
+        """`register` a mail parsed as ``key`` with this content fingerprint under the key the
+        account knows it by; returns ``(key, known before)``."""
+        return self.place_many([(key, fingerprint, folder, uidvalidity, uid)])[0]
+
+    def place_many(self, items: Sequence[Sighting], resolve: bool = True) -> list[tuple[str, bool]]:
+        """`place` each ``(key, fingerprint, folder, uidvalidity, uid)`` in order, in one
+        transaction. With ``resolve=False`` the keys are taken as they are (the events topic
+        read back at start) and only their fingerprints recorded."""
+        placed: list[tuple[str, bool]] = []
         with self._lock:
             with self._transaction():
                 for start in range(0, len(items), CHUNK):
-                    known.extend(self._register_chunk(items[start : start + CHUNK]))
-            self._known += known.count(False)
-            return known
+                    placed.extend(self._register_chunk(items[start : start + CHUNK], resolve))
+            self._known += sum(1 for _, known in placed if not known)
+            return placed
 
-    def _register_chunk(self, items: Sequence[Location]) -> list[bool]:
+    def _register_chunk(self, items: Sequence[Sighting], resolve: bool) -> list[tuple[str, bool]]:
         # Read the rows the chunk touches, apply the chunk to them in memory with the rules of
         # one `register` call, write back what changed: a few statements per chunk, not per mail.
         wanted: dict[int, list[int]] = {}
-        for _, folder, _, uid in items:
+        for _, _, folder, _, uid in items:
             if uid is not None:
                 wanted.setdefault(self._folder_id(folder), []).append(uid)
         located = self._locations(wanted)
-        places = self._places({key for key, *_ in items} | {key for key, _ in located.values()})
-        changed_places: set[str] = set()
+        rows = self._rows({key for key, *_ in items} | {key for key, _ in located.values()})
+        if resolve:
+            rows.update(self._rows(self._suffixed(items, rows, self._split)))
+        changed_rows: set[str] = set()
         changed_locations: set[tuple[int, int]] = set()
-        known: list[bool] = []
-        for key, folder, uidvalidity, uid in items:
-            known.append(key in places)
-            count = places.setdefault(key, 0)
-            changed_places.add(key)
+        placed: list[tuple[str, bool]] = []
+        for key, fingerprint, folder, uidvalidity, uid in items:
+            if resolve and fingerprint:
+                bare, row = key, rows.get(key)
+                if bare in self._split or (row is not None and row[1] not in (fingerprint, None)):
+                    key = _choose(key_candidates(key, fingerprint), fingerprint, rows)
+                    if key != bare:
+                        self._split.add(bare)
+            elif (base := _split_base(key)) is not None:
+                self._split.add(base)  # a ``#`` key read back from the events topic
+            placed.append((key, key in rows))
+            row = rows.setdefault(key, [0, fingerprint])
+            if fingerprint is not None:
+                row[1] = fingerprint
+            changed_rows.add(key)
             if uid is None:
-                places[key] = count + 1
+                row[0] += 1
                 continue
             where = (self._folders[folder], uid)
             old = located.get(where)
@@ -146,19 +196,19 @@ class AccountIndex:
             changed_locations.add(where)
             if old is not None and old[0] == key:
                 continue  # seen again where it was: only the UIDVALIDITY may be new
-            if old is not None and old[0] in places:  # a forgotten key has no places to drop
-                places[old[0]] = max(places[old[0]] - 1, 0)
-                changed_places.add(old[0])
-            places[key] += 1
+            if old is not None and old[0] in rows:  # a forgotten key has no places to drop
+                rows[old[0]][0] = max(rows[old[0]][0] - 1, 0)
+                changed_rows.add(old[0])
+            row[0] += 1
         self._db.executemany(
-            "INSERT OR REPLACE INTO keys (key, places) VALUES (?, ?)",
-            [(key, places[key]) for key in changed_places],
+            "INSERT OR REPLACE INTO keys (key, places, fingerprint) VALUES (?, ?, ?)",
+            [(key, *rows[key]) for key in changed_rows],
         )
         self._db.executemany(
             "INSERT OR REPLACE INTO locations (folder, uid, key, uidvalidity) VALUES (?, ?, ?, ?)",
             [(f, uid, *located[(f, uid)]) for f, uid in changed_locations],
         )
-        return known
+        return placed
 
     def _locations(
         self, wanted: dict[int, list[int]]
@@ -174,11 +224,32 @@ class AccountIndex:
                 found[(folder, uid)] = (key, uidvalidity)
         return found
 
-    def _places(self, keys: set[str]) -> dict[str, int]:
+    @staticmethod
+    def _suffixed(
+        items: Sequence[Sighting], rows: dict[str, list[Any]], split: set[str]
+    ) -> set[str]:
+        """The suffixed candidate keys worth looking up: only for a mail whose bare key has
+        ``#`` keys, is stored with another fingerprint, or is shared with another mail of the
+        chunk. The usual mail (a new Message-ID, or the same mail again) needs none."""
+        names: set[str] = set()
+        first: dict[str, str | None] = {}  # the fingerprint each key came with first
+        for key, fingerprint, *_ in items:
+            if not fingerprint:
+                continue
+            stored = rows[key][1] if key in rows else first.setdefault(key, fingerprint)
+            if key in split or (stored is not None and stored != fingerprint):
+                names.update(key_candidates(key, fingerprint)[1:])
+        return names
+
+    def _rows(self, keys: set[str]) -> dict[str, list[Any]]:
+        """``{key: [places, fingerprint]}`` of the known ones among ``keys``."""
+        if not keys:
+            return {}
         rows = self._db.execute(
-            f"SELECT key, places FROM keys WHERE key IN ({_marks(len(keys))})", tuple(keys)
+            f"SELECT key, places, fingerprint FROM keys WHERE key IN ({_marks(len(keys))})",
+            tuple(keys),
         )
-        return dict(rows)
+        return {key: [places, fingerprint] for key, places, fingerprint in rows}
 
     # --- reconciling expunges --------------------------------------------------------------------
 
@@ -230,6 +301,23 @@ class AccountIndex:
                 left = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
             return key, left is not None and left[0] > 0
 
+    def located(self, key: str) -> bool:
+        """True when ``key`` has a location in some folder (a copy, or where it was moved)."""
+        with self._lock:
+            row = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
+            return row is not None and row[0] > 0
+
+    def forget_unless_located(self, key: str) -> bool:
+        """`forget` ``key`` unless it has a location (checked and done at once, so a folder
+        registering it meanwhile keeps it); True when it has no location (forgotten now or
+        before)."""
+        with self._lock:
+            row = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
+            if row is not None and row[0] > 0:
+                return False
+            self._known -= self._db.execute("DELETE FROM keys WHERE key = ?", (key,)).rowcount
+            return True
+
     def forget(self, key: str) -> None:
         """The key was tombstoned (it has no location left)."""
         with self._lock:
@@ -252,9 +340,8 @@ class AccountIndex:
 
     @staticmethod
     def message_id(key: str) -> str | None:
-        """The normalized Message-ID inside a MESSAGE_ID key (``<account>/mid:<id>``)."""
-        _, sep, message_id = key.partition("/mid:")
-        return message_id if sep else None
+        """The normalized Message-ID inside a MESSAGE_ID key (``<account>/mid:<id>[#<fp>]``)."""
+        return message_id_of_key(key)
 
     def __len__(self) -> int:
         with self._lock:
@@ -285,6 +372,33 @@ def _marks(count: int) -> str:
     return ",".join("?" * count)
 
 
+def _split_base(key: str) -> str | None:
+    """The bare key of a ``#`` key (``<account>/mid:<id>#<hex>``), else None."""
+    message_id = message_id_of_key(key)
+    if message_id is None or "#" not in key[key.index("/mid:") :]:
+        return None
+    bare = f"{key.partition('/mid:')[0]}/mid:{message_id}"
+    return bare if bare != key else None
+
+
+def _choose(candidates: tuple[str, ...], fingerprint: str, rows: dict[str, list[Any]]) -> str:
+    """The key for a mail with this fingerprint among its ``candidates`` (identity.py): the one
+    stored with the same fingerprint, else the bare key when its fingerprint is unknown (an
+    event from before events carried one: taken as this mail, the rule of that time), else
+    the first one no other mail has."""
+    for key in candidates:
+        row = rows.get(key)
+        if row is not None and row[1] == fingerprint:
+            return key
+    first = rows.get(candidates[0])
+    if first is not None and first[1] is None:
+        return candidates[0]
+    for key in candidates:
+        if key not in rows:
+            return key
+    return candidates[-1]  # every prefix taken by another mail: only the whole digest is left
+
+
 def load_indexes(
     kafka: KafkaSettings, serde: AvroSerde, accounts: Iterable[str], timeout: float = LOAD_TIMEOUT_S
 ) -> dict[str, AccountIndex]:
@@ -308,7 +422,7 @@ def load_indexes(
             raise_if_stopping()
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
-            seen: list[tuple[str, str, str | None, int | None, int | None]] = []
+            seen: list[_Latest] = []
             for msg in consumer.consume(1000, 0.5):
                 err = msg.error()
                 if err is not None:
@@ -322,7 +436,7 @@ def load_indexes(
                     seen.append(where)
             latest.record(seen)
         for account, batch in latest.batches(LOAD_BATCH):
-            indexes[account].register_many(batch)
+            indexes[account].place_many(batch, resolve=False)
     finally:
         consumer.close()
         latest.close()
@@ -336,6 +450,10 @@ def load_indexes(
     return indexes
 
 
+_Latest = tuple[str, str, str | None, int | None, int | None, str | None]
+"""``(key, account, folder, uidvalidity, uid, fingerprint)`` of the newest event of a key."""
+
+
 class _LatestLocations:
     """The newest location per key while the events topic is read (the compacted topic's
     meaning), staged in a temporary database like the index itself: a restart over a large
@@ -346,32 +464,34 @@ class _LatestLocations:
         # The rowid keeps the order in which keys were first seen; a NULL folder is a tombstone.
         self._db.execute(
             "CREATE TABLE latest (key TEXT NOT NULL UNIQUE, account TEXT NOT NULL,"
-            " folder TEXT, uidvalidity INTEGER, uid INTEGER)"
+            " folder TEXT, uidvalidity INTEGER, uid INTEGER, fingerprint TEXT)"
         )
 
-    def record(self, seen: Sequence[tuple[str, str, str | None, int | None, int | None]]) -> None:
-        """Upsert ``(key, account, folder, uidvalidity, uid)`` rows in topic order."""
+    def record(self, seen: Sequence[_Latest]) -> None:
+        """Upsert ``(key, account, folder, uidvalidity, uid, fingerprint)`` rows in topic order."""
         if not seen:
             return
         self._db.execute("BEGIN")
         self._db.executemany(
-            "INSERT INTO latest (key, account, folder, uidvalidity, uid) VALUES (?, ?, ?, ?, ?)"
+            "INSERT INTO latest (key, account, folder, uidvalidity, uid, fingerprint)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
             " ON CONFLICT (key) DO UPDATE SET folder = excluded.folder,"
-            " uidvalidity = excluded.uidvalidity, uid = excluded.uid",
+            " uidvalidity = excluded.uidvalidity, uid = excluded.uid,"
+            " fingerprint = coalesce(excluded.fingerprint, fingerprint)",
             seen,
         )
         self._db.execute("COMMIT")
 
-    def batches(self, size: int) -> Iterator[tuple[str, list[Location]]]:
+    def batches(self, size: int) -> Iterator[tuple[str, list[Sighting]]]:
         """The live (not tombstoned) locations, per account, ``size`` at a time."""
-        pending: dict[str, list[Location]] = {}
+        pending: dict[str, list[Sighting]] = {}
         rows = self._db.execute(
-            "SELECT key, account, folder, uidvalidity, uid FROM latest"
+            "SELECT key, account, folder, uidvalidity, uid, fingerprint FROM latest"
             " WHERE folder IS NOT NULL ORDER BY rowid"
         )
-        for key, account, folder, uidvalidity, uid in rows:
+        for key, account, folder, uidvalidity, uid, fingerprint in rows:
             batch = pending.setdefault(account, [])
-            batch.append((key, folder, uidvalidity, uid))
+            batch.append((key, fingerprint, folder, uidvalidity, uid))
             if len(batch) >= size:
                 yield account, batch
                 pending[account] = []
@@ -388,9 +508,10 @@ def _location_of(
     value: bytes | None,
     indexes: dict[str, AccountIndex],
     serde: AvroSerde,
-) -> tuple[str, str, str | None, int | None, int | None] | None:
-    """``(key, account, folder, uidvalidity, uid)`` of one event of a watched account (folder None
-    for a tombstone), or None when the record says nothing about where an IMAP mail is."""
+) -> _Latest | None:
+    """``(key, account, folder, uidvalidity, uid, fingerprint)`` of one event of a watched
+    account (folder None for a tombstone), or None when the record says nothing about where an
+    IMAP mail is."""
     if key is None:
         return None
     text = key.decode("utf-8", "replace")
@@ -398,7 +519,7 @@ def _location_of(
     if account not in indexes:
         return None
     if value is None:
-        return text, account, None, None, None
+        return text, account, None, None, None, None
     try:
         event = serde.decode(value)
     except DataError:
@@ -406,4 +527,11 @@ def _location_of(
     source = event.get("source") or {}
     if source.get("kind") != "IMAP":
         return None
-    return text, account, source["folder"], source.get("uidvalidity"), source.get("uid")
+    return (
+        text,
+        account,
+        source["folder"],
+        source.get("uidvalidity"),
+        source.get("uid"),
+        event.get("content_fingerprint"),
+    )

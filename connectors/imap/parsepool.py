@@ -16,8 +16,13 @@ already known to the account (a move or copy: UPDATED) is the account index's to
 parent, which rebuilds those few mails itself.
 
 Children are started with ``spawn`` (the parent has Kafka and IMAP threads; ``fork`` would copy
-their locks), ignore Ctrl-C (the parent shuts them down) and exit within half a second of the
-parent's death, so a ``kill -9`` of the source leaves no orphan behind.
+their locks), ignore Ctrl-C (the parent shuts them down) and exit as soon as the parent is gone,
+whenever it dies, so a ``kill -9`` of the source leaves no orphan behind: each child watches
+the pipe ``spawn`` starts it with (``multiprocessing.parent_process().sentinel``), whose write
+end only the parent holds; its EOF is the parent's death, also when it came before the child
+finished starting. multiprocessing's resource tracker (started by the parent for the pool's
+semaphores) holds no such pipe of its own: it ends at the EOF of its command pipe, once the
+parent and these children, the only holders of the write end, are gone.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ from __future__ import annotations
 import functools
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -42,9 +47,6 @@ from connectors.imap.connection import FetchedMail
 from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder
 
 log = logging.getLogger(__name__)
-
-#: How often a parse process checks that the source is still its parent.
-PARENT_CHECK_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -140,14 +142,21 @@ _stores: dict[ClaimCheckSettings, ClaimCheckStore] = {}
 
 def _init_child() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
+    parent = multiprocessing.parent_process()
+    if parent is None:  # pragma: no cover - the pool's children are always spawned
+        raise RuntimeError("a parse process must be started by multiprocessing")
+    threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True).start()
 
 
-def _exit_with(parent: int) -> None:
+def _exit_with(sentinel: int) -> None:
     """Leave when the source is gone (a ``kill -9`` gives no chance to shut the pool down).
-    Not PR_SET_PDEATHSIG: that fires when the *thread* that spawned the child ends."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_CHECK_S)
+
+    ``sentinel`` turns readable (EOF) when the parent's end closes, which the kernel does when
+    the parent dies, also before this child got here; a getppid() comparison made here would
+    miss a parent that died while the child was still importing. Not PR_SET_PDEATHSIG: that
+    fires when the *thread* that spawned the child ends.
+    """
+    multiprocessing.connection.wait([sentinel])
     os._exit(1)
 
 
@@ -171,8 +180,8 @@ def _build_batch(
 ) -> ParsedBatch:
     builder = _builder(spec)
 
-    def change(mail: FetchedMail, _key: str) -> ChangeKind:
-        return "RESCANNED" if mail.uid < rescan_until else "ADDED"
+    def change(mail: FetchedMail, key: str, _fingerprint: str | None) -> tuple[str, ChangeKind]:
+        return key, "RESCANNED" if mail.uid < rescan_until else "ADDED"
 
     with builder.staged_blobs() as blobs:
         built = builder.build_all(mails, uidvalidity, change, blobs)

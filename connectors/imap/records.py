@@ -37,6 +37,17 @@ log = logging.getLogger(__name__)
 
 ChangeKind = Literal["ADDED", "UPDATED", "RESCANNED"]
 
+#: ``place(parsed key, content fingerprint) -> (key, change)``: the key the account publishes
+#: the mail under (the parsed one, or a distinct one when another mail of the account has its
+#: Message-ID: connectors/core/mail/KEYS.md) and its ChangeKind.
+Placement = Callable[[str, "str | None"], tuple[str, ChangeKind]]
+
+
+def fixed(change: ChangeKind) -> Placement:
+    """A placement that keeps the parsed key and says ``change``."""
+    return lambda key, _fingerprint: (key, change)
+
+
 #: Flags that describe the session, not the mail (RFC 3501 2.3.2: \Recent is per session).
 SESSION_FLAGS = frozenset({"\\Recent"})
 
@@ -55,6 +66,8 @@ class BuiltMail:
     message_id: str | None
     records: tuple[SourceRecord, ...]
     dlq: bool
+    #: The content fingerprint (KEYS.md), which places the mail in the account index.
+    fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -104,11 +117,12 @@ class RecordBuilder:
         self,
         mail: FetchedMail,
         uidvalidity: int,
-        change_for: Callable[[str], ChangeKind],
+        change_for: Placement,
         folder: str | None = None,
         location: tuple[int, int] | None = None,
     ) -> BuiltMail:
-        """Records for ``mail``; ``change_for(key)`` decides ADDED/UPDATED/RESCANNED.
+        """Records for ``mail``; ``change_for(key, fingerprint)`` decides its key and
+        ADDED/UPDATED/RESCANNED.
 
         ``folder`` overrides the folder in the event (a mail we moved: it lives there now), and
         ``location`` is its (uidvalidity, uid) there when the server said (COPYUID).
@@ -126,7 +140,7 @@ class RecordBuilder:
         self,
         mails: Sequence[FetchedMail],
         uidvalidity: int,
-        change_for: Callable[[FetchedMail, str], ChangeKind],
+        change_for: Callable[[FetchedMail, str, str | None], tuple[str, ChangeKind]],
         blobs: ClaimCheckBatch | None = None,
     ) -> list[BuiltMail]:
         """``build`` for a batch, in UID order. With ``blobs``, the parser writes the batch's
@@ -181,7 +195,7 @@ class RecordBuilder:
         mail: FetchedMail,
         uidvalidity: int,
         parsed: Any,
-        change_for: Callable[[str], ChangeKind],
+        change_for: Placement,
     ) -> BuiltMail:
         located = (
             ("mailtap.source.uidvalidity", str(uidvalidity).encode()),
@@ -191,8 +205,9 @@ class RecordBuilder:
             if isinstance(parsed, Exception):
                 raise parsed
             event: dict[str, Any] = dict(parsed.event)
-            key = str(parsed.key)
-            event["change"] = change_for(key)
+            fingerprint = event.get("content_fingerprint")
+            key, event["change"] = change_for(str(parsed.key), fingerprint)
+            event["key"] = key
             value = self._records.encode(event)
         except Exception as exc:
             log.error(
@@ -207,7 +222,14 @@ class RecordBuilder:
             return BuiltMail(mail.uid, None, None, (dlq,), dlq=True)
         records = self._records.event_records(key, event, value, mail.raw, located)
         error = bool(event.get("parse_error"))
-        return BuiltMail(mail.uid, key, event.get("message_id"), tuple(records), dlq=error)
+        return BuiltMail(
+            mail.uid,
+            key,
+            event.get("message_id"),
+            tuple(records),
+            dlq=error,
+            fingerprint=fingerprint,
+        )
 
     def tombstone(self, key: str) -> SourceRecord:
         return self._records.tombstone(key)

@@ -53,9 +53,9 @@ from connectors.imap.cursor import (
     source_partition,
     split_by_bytes,
 )
-from connectors.imap.errors import ConnectionLost, ImapProtocolError
+from connectors.imap.errors import ConnectionLost, FolderMissing, ImapProtocolError
 from connectors.imap.index import AccountIndex
-from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, RecordBuilder
+from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, Placement, RecordBuilder
 from connectors.imap.state import StateMachine, WorkerState
 
 log = logging.getLogger(__name__)
@@ -146,9 +146,16 @@ class MailboxWorker:
         self._read_offsets = read_offsets
         self._connection_factory = connection_factory
         self.transactional_id = transactional_id
-        self._other_folders = [f for f in watched_folders if f != folder]
-        if account.move_target:
-            self._other_folders.append(account.move_target)
+        #: The account's other folders with a worker: an expunge here is a tombstone only
+        #: once each of them has synced past it (syncrounds.py).
+        self._watched_others = [f for f in watched_folders if f != folder]
+        #: The move target when no worker watches it: searched by Message-ID instead.
+        self._unwatched_target = (
+            account.move_target if account.move_target not in watched_folders else None
+        )
+        #: Keys of mails gone from this folder and from the index's other places, with the
+        #: ticket of the moment they were seen gone: tombstones once the others synced past it.
+        self._expunged: dict[str, int] = {}
         self._crash = crash or CrashPoints(None)
         self._parsing = parsing
         #: Commits a backfill's transactions while the next batches are fetched and parsed.
@@ -170,6 +177,10 @@ class MailboxWorker:
         self._conn: ImapConnection | None = None
         self._reload_cursor = True
         self._last_catchup = 0.0
+        #: False when the last sync may have left something unpublished (see ``_session``).
+        self._settled = False
+        #: The folder was found missing and said so; cleared once it exists again.
+        self._missing_reported = False
         self._labels = (SOURCE_KIND, account.name, folder)
 
     # --- thread body ---------------------------------------------------------------------------
@@ -250,21 +261,57 @@ class MailboxWorker:
         conn.login()
         conn.enable_condstore()
         self.machine.to(S.SELECTING)
-        self._select(conn)
+        try:
+            self._select(conn)
+        except FolderMissing as exc:
+            self._await_folder(conn, exc)
+            return  # it exists again: a new session selects it
+        if self._missing_reported:
+            self._missing_reported = False
+            log.info(
+                "imap %s/%s: the folder exists again; reading it", self.account.name, self.folder
+            )
         full = True
         self._last_catchup = time.monotonic()
+        round_mails = 0  # of the syncs since the last IDLE: what the metric calls the last sync
         while not self.stop.is_set():
             self.machine.to(S.SYNCING)
             self._changed_by_us = False
-            mails = self._sync(conn, reconcile=full)
-            self.metrics.synced(*self._labels, mails=mails)
+            round_mails += self._sync(conn, reconcile=full)
+            self.metrics.synced(*self._labels, mails=round_mails)
             self.backoff.reset()
-            if self._changed_by_us:
+            if self._changed_by_us or not self._settled:
                 # Our own STORE is not announced to our own IDLE (RFC 3501 7.4.2 answers it on
-                # the STORE): sync again at once so the flag change is published now.
+                # the STORE), and mail that arrived during the sync was announced by the
+                # sync's own commands (an EXISTS among the FETCH answers), so IDLE will not
+                # announce it again: sync again at once, until a sync finds nothing new.
                 full = False
                 continue
+            round_mails = 0
             full = self._wait(conn)
+
+    def _await_folder(self, conn: ImapConnection, missing: FolderMissing) -> None:
+        """The folder is gone (or was never created): say so once, then look for it at the
+        backoff cap's pace, on this connection, until it exists again or the source stops.
+        The account's other folders have their own workers and go on."""
+        cap = self.settings.backoff_cap_seconds
+        self.last_error = missing
+        self.machine.to(S.BACKOFF, f"{missing}; looking again every {cap:.0f}s")
+        if not self._missing_reported:
+            self._missing_reported = True
+            log.error(
+                "imap %s/%s: the folder does not exist on the server (deleted or renamed?). "
+                "Nothing is read from it until it exists again (checked every %.0f s); the "
+                "account's other folders go on. Create it again, or remove it from "
+                "imap.accounts[].folders.",
+                self.account.name,
+                self.folder,
+                cap,
+            )
+        while not self.stop.wait(cap):
+            if conn.folder_exists(self.folder):
+                self._drop_connection()
+                return
 
     def _select(self, conn: ImapConnection) -> None:
         readonly = self.account.after_commit == "none"
@@ -316,8 +363,12 @@ class MailboxWorker:
         catchup_due = self._last_catchup + self.settings.catchup_poll_seconds
         if self.account.mode == "idle" and conn.supports_idle:
             self.machine.to(S.IDLE)
-            deadline = min(now + self.settings.idle_renew_seconds, catchup_due)
-            outcome = conn.idle_until(deadline, self.stop.is_set, IDLE_SLICE_S)
+            # Dovecot tells an IDLE session neither a UIDVALIDITY change nor a deleted folder;
+            # it answers the next command with BYE. The light sync after this IDLE period
+            # (NOOP + STATUS) is that command.
+            period = min(self.settings.idle_renew_seconds, self.settings.uidvalidity_check_seconds)
+            deadline = min(now + period, catchup_due)
+            outcome = conn.idle_until(deadline, self._interrupted, IDLE_SLICE_S)
             expunged = outcome.expunged or outcome.other
         else:
             self.machine.to(S.POLLING)
@@ -328,10 +379,15 @@ class MailboxWorker:
             return True
         return expunged
 
+    def _interrupted(self) -> bool:
+        """Leave IDLE: stopping, or another folder of the account waits for this one to sync."""
+        return self.stop.is_set() or self.index.rounds.wanted(self.folder)
+
     # --- sync -----------------------------------------------------------------------------------
 
     def _sync(self, conn: ImapConnection, reconcile: bool) -> int:
         assert self.cursor is not None
+        ticket = self.index.rounds.begin(self.folder)
         # Dovecot shows other sessions' changes to the selected folder only after a command
         # completes: NOOP first, or SEARCH may miss a mail appended a moment ago.
         conn.noop()
@@ -347,12 +403,21 @@ class MailboxWorker:
             )
         mails = 0
         hms = status.highestmodseq
+        # Nothing new at STATUS and no further command that could carry an EXISTS: IDLE will
+        # announce whatever comes next.
+        self._settled = (
+            not reconcile
+            and status.uidnext - 1 <= self.cursor.last_uid
+            and (hms is None or not conn.condstore or hms <= self.cursor.highestmodseq)
+        )
         if hms is not None and conn.condstore:
             mails += self._sync_changes(conn, hms)
         if status.uidnext - 1 > self.cursor.last_uid:
             mails += self._sync_new(conn, hms)
         if reconcile:
             self._reconcile(conn)
+        self.index.rounds.done(self.folder, ticket)
+        self._settle_expunged(conn)
         return mails
 
     def _sync_changes(self, conn: ImapConnection, hms: int) -> int:
@@ -546,20 +611,25 @@ class MailboxWorker:
         self, fetched: list[FetchedMail], built: list[BuiltMail]
     ) -> list[BuiltMail]:
         """Register a pool-built batch in the account index; a key the account published
-        before (in another folder: a move or a copy) is rebuilt here as UPDATED."""
+        before (in another folder: a move or a copy) is rebuilt here as UPDATED, and a mail
+        the index gives another key (its Message-ID is another mail's) is rebuilt with it."""
         assert self.cursor is not None
         uidvalidity, rescan_until = self.cursor.uidvalidity, self.cursor.rescan_until
-        placed = [(m.uid, b.key) for m, b in zip(fetched, built, strict=True) if b.key is not None]
-        known = self.index.register_many([(k, self.folder, uidvalidity, u) for u, k in placed])
+        parsed = [b for b in built if b.key is not None]
+        placed = self.index.place_many(
+            [(b.key, b.fingerprint, self.folder, uidvalidity, b.uid) for b in parsed if b.key]
+        )
         # Below the rescan mark the pool said RESCANNED, which stays; an ADDED key the account
         # published before is a move or a copy.
-        rebuild = {
-            uid
-            for (uid, _k), seen in zip(placed, known, strict=True)
-            if seen and uid >= rescan_until
-        }
+        rebuild: dict[int, Placement] = {}
+        for b, (key, seen) in zip(parsed, placed, strict=True):
+            change: ChangeKind = "UPDATED" if seen else "ADDED"
+            if b.uid < rescan_until:
+                change = "RESCANNED"
+            if key != b.key or change == "UPDATED":
+                rebuild[b.uid] = functools.partial(_placed, key, change)
         return [
-            self.builder.build(m, uidvalidity, lambda _key: "UPDATED") if m.uid in rebuild else b
+            self.builder.build(m, uidvalidity, rebuild[m.uid]) if m.uid in rebuild else b
             for m, b in zip(fetched, built, strict=True)
         ]
 
@@ -611,12 +681,14 @@ class MailboxWorker:
         assert self.cursor is not None
         uidvalidity = self.cursor.uidvalidity
 
-        def change_for(mail: FetchedMail, key: str) -> ChangeKind:
+        def change_for(
+            mail: FetchedMail, key: str, fingerprint: str | None
+        ) -> tuple[str, ChangeKind]:
             kind = change(mail)
-            known = self.index.register(key, self.folder, uidvalidity, mail.uid)
+            key, known = self.index.place(key, fingerprint, self.folder, uidvalidity, mail.uid)
             if kind == "ADDED" and known:
-                return "UPDATED"  # published before, in another folder: a move or a copy
-            return kind
+                return key, "UPDATED"  # published before, in another folder: a move or a copy
+            return key, kind
 
         return self.builder.build_all(mails, uidvalidity, change_for, blobs)
 
@@ -704,60 +776,77 @@ class MailboxWorker:
         """The UPDATED event of a mail we moved to ``target``, at ``location`` (uidvalidity,
         uid) there when known."""
         assert self.cursor is not None
+        uidvalidity, uid = location if location is not None else (None, None)
+
+        def place(key: str, fingerprint: str | None) -> tuple[str, ChangeKind]:
+            return self.index.place(key, fingerprint, target, uidvalidity, uid)[0], "UPDATED"
+
         built = self.builder.build(
-            mail, self.cursor.uidvalidity, lambda _key: "UPDATED", folder=target, location=location
+            mail, self.cursor.uidvalidity, place, folder=target, location=location
         )
         for record in built.records:
             if record.topic != self.builder.dlq_topic:
                 records[record.key] = record
-        if built.key is not None:
-            uidvalidity, uid = location if location is not None else (None, None)
-            self.index.register(built.key, target, uidvalidity, uid)
 
     # --- expunges --------------------------------------------------------------------------------
 
     def _reconcile(self, conn: ImapConnection) -> None:
-        """Tombstone mails that left this folder and are in no other watched folder."""
+        """Mails that left this folder and are in none of the index's other places wait for a
+        decision (:meth:`_settle_expunged`): moved to a watched folder whose worker has not
+        seen them yet, or deleted."""
         assert self.cursor is not None
         known = self.index.uids(self.folder, self.cursor.uidvalidity)
         if not known:
             return
         present = conn.all_uids()  # ranges: membership by bisection, not a set of ints
+        # Taken after the SEARCH answer: a sync of another folder that begins later sees any
+        # copy the server made before expunging here.
+        seen_at = self.index.rounds.now()
         gone = [u for u in known if u not in present and u <= self.cursor.last_uid]
         del known, present
-        if not gone:
-            return
-        tombstones = []
-        # Gone from here and from the index's other places: moved to a watched folder whose
-        # worker has not seen it yet, or deleted. Their Message-IDs are looked for there.
-        unplaced: dict[str, str] = {}
+        waiting = len(self._expunged)
         for uid in gone:
             removed = self.index.remove(self.folder, uid)
-            if removed is None:
-                continue
-            key, elsewhere = removed
-            if elsewhere:
-                continue
-            message_id = self.index.message_id(key)
-            if message_id and self._other_folders:
-                unplaced[key] = message_id
-            else:
-                self.index.forget(key)
-                tombstones.append(self.builder.tombstone(key))
-        if unplaced:
-            moved: set[str] = set()
-            for folder in self._other_folders:
-                wanted = sorted({m for m in unplaced.values() if m not in moved})
-                moved |= conn.message_ids_in(folder, wanted)
-            for key, message_id in unplaced.items():
-                if message_id in moved:
-                    continue  # moved: the other folder's worker publishes the UPDATED event
-                self.index.forget(key)
-                tombstones.append(self.builder.tombstone(key))
-            readonly = self.account.after_commit == "none"
-            status = conn.select(self.folder, readonly=readonly)
-            if status.uidvalidity != self.cursor.uidvalidity:
-                raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
+            if removed is not None and not removed[1]:
+                self._expunged.setdefault(removed[0], seen_at)
+        if len(self._expunged) > waiting and self._watched_others:
+            log.info(
+                "imap %s/%s: %d mails gone from this folder; they become tombstones only if "
+                "absent from %s once those have synced",
+                self.account.name,
+                self.folder,
+                len(self._expunged) - waiting,
+                ", ".join(self._watched_others),
+            )
+        if self._expunged:
+            self.index.rounds.wait_for_others(self.folder, self._watched_others)
+
+    def _settle_expunged(self, conn: ImapConnection) -> None:
+        """Tombstone the expunged keys that are in no watched folder of the account, as known
+        after every other watched folder has synced past the expunge (DESIGN.md), whatever
+        the key kind. A key another folder published meanwhile was moved or copied there:
+        its worker published the UPDATED event, and nothing is written here."""
+        assert self.cursor is not None
+        if not self._expunged:
+            return
+        rounds = self.index.rounds
+        decided: list[str] = []
+        for key, seen_at in list(self._expunged.items()):
+            # ``past`` before ``located``: once the others are past, their copies are indexed.
+            past = rounds.past(seen_at, self._watched_others)
+            if self.index.located(key):
+                del self._expunged[key]
+            elif past:
+                decided.append(key)
+        for key in decided:
+            del self._expunged[key]
+        if decided and self._unwatched_target:
+            decided = self._not_in_unwatched_target(conn, decided)
+        tombstones = [
+            self.builder.tombstone(key) for key in decided if self.index.forget_unless_located(key)
+        ]
+        if not self._expunged:
+            rounds.settled(self.folder)
         if tombstones:
             log.info(
                 "imap %s/%s: %d mails expunged from every watched folder: tombstones",
@@ -766,6 +855,26 @@ class MailboxWorker:
                 len(tombstones),
             )
             self._commit(tombstones, self.cursor)
+
+    def _not_in_unwatched_target(self, conn: ImapConnection, keys: list[str]) -> list[str]:
+        """``keys`` without those whose Message-ID is in the move target no worker watches
+        (moved there by hand; it is not synced, so the server is asked)."""
+        assert self.cursor is not None and self._unwatched_target is not None
+        wanted = {key: m for key in keys if (m := self.index.message_id(key)) is not None}
+        if not wanted:
+            return keys
+        found = conn.message_ids_in(self._unwatched_target, sorted(set(wanted.values())))
+        status = conn.select(self.folder, readonly=self.account.after_commit == "none")
+        if status.uidvalidity != self.cursor.uidvalidity:
+            raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
+        return [key for key in keys if wanted.get(key) not in found]
+
+
+def _placed(
+    key: str, change: ChangeKind, _parsed: str, _fingerprint: str | None
+) -> tuple[str, ChangeKind]:
+    """A placement decided already (by the account index)."""
+    return key, change
 
 
 def _make_durable(blobs: ClaimCheckBatch) -> None:

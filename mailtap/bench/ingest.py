@@ -51,7 +51,7 @@ from connectors.core.kafka import (
 from connectors.core.mail import parse_mail
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
-from mailtap.dev import DevServices, status, up
+from mailtap.dev import DevServices, process, status, up
 from mailtap.dev.layout import DEFAULT_STATE_DIR, REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def _raw_fetch_rate(
     client.enable("CONDSTORE")
     client.select_folder("INBOX", readonly=True)
     uids = client.search(["ALL"])
-    dovecot_before = _cpu_groups(os.getpid())["dovecot"]
+    dovecot_before = _cpu_groups(info)["dovecot"]
     cpu_before = time.process_time()
     started = time.monotonic()
     fetched = 0
@@ -167,7 +167,7 @@ def _raw_fetch_rate(
                 )
     elapsed = time.monotonic() - started
     client_cpu = time.process_time() - cpu_before
-    dovecot_cpu = _cpu_groups(os.getpid())["dovecot"] - dovecot_before
+    dovecot_cpu = _cpu_groups(info)["dovecot"] - dovecot_before
     client.logout()
     return RawFetch(fetched / elapsed, fetched, client_cpu, dovecot_cpu)
 
@@ -214,38 +214,28 @@ def _backfill_started(log_path: Path) -> float | None:
     return None
 
 
-def _cpu_seconds(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_groups(info: DevServices, source_pid: int | None = None) -> dict[str, float]:
+    """CPU seconds so far of this run's Dovecot and Kafka broker, of this process (its consumer
+    of the events topic, which measures the arrivals) and, given ``source_pid``, of the source
+    and its parse processes.
 
-
-def _cpu_groups(source_pid: int) -> dict[str, float]:
-    """CPU seconds so far of the source, its parse processes, Dovecot, the Kafka broker and
-    this process (its consumer of the events topic, which measures the arrivals)."""
-    groups = dict.fromkeys(("source", "parse_processes", "dovecot", "kafka", "bench"), 0.0)
-    groups["bench"] = _cpu_seconds(os.getpid())
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        pid = int(stat.parent.name)
-        try:
-            ppid = int(stat.read_text().rpartition(")")[2].split()[1])
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        # By command line first: services the bench started are its children too.
-        if pid == source_pid:
-            group = "source"
-        elif b"dovecot" in cmdline or cmdline.startswith(b"dovecot/"):
-            group = "dovecot"
-        elif b"kafka.Kafka" in cmdline:
-            group = "kafka"
-        elif ppid == source_pid:
-            group = "parse_processes"
-        else:
-            continue
-        groups[group] += _cpu_seconds(pid)
+    Only the services of this run count: each is a process group that `mailtap.dev` started
+    (its pid is the group id), so another run's broker or Dovecot on a shared machine never
+    does — summing every process named ``kafka.Kafka`` once gave a negative broker CPU when
+    someone else's broker exited. A broker someone else runs (``MAILTAP_KAFKA_BOOTSTRAP``) is
+    not measured: no ``kafka`` entry.
+    """
+    groups = {"bench": process.cpu_seconds(os.getpid())}
+    groups["dovecot"] = process.group_cpu_seconds(info.imap.pid)
+    if info.kafka.pid is not None:
+        groups["kafka"] = process.group_cpu_seconds(info.kafka.pid)
+    if source_pid is not None:
+        groups["source"] = process.cpu_seconds(source_pid)
+        # The parse processes: the live ones, and those the source has already reaped.
+        reaped = process.cpu_seconds(source_pid, reaped_children=True) - groups["source"]
+        groups["parse_processes"] = reaped + sum(
+            process.cpu_seconds(pid, reaped_children=True) for pid in _children(source_pid)
+        )
     return groups
 
 
@@ -373,6 +363,11 @@ def bench_ingest(
     return figures
 
 
+def _broker_cpu(info: DevServices) -> float:
+    """CPU seconds of this run's broker; 0.0 for a broker someone else runs (not measured)."""
+    return _cpu_groups(info).get("kafka", 0.0)
+
+
 def _warm_broker(info: DevServices, seconds: float) -> dict[str, Any]:
     """Transactional produce of bench-sized mails for ``seconds`` to a throwaway compacted
     topic, so the rounds meet a warm broker.
@@ -397,7 +392,7 @@ def _warm_broker(info: DevServices, seconds: float) -> dict[str, Any]:
     sent = 0
     try:
         started = window_start = time.monotonic()
-        cpu_start = window_cpu = _cpu_groups(os.getpid())["kafka"]
+        cpu_start = window_cpu = _broker_cpu(info)
         window_sent = 0
         while time.monotonic() - started < seconds:
             producer.begin_transaction()
@@ -407,13 +402,16 @@ def _warm_broker(info: DevServices, seconds: float) -> dict[str, Any]:
                 sent += 1
             producer.commit_transaction()
             if time.monotonic() - window_start >= WARM_UP_WINDOW_S:
-                cpu = _cpu_groups(os.getpid())["kafka"]
+                cpu = _broker_cpu(info)
                 windows.append(round((cpu - window_cpu) / (sent - window_sent) * 1e6, 1))
                 window_start, window_cpu, window_sent = time.monotonic(), cpu, sent
-        spent = _cpu_groups(os.getpid())["kafka"] - cpu_start
+        spent = _broker_cpu(info) - cpu_start
     finally:
         producer.flush(10)
         admin.delete_topics([topic])
+    if info.kafka.pid is None:
+        _say("broker CPU not measured: the broker is not one this run started")
+        return {"seconds": seconds, "records": sent, "broker_cpu_us_per_record": None}
     _say(f"broker CPU per record, {WARM_UP_WINDOW_S:.0f} s windows: {windows} µs")
     return {
         "seconds": seconds,
@@ -508,7 +506,7 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
     try:
         while arrivals.count() < mails:
             if cpu_start is None and arrivals.count() > 0:
-                cpu_start = (time.monotonic(), _cpu_groups(proc.pid), arrivals.count())
+                cpu_start = (time.monotonic(), _cpu_groups(info, proc.pid), arrivals.count())
             if proc.poll() is not None:
                 raise RuntimeError(f"the source exited early; see {work / 'source.log'}")
             done = arrivals.count()
@@ -526,7 +524,7 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
         finished = time.monotonic()
         if cpu_start is not None:
             # Cores each part kept busy while events arrived (2 cores in all here).
-            used = _cpu_groups(proc.pid)
+            used = _cpu_groups(info, proc.pid)
             span = max(finished - cpu_start[0], 1e-6)
             figures["ingest_cores_used"] = {
                 name: round((used[name] - cpu_start[1][name]) / span, 2) for name in used

@@ -1,5 +1,11 @@
 """``mailtap config check|reference``: validate a file; print every key with its type and default.
 
+``config check`` checks a file *for the components that run from it*: each component needs the
+core sections and its own (``mailtap run streams`` stops at start without ``streams:``), so a
+file is valid only when every section each of its components needs is present and valid. The
+components are the ``--component`` options, else the file's ``components:`` list, else those
+whose section the file has.
+
 ``docs/configuration.md`` is the output of ``mailtap config reference``; a unit test keeps the two
 equal, so the documentation cannot drift from the settings models.
 """
@@ -15,7 +21,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from connectors.core.config import ClaimCheckSettings, HealthSettings, KafkaSettings, load_config
+from connectors.core.config import (
+    ClaimCheckSettings,
+    HealthSettings,
+    KafkaSettings,
+    MailtapConfig,
+    load_config,
+)
 from connectors.core.errors import ConfigError
 from mailtap.cli import import_optional
 from mailtap.commands.common import config_option
@@ -44,6 +56,16 @@ SECTIONS: dict[str, tuple[str, str]] = {
 }
 CORE = {"kafka": KafkaSettings, "claim_check": ClaimCheckSettings, "health": HealthSettings}
 
+#: component (``mailtap run NAME``) -> its own section; each also needs the core sections.
+COMPONENT_SECTIONS: dict[str, str] = {
+    "imap-source": "imap",
+    "ews-source": "ews",
+    "streams": "streams",
+    "smtp-sink": "smtp",
+}
+#: Optional top-level key listing the components a file is meant for (not a section).
+COMPONENTS_KEY = "components"
+
 
 def section_model(name: str) -> type[BaseModel]:
     module_name, attr = SECTIONS[name][0].split(":")
@@ -58,23 +80,83 @@ def config() -> None:
 
 @config.command("check")
 @config_option
-def check(config_path: str) -> None:
-    """Validate every section present in the file (what each component would do at start)."""
+@click.option(
+    "--component",
+    "components",
+    multiple=True,
+    type=click.Choice(sorted(COMPONENT_SECTIONS)),
+    help="Check for this component (repeatable). Default: the file's 'components:' list, "
+    "else every component whose section the file has.",
+)
+def check(config_path: str, components: tuple[str, ...]) -> None:
+    """Check that every section each component of the file needs is present and valid.
+
+    With --component, only what those components read at start (the core sections and their
+    own); without, also every other section present.
+    """
     try:
         cfg = load_config(config_path)
-        checked = list(CORE)
+        wanted = list(components) or components_of(cfg)
+        checked = [*CORE, *(COMPONENT_SECTIONS[name] for name in wanted)]
+        missing = [
+            f"'{COMPONENT_SECTIONS[name]}' (for {name})"
+            for name in wanted
+            if not cfg.has_section(COMPONENT_SECTIONS[name])
+        ]
+        if missing:
+            raise ConfigError(
+                f"{config_path}: section {', '.join(missing)} is missing; the component stops at "
+                f"start without it: add the section (docs/configuration.md lists its keys)"
+            )
         for name in SECTIONS:
-            if name not in CORE and cfg.has_section(name):
-                cfg.section(name, section_model(name))
-                checked.append(name)
+            # --component: what those components read at start (another component's section
+            # may lack its credentials in their environment); else every section present.
+            present = cfg.has_section(name) and not components
+            if name not in CORE and (name in checked or present):
+                settings = cfg.section(name, section_model(name))
+                if name == "streams":
+                    _check_workflows(settings)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    unknown = sorted(set(cfg.model_extra or {}) - set(SECTIONS))
+    unknown = sorted(set(cfg.model_extra or {}) - set(SECTIONS) - {COMPONENTS_KEY})
     if unknown:
         raise click.ClickException(
             f"{config_path}: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}"
         )
-    click.echo(f"{config_path}: valid ({', '.join(checked)})")
+    if not wanted:
+        raise click.ClickException(
+            f"{config_path}: no component runs from this file: add a section "
+            f"({', '.join(COMPONENT_SECTIONS.values())}), a 'components:' list or --component"
+        )
+    click.echo(
+        f"{config_path}: valid for {', '.join(wanted)} ({', '.join(dict.fromkeys(checked))})"
+    )
+
+
+def components_of(cfg: MailtapConfig) -> list[str]:
+    """The components a file is meant for: its ``components:`` list, else inferred from sections."""
+    declared = (cfg.model_extra or {}).get(COMPONENTS_KEY)
+    if declared is None:
+        return [name for name, section in COMPONENT_SECTIONS.items() if cfg.has_section(section)]
+    names = [declared] if isinstance(declared, str) else declared
+    if not isinstance(names, list) or not names:
+        raise ConfigError(
+            f"{cfg.source_path}: components: expected a list of {', '.join(COMPONENT_SECTIONS)}"
+        )
+    wrong = [str(n) for n in names if n not in COMPONENT_SECTIONS]
+    if wrong:
+        raise ConfigError(
+            f"{cfg.source_path}: components: unknown {', '.join(wrong)}; "
+            f"known: {', '.join(COMPONENT_SECTIONS)}"
+        )
+    return [str(n) for n in names]
+
+
+def _check_workflows(settings: Any) -> None:
+    # The worker binds its workflows at start (a rule naming an unknown workflow stops it):
+    # check that here too, so a file that passes also starts.
+    bind_workflows = import_optional("streams.workflow").bind_workflows
+    bind_workflows(settings)
 
 
 @config.command("reference")
@@ -90,7 +172,10 @@ def render_reference() -> str:
         "Generated by `mailtap config reference`; do not edit by hand. One YAML file per",
         "deployment; any key can be overridden with `MAILTAP__<SECTION>__<KEY>` (nested keys joined",
         "by `__`), and `MAILTAP_KAFKA_BOOTSTRAP` overrides `kafka.bootstrap_servers`.",
-        "`mailtap config check -c FILE` validates a file. Unknown keys are errors.",
+        "`mailtap config check -c FILE [--component NAME]` checks that every section each",
+        "component run from the file needs is present and valid; the components are the file's",
+        "optional top-level `components:` list (imap-source, ews-source, streams, smtp-sink), else",
+        "those whose section it has. Unknown keys are errors.",
         "",
     ]
     for name, (_, what) in SECTIONS.items():

@@ -9,14 +9,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 
 from connectors.core.claimcheck import open_configured
-from connectors.core.config import load_config
+from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import ConfigError
 from connectors.core.kafka import request_stop
+from connectors.core.metrics import HealthServer, SourceMetrics
+from mailtap.commands.streams_health import HEARTBEAT_SECONDS, StreamsHealth
 from streams.app import StreamsWorker, events_partitions
 from streams.config import StreamsSettings
 
@@ -79,11 +81,39 @@ def build_worker(config_path: str) -> StreamsWorker:
 
 
 def run_streams(config_path: str) -> None:
-    """Run until SIGTERM/SIGINT."""
+    """Run until SIGTERM/SIGINT; with a ``health`` section, /healthz and /metrics too."""
     # Until faust installs its own handlers: a stop ends the wait for Kafka at start-up.
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: request_stop())
     # Under the CLI the root logger is set up (--log-format, -v): faust must not replace it with
     # its own text handler at INFO. Started otherwise (tests), faust's logging is kept.
     keep_ours = bool(logging.getLogger().handlers)
-    build_worker(config_path).run(override_logging=not keep_ours, worker_class=BoundedStopWorker)
+    options: dict[str, Any] = {
+        "override_logging": not keep_ours,
+        "worker_class": BoundedStopWorker,
+    }
+    cfg = load_config(config_path)
+    worker = build_worker(config_path)
+    if not serves_health(cfg):
+        worker.run(**options)
+        return
+    health = StreamsHealth(cfg.kafka.topics.events)
+
+    async def report() -> None:
+        health.observe(worker.app)
+
+    worker.app.timer(HEARTBEAT_SECONDS)(report)
+    h = cfg.health
+    # HealthServer only uses .registry and .health(max_age), which StreamsHealth provides.
+    server = HealthServer(cast(SourceMetrics, health), h.host, h.port, h.max_sync_age_seconds)
+    server.start()
+    try:
+        worker.run(**options)
+    finally:
+        server.stop()
+
+
+def serves_health(cfg: MailtapConfig) -> bool:
+    """Only a file with a ``health:`` section (or MAILTAP__HEALTH__*) opens the port: the worker
+    served none before, and files without one may run several workers on one host."""
+    return "health" in cfg.model_fields_set

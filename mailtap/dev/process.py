@@ -169,6 +169,47 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def _stat_fields(pid: int) -> list[str] | None:
+    """proc(5) ``stat`` fields from field 3 (state) on; None when ``pid`` is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int, *, reaped_children: bool = False) -> float:
+    """CPU seconds (user + system) ``pid`` has used, 0.0 once it is gone; with
+    ``reaped_children``, plus those of the children it has waited for (proc(5) fields 14-17)."""
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else _cpu(fields, reaped_children)
+
+
+def _cpu(fields: list[str], reaped_children: bool) -> float:
+    # utime, stime, cutime, cstime are fields 14-17 (indexes 11-14 from the state field).
+    ticks = int(fields[11]) + int(fields[12])
+    if reaped_children:
+        ticks += int(fields[13]) + int(fields[14])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds process group ``pgid`` has used: every member (zombies too), plus the
+    children they have reaped — so the figure never drops when a forked process exits.
+
+    A service started by `spawn` is its own group: this counts that service and what it forks,
+    never another run's processes that merely share its command name.
+    """
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is not None and int(fields[2]) == pgid:
+            total += _cpu(fields, reaped_children=True)
+    return total
+
+
 def stop_group(
     pgid: int, timeout: float = STOP_TIMEOUT_S, expected_start: int | None = None
 ) -> bool:

@@ -95,3 +95,46 @@ def test_stop_group_leaves_a_reused_pid_alone(tmp_path: Path) -> None:
         assert not process.is_alive(pid)
     finally:
         process.stop_group(pid)
+
+
+#: Burns half a second of CPU, then (as a decoy) stays alive.
+_BURN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end:\n    pass\n"
+
+
+def test_group_cpu_keeps_what_exited_children_used_and_counts_no_other_group(
+    tmp_path: Path,
+) -> None:
+    script = (
+        "import subprocess, sys, time\n"
+        f"subprocess.run([sys.executable, '-c', {_BURN!r}], check=True)\n"
+        "print('child done', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "service.log"
+    pid = process.spawn([sys.executable, "-c", script], log)
+    # The same command line in another group: a stranger's service of the same name.
+    decoy = process.spawn([sys.executable, "-c", _BURN + "time.sleep(60)\n"], tmp_path / "d.log")
+    try:
+
+        def child_done() -> None:
+            if "child done" not in log.read_text():
+                raise RuntimeError("child still burning")
+
+        process.wait_until_ready("burner", pid, child_done, [log], timeout=60)
+        process.wait_until_ready(
+            "decoy", decoy, lambda: _require(process.cpu_seconds(decoy) >= 0.5), [], timeout=60
+        )
+        # The child is gone, its CPU lives on in its parent's reaped-children counters.
+        assert process.group_members(pid) == [pid]
+        assert process.cpu_seconds(pid) < 0.5
+        assert process.group_cpu_seconds(pid) >= 0.5
+        # Exactly the group's one live member and what it reaped: nothing of the decoy.
+        assert process.group_cpu_seconds(pid) == process.cpu_seconds(pid, reaped_children=True)
+    finally:
+        process.stop_group(pid)
+        process.stop_group(decoy)
+
+
+def _require(condition: bool) -> None:
+    if not condition:
+        raise RuntimeError("not yet")

@@ -9,11 +9,20 @@ Header parameters and file names are then read with our own linear parsers.
 Parts are classified like this (first match wins):
 
 - ``multipart/*`` with a boundary: its children are visited in order;
+- a subtree flattened at the depth cap (:mod:`.limits`): not an attachment but the rest of
+  this mail; its ``text/plain`` / ``text/html`` parts are read back into the bodies where they
+  can be (:mod:`.flattened`), the rest of it stays in the raw MIME;
 - ``text/plain`` / ``text/html`` without ``Content-Disposition: attachment`` and without a
   file name: body text (several such parts are joined with a newline, as mail readers show
   them);
-- anything else, including ``message/rfc822`` (not descended into: a forwarded mail's body
-  is not this mail's body) and parts flattened at the depth cap: an attachment.
+- an **attachment** is a part with a file name, or with ``Content-Disposition: attachment``,
+  or a leaf that is not text: any type but ``text/*`` and the report types that are text
+  by definition (``message/delivery-status`` of a DSN, RFC 3464; ``message/disposition-
+  notification`` of an MDN, RFC 8098; their ``global-`` forms, RFC 6533). ``message/rfc822``
+  is one (not descended into: a forwarded mail's body is not this mail's body);
+- any other part — the ``message/delivery-status`` and ``text/rfc822-headers`` parts of a
+  bounce, an inline ``text/calendar`` without a name — is text of the mail's structure:
+  neither body nor attachment, readable in the raw MIME (``raw_ref``).
 
 Wire sample::
 
@@ -35,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import quopri
 import re
 from dataclasses import dataclass, field
@@ -45,6 +55,7 @@ from email.parser import BytesParser
 from typing import Any
 
 from connectors.core.claimcheck import BlobRef, ClaimCheckStore
+from connectors.core.mail import flattened
 from connectors.core.mail.charsets import clean_text, decode_text
 from connectors.core.mail.headers import Head, read_head, split_lines
 from connectors.core.mail.limits import ParseLimits
@@ -67,6 +78,17 @@ _FIELD_LINE = re.compile(rb"[\041-\071\073-\176]+:")
 #: Transfer encodings whose payload the stdlib returns as the body bytes themselves.
 _IDENTITY_CTE = frozenset({"", "7bit", "8bit", "binary"})
 _BODY_TYPES = ("text/plain", "text/html")
+#: Report parts that are lines of text although their type is ``message/*`` (RFC 3464, 6533,
+#: 8098): never attachments.
+_REPORT_TEXT_TYPES = frozenset(
+    {
+        "message/delivery-status",
+        "message/global-delivery-status",
+        "message/disposition-notification",
+        "message/global-disposition-notification",
+        "message/global-headers",
+    }
+)
 
 
 @dataclass(slots=True)
@@ -137,14 +159,20 @@ def extract_content(
                 stack.extend(child for child in reversed(children) if isinstance(child, Message))
             _note_defects(part, content.problems)
             continue
+        if _is_flattened(part):
+            _add_flattened(part, bodies, limits)
+            continue
         _, ctype_params = parse_params(ctype_value or "", limits.max_params)
         disposition_value = _raw_field(part, "content-disposition")
         disposition, disposition_params = parse_params(disposition_value or "", limits.max_params)
         filename = param_value(disposition_params, "filename") or param_value(ctype_params, "name")
-        if ctype in bodies and disposition != "attachment" and filename is None:
+        attached = disposition == "attachment" or filename is not None
+        if ctype in bodies and not attached:
             payload = part.get_payload(decode=True)
             if isinstance(payload, bytes):
                 _add_body(payload, ctype_params, bodies[ctype], limits)
+        elif not attached and (ctype.startswith("text/") or ctype in _REPORT_TEXT_TYPES):
+            pass  # text of the mail's structure (a DSN's report fields): in the raw MIME
         elif len(content.attachments) >= limits.max_attachments:
             _note(content.problems, f"more than {limits.max_attachments} attachments; rest omitted")
         else:
@@ -156,6 +184,24 @@ def extract_content(
     content.html_body = bodies["text/html"].result(limits.max_body_bytes)
     content.body_truncated = any(body.truncated for body in bodies.values())
     return content
+
+
+def _is_flattened(part: Message) -> bool:
+    """True for a subtree the pre-scan flattened: its head starts with the two fields the
+    pre-scan inserted (limits.FLATTEN_FIELDS)."""
+    first_two = [
+        (name.lower(), str(value).strip()) for name, value in itertools.islice(part.raw_items(), 2)
+    ]
+    return first_two == [("content-type", "application/octet-stream"), flattened.MARKER]
+
+
+def _add_flattened(part: Message, bodies: dict[str, _Body], limits: ParseLimits) -> None:
+    own_types = [_FOLD.sub("", str(v)) for n, v in part.raw_items() if n.lower() == "content-type"]
+    payload = part.get_payload(decode=True)
+    if not isinstance(payload, bytes):
+        return
+    for ctype, params, text in flattened.text_parts(own_types, payload, limits):
+        _add_body(text, params, bodies[ctype], limits)
 
 
 def _raw_field(part: Message, name: str) -> str | None:

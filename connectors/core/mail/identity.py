@@ -28,6 +28,15 @@ mails that differ in any other header or in the body get different keys. The fin
 over the MIME as served: an Exchange server that re-encodes a mail yields another
 fingerprint than the IMAP copy of it (Message-ID keys do not have that problem).
 
+Two different mails that share a Message-ID (a broken mailer reusing ids) must not share a
+key. The first one the account publishes keeps ``<account>/mid:<id>``; a mail whose content
+fingerprint differs from the one stored for that key gets ``<account>/mid:<id>#<fp8>``, the
+first 8 hex digits of its own fingerprint (16, then all 64, in the unlikely case that the
+shorter one is taken by yet another mail). :func:`key_candidates` lists them in that order;
+the source's key index (which remembers each key's fingerprint, from the ``content_fingerprint``
+field of the events) picks the one stored with the mail's fingerprint, else the first free one.
+A rescan or a restart therefore maps every mail back onto the key it was published under.
+
 >>> normalize_message_id(" <Abc.123@Mail.Example.COM> (sent by foo)")
 'Abc.123@mail.example.com'
 >>> message_key("ops", "<Abc.123@Mail.Example.COM>", b"")
@@ -47,14 +56,23 @@ from connectors.core.mail.headers import split_head
 __all__ = [
     "FINGERPRINT_EXCLUDED_FIELDS",
     "MAX_MESSAGE_ID_LENGTH",
+    "SUFFIX_LENGTHS",
     "KeyKind",
     "content_fingerprint",
+    "key_candidates",
+    "message_id_of_key",
     "message_key",
     "message_key_of_normalized",
     "normalize_message_id",
 ]
 
 MAX_MESSAGE_ID_LENGTH = 998  # RFC 5322 section 2.1.1: a line is at most 998 characters.
+
+#: Hex digits of the fingerprint in the key of a mail whose Message-ID another mail of the
+#: account has already, tried in this order: 8 keep keys short; a clash of 8 digits between
+#: two mails with the same Message-ID (1 in 4 billion) moves on to 16, then to all 64.
+SUFFIX_LENGTHS = (8, 16, 64)
+_SUFFIX = re.compile(r"#(?:[0-9a-f]{8}|[0-9a-f]{16}|[0-9a-f]{64})\Z")
 
 FINGERPRINT_EXCLUDED_FIELDS = frozenset(
     {
@@ -152,8 +170,13 @@ def normalize_message_id(raw: str | None) -> str | None:
 
 def content_fingerprint(raw: bytes) -> str:
     """sha256 hex of the raw message normalized as described in the module docstring."""
-    # Three C-speed passes instead of a regex: CRLF and lone CR to LF, then LF to CRLF.
-    normalized = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
+    # IMAP serves CRLF already: three counts (no copies) find that out; otherwise three
+    # C-speed passes instead of a regex: CRLF and lone CR to LF, then LF to CRLF.
+    crlf = raw.count(b"\r\n")
+    if raw.count(b"\n") == crlf and raw.count(b"\r") == crlf:
+        normalized = raw
+    else:
+        normalized = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")
     head, body = split_head(normalized)
     digest = hashlib.sha256()
     keep = True
@@ -181,12 +204,40 @@ def message_key(account: str, message_id: str | None, raw: bytes) -> tuple[str, 
 
 
 def message_key_of_normalized(
-    account: str, normalized: str | None, raw: bytes
+    account: str, normalized: str | None, raw: bytes, fingerprint: str | None = None
 ) -> tuple[str, KeyKind]:
     """:func:`message_key` for a Message-ID already passed through
-    :func:`normalize_message_id` (None when unusable), for callers that need both."""
+    :func:`normalize_message_id` (None when unusable), for callers that need both;
+    ``fingerprint`` is ``content_fingerprint(raw)`` when the caller has it already."""
     if not account or "/" in account:
         raise ValueError(f"account name must be non-empty and contain no '/': {account!r}")
     if normalized is not None:
         return f"{account}/mid:{normalized}", KeyKind.MESSAGE_ID
-    return f"{account}/fp:{content_fingerprint(raw)}", KeyKind.FINGERPRINT
+    return f"{account}/fp:{fingerprint or content_fingerprint(raw)}", KeyKind.FINGERPRINT
+
+
+def key_candidates(key: str, fingerprint: str) -> tuple[str, ...]:
+    """The keys a mail parsed as ``key`` may be published under, in order of preference:
+    ``key`` itself, then for a Message-ID key the same with ``#`` and a prefix of the mail's
+    content fingerprint (module docstring). A fingerprint key is unique by construction.
+
+    >>> key_candidates("ops/mid:a@b", "6fb3857f" + "0" * 56)[:2]
+    ('ops/mid:a@b', 'ops/mid:a@b#6fb3857f')
+    >>> key_candidates("ops/fp:6fb3857f", "6fb3857f")
+    ('ops/fp:6fb3857f',)
+    """
+    if "/mid:" not in key:
+        return (key,)
+    return (key, *(f"{key}#{fingerprint[:n]}" for n in SUFFIX_LENGTHS))
+
+
+def message_id_of_key(key: str) -> str | None:
+    """The normalized Message-ID inside a MESSAGE_ID key, without a fingerprint suffix.
+
+    >>> message_id_of_key("ops/mid:a@b#6fb3857f"), message_id_of_key("ops/fp:6fb3")
+    ('a@b', None)
+    """
+    _, sep, message_id = key.partition("/mid:")
+    if not sep:
+        return None
+    return _SUFFIX.sub("", message_id)

@@ -119,7 +119,7 @@ def parse_mail(
         raise
     except Exception as exc:  # bad input must never stop a mailbox
         logger.warning("mail headers unparseable", extra={"account": account, "error": repr(exc)})
-        event["key"] = f"{account}/fp:{content_fingerprint(raw)}"
+        event["key"] = f"{account}/fp:{event['content_fingerprint']}"
         event["key_kind"] = _FINGERPRINT
         event["parse_error"] = _limit_text(f"headers not parsed: {type(exc).__name__}: {exc}")
         return _finish(event, blobs)
@@ -223,6 +223,8 @@ def _empty_event(
         "flags": [clean_text(flag) for flag in flags],
         "parse_error": None,
         "observed_at": _utc(observed_at),
+        # Also for Message-ID keys: two mails sharing a Message-ID are told apart by it.
+        "content_fingerprint": content_fingerprint(raw),
     }
 
 
@@ -255,7 +257,9 @@ def _fill_from_headers(
     # Duplicate Message-ID fields: the first counts (identity.py explains why).
     values = get("message-id")
     message_id = normalize_message_id(_text(values[0]) if values else None)
-    event["key"], kind = message_key_of_normalized(account, message_id, raw)
+    event["key"], kind = message_key_of_normalized(
+        account, message_id, raw, event["content_fingerprint"]
+    )
     event["key_kind"] = kind.value
     event["message_id"] = message_id
     values = get("in-reply-to")

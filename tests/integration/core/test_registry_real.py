@@ -1,24 +1,43 @@
 """The Confluent wire-format path of the serde against a real registry (Apicurio, ccompat API).
 
-Needs the registry built by `make registry` (mailtap/dev/registry.py); skipped otherwise. No Kafka:
-what is under test is the serde's conversation with the registry, not the broker.
+Needs the registry built by `make registry` (mailtap/dev/registry.py); skipped otherwise. Most
+tests need no Kafka (what is under test is the serde's conversation with the registry); the end
+to end one writes every topic's records through the real broker and reads them back with the
+stock readers: confluent-kafka's AvroDeserializer and Java Avro.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import signal
 import struct
+import subprocess
+import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
-from connectors.core.config import KafkaSettings
+from connectors.core import schemaregistry
+from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.errors import ConfigError
+from connectors.core.kafka import consumer_config, ensure_topics, producer_config
+from connectors.core.schemas import TOPIC_SCHEMAS, parse_order, schemas_dir
 from connectors.core.serde import CONFLUENT_MAGIC, AnyAvroDecoder, AvroSerde
-from mailtap.dev import registry
+from mailtap.dev import DevServices, registry
+from mailtap.dev.layout import REPO_ROOT as REPO
+from streams.testing import mail_record
+from tests.integration.core.java_avro import AVRO_VERSIONS, run_checker
+from tests.unit.core.contract_samples import SAMPLES, TOPICS
 
 pytestmark = pytest.mark.skipif(
     not registry.is_installed(),
@@ -114,3 +133,269 @@ def test_the_same_schema_under_two_topics_is_one_id(registry_url: str, unique: s
     assert {f"a.{unique}-value", f"b.{unique}-value", f"c.{unique}-value"} <= set(subjects)  # type: ignore[arg-type]
     assert first[1:5] == second[1:5]
     assert other[1:5] != first[1:5]
+
+
+def registry_kafka(url: str, **overrides: object) -> KafkaSettings:
+    return KafkaSettings.model_validate(
+        {"bootstrap_servers": "unused:9092", "schema_registry_url": url, **overrides}
+    )
+
+
+@pytest.mark.parametrize("name", TOPIC_SCHEMAS)
+def test_each_schema_registers_with_the_compatibility_rule_and_the_key_schema(
+    registry_url: str, unique: str, name: str
+) -> None:
+    """Before: Apicurio answered 422 for ReplyCommand (its union default) and every subject
+    stayed at NONE."""
+    topic = f"{TOPICS[name]}.{unique}"
+    AvroSerde.for_schema(name, registry_kafka(registry_url)).encode(SAMPLES[name](), topic)  # type: ignore[arg-type]
+
+    for subject in (f"{topic}-key", f"{topic}-value"):
+        config = get_json(f"{registry_url}/config/{subject}")
+        assert config == {"compatibilityLevel": "FULL_TRANSITIVE"}, subject
+    key = get_json(f"{registry_url}/subjects/{topic}-key/versions/latest")
+    assert isinstance(key, dict) and json.loads(key["schema"]) == "string"
+
+
+def register(url: str, subject: str, schema: str) -> int:
+    request = urllib.request.Request(
+        f"{url}/subjects/{subject}/versions",
+        data=json.dumps({"schema": schema, "schemaType": "AVRO"}).encode(),
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(json.load(response)["id"])
+
+
+def forget_prepared_subjects() -> None:
+    """What a restart of the component does: no subject prepared, no cached ids."""
+    schemaregistry._prepared.clear()
+    schemaregistry.registry_client.cache_clear()
+
+
+def test_a_subject_with_the_first_released_schema_needs_backward_transitive_once(
+    registry_url: str, unique: str
+) -> None:
+    """A deployment that wrote mail.events with the registry before the enum defaults: its
+    subject holds v1, which cannot read the new enum symbol, so FULL_TRANSITIVE refuses the new
+    schema, with a sentence saying what to set; BACKWARD_TRANSITIVE accepts it."""
+    topic = f"mail.events.{unique}"
+    v1 = (schemas_dir() / "history" / "MailEvent.v1.avsc").read_text()
+    register(registry_url, f"{topic}-value", json.dumps(json.loads(v1)))
+    forget_prepared_subjects()
+
+    with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE") as refused:
+        AvroSerde.for_schema("MailEvent", registry_kafka(registry_url)).encode(mail_event(), topic)
+    assert f"{topic}-value" in str(refused.value)
+
+    kafka = registry_kafka(registry_url, schema_compatibility="BACKWARD_TRANSITIVE")
+    data = AvroSerde.for_schema("MailEvent", kafka).encode(mail_event(), topic)
+    assert get_json(f"{registry_url}/config/{topic}-value") == {
+        "compatibilityLevel": "BACKWARD_TRANSITIVE"
+    }
+    assert AnyAvroDecoder(registry_url).decode(data, topic)[1]["subject"] == "Grüße 你好"
+
+
+def test_records_of_every_topic_decode_with_the_stock_readers(
+    registry_url: str, services: DevServices, unique: str, tmp_path: Path
+) -> None:
+    """Written with the registry through the real broker; read back read_committed by
+    confluent-kafka's stock AvroDeserializer (the writer schema fetched by id from Apicurio's
+    ccompat API, no reader schema) and by Java Avro with the schema the registry hands out."""
+    kafka = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, schema_registry_url=registry_url
+    )
+    topics = {name: f"{TOPICS[name]}.{unique}" for name in TOPIC_SCHEMAS}
+    producer = Producer(producer_config(kafka))
+    for name, topic in topics.items():
+        value = AvroSerde.for_schema(name, kafka).encode(SAMPLES[name](), topic)  # type: ignore[arg-type]
+        producer.produce(topic, key=name.encode(), value=value)
+    assert producer.flush(30) == 0
+
+    consumer = Consumer(consumer_config(kafka, f"registry-e2e-{unique}"))
+    consumer.subscribe(list(topics.values()))
+    received: dict[str, bytes] = {}
+    try:
+        deadline = time.monotonic() + 60
+        while len(received) < len(topics) and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is not None and msg.error() is None:
+                received[msg.key().decode()] = msg.value()
+    finally:
+        consumer.close()
+    assert set(received) == set(TOPIC_SCHEMAS)
+
+    stock = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    records = []
+    for name, data in received.items():
+        assert data[:1] == CONFLUENT_MAGIC
+        value = stock(data, SerializationContext(topics[name], MessageField.VALUE))
+        assert value == SAMPLES[name](), name
+        schema_id = struct.unpack(">I", data[1:5])[0]
+        writer = get_json(f"{registry_url}/schemas/ids/{schema_id}")
+        assert isinstance(writer, dict)
+        (tmp_path / f"{name}.writer.avsc").write_text(writer["schema"])
+        (tmp_path / f"{name}.confluent.bin").write_bytes(data)
+        records.append(
+            {
+                "label": name,
+                "schema": name,
+                "encoding": "confluent",
+                "data": str(tmp_path / f"{name}.confluent.bin"),
+                "writer": str(tmp_path / f"{name}.writer.avsc"),
+            }
+        )
+
+    java = run_checker(
+        AVRO_VERSIONS[-1],
+        {
+            "parse_order": [str(p) for p in parse_order()],
+            "topics": list(TOPIC_SCHEMAS),
+            "history": [],
+            "invalid": [],
+            "compat": [],
+            "records": records,
+        },
+        tmp_path,
+    )
+    for name in TOPIC_SCHEMAS:
+        decoded = java["records"][name]
+        assert decoded["writer_fingerprint_equal"] and decoded["body_reencoded_equal"], name
+    assert java["records"]["MailEvent"]["value"]["subject"] == "Grüße 你好"
+    assert java["records"]["DeliveryEvent"]["value"]["status"] == "BOUNCED"
+
+
+def readme_python_snippet() -> str:
+    """The Python block of schemas/README.md's consumer guide, verbatim."""
+    text = (schemas_dir() / "README.md").read_text()
+    after = text.split("Python, with the registry", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_consumer_guide_python_snippet_reads_committed_events_and_tombstones(
+    registry_url: str, services: DevServices, unique: str
+) -> None:
+    kafka = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers, schema_registry_url=registry_url
+    )
+    topic = f"mail.events.{unique}"
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    kept, aborted = mail_event(), dict(mail_event(), key="demo/mid:aborted@example.com")
+    producer = Producer(producer_config(kafka, transactional_id=f"guide-{unique}"))
+    producer.init_transactions(30)
+    producer.begin_transaction()  # a batch a crashed source never committed
+    producer.produce(topic, key=aborted["key"].encode(), value=serde.encode(aborted, topic))
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=kept["key"].encode(), value=serde.encode(kept, topic))
+    producer.produce(topic, key=b"demo/mid:gone@example.com", value=None)
+    producer.commit_transaction(30)
+
+    namespace: dict[str, object] = {}
+    exec(readme_python_snippet(), namespace)
+    seen: list[tuple[str, object]] = []
+
+    def handle(key: str, event: object) -> bool:
+        seen.append((key, event))
+        return len(seen) < 2  # the two keys may sit on two partitions: any order
+
+    namespace["read_mail_events"](  # type: ignore[operator]
+        services.kafka.bootstrap_servers, registry_url, f"guide-{unique}", handle, topic
+    )
+
+    got = dict(seen)
+    assert sorted(got) == sorted([kept["key"], "demo/mid:gone@example.com"])  # not the aborted
+    event = got[kept["key"]]
+    assert isinstance(event, dict)
+    assert event["subject"] == "Grüße 你好" and event["change"] == "ADDED"
+    assert got["demo/mid:gone@example.com"] is None
+
+
+def test_the_streams_worker_with_a_registry_answers_a_mail(
+    registry_url: str, services: DevServices, unique: str, tmp_path: Path
+) -> None:
+    """The issue's symptom: with a registry the streams worker crashed at its first command
+    (Apicurio refused ReplyCommand) and nothing reached mail.commands."""
+    names = {f: f"{getattr(TopicNames(), f)}.{unique}" for f in TopicNames.model_fields}
+    kafka = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers,
+        schema_registry_url=registry_url,
+        topics=TopicNames(**names),
+        partitions=1,
+    )
+    ensure_topics(kafka, retry_tiers=[])
+    config = tmp_path / "mailtap.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {
+                    "bootstrap_servers": kafka.bootstrap_servers,
+                    "schema_registry_url": registry_url,
+                    "topics": kafka.topics.model_dump(),
+                },
+                "claim_check": {"url": (tmp_path / "claims").as_uri()},
+                "streams": {
+                    "app_id": f"mailtap-streams-{unique}",
+                    "data_dir": str(tmp_path / "faust"),
+                    "from_address": {"name": "Helpdesk", "address": "help@example.com"},
+                    "auth_policy": "none",
+                    "rules": [
+                        {"match": {"recipient": "support@example.com"}, "workflow": "ticket_intake"}
+                    ],
+                },
+            }
+        )
+    )
+    mail = mail_record(message_id=f"t-{unique}@example.com", observed_at=NOW)
+    producer = Producer(producer_config(kafka))
+    events = kafka.topics.events
+    producer.produce(
+        events, key=mail["key"], value=AvroSerde.for_schema("MailEvent", kafka).encode(mail, events)
+    )
+    assert producer.flush(30) == 0
+
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from mailtap.commands.streams import "
+                "run_streams; run_streams(sys.argv[1])",
+                str(config),
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    consumer = Consumer(consumer_config(kafka, f"streams-registry-{unique}"))
+    consumer.subscribe([kafka.topics.commands])
+    stock = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    command = None
+    try:
+        deadline = time.monotonic() + 180  # a hang guard: group join and table recovery
+        while command is None:
+            assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                ctx = SerializationContext(kafka.topics.commands, MessageField.VALUE)
+                command = stock(msg.value(), ctx)
+    finally:
+        consumer.close()
+        os.killpg(worker.pid, signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=30)
+
+    assert command["event_key"] == mail["key"] and command["workflow"] == "ticket_intake"
+    assert command["auto_submitted"] == "auto-replied"
+    assert command["to"] == [{"name": None, "address": "ann@example.com"}]
+    compat = get_json(f"{registry_url}/config/{kafka.topics.commands}-value")
+    assert compat == {"compatibilityLevel": "FULL_TRANSITIVE"}

@@ -11,16 +11,20 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import Producer
 
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
+from connectors.core.kafka import producer_config
 from connectors.core.mail import parse_mail
 from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
 from tests.ews_server import EwsTestServer
@@ -160,7 +164,8 @@ def test_dropped_stream_expired_subscription_and_lost_events_give_every_item_onc
         lambda: ews.operations().count("GetStreamingEvents") > streams_opened, WAIT_S
     )
     ews.stall_streams(False)
-    assert ews.wait_until(lambda: published(source) == 8, WAIT_S)
+    # Streaming again before the next faults, or they hit no stream and prove nothing.
+    assert ews.wait_until(lambda: published(source) == 8 and streaming(ews), WAIT_S)
 
     # 5. A FIN instead of a reset, then HTTP 503 on the next two stream requests.
     ews.fail_requests(2, status=503, operation="GetStreamingEvents")
@@ -228,7 +233,9 @@ def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(
     )
     assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-2000:]
     assert len(read_topic(kafka, kafka.topics.events, isolation="read_uncommitted")) == 2
-    assert read_events(kafka) == []
+    # The crashed writer's transaction stays open until the restart aborts it: read what is
+    # committed now, without waiting for it to settle.
+    assert read_events(kafka, settled=False) == []
 
     # Mail keeps arriving while the source is down; the subscription queues its events.
     for raw in raws[3:]:
@@ -253,7 +260,7 @@ def test_sigkill_while_publishing_then_restart_loses_and_duplicates_nothing(
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=WAIT_S)
     assert first.returncode == -signal.SIGKILL
-    assert len(read_events(kafka)) < len(raws)
+    assert len(read_events(kafka, settled=False)) < len(raws)
     for raw in raws[30:]:
         ews.deliver(USER, raw)
     restart_and_expect(run, ews, kafka, raws)
@@ -331,3 +338,92 @@ def test_no_credential_in_any_log_line_even_at_debug(
     assert "streaming" in caplog.text.lower() or "ews" in caplog.text.lower()
     basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     assert basic not in caplog.text and PASSWORD not in caplog.text
+
+
+def test_an_error_after_a_commit_keeps_the_cursor_instead_of_reading_a_lagging_one(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """A read_committed read of the offsets topic ends at its last stable offset, before this
+    source's own newest commits: for a moment after each commit (the broker writes the markers
+    after answering the commit), and while another source holds a transaction open on that one
+    shared partition (held open here, as a crashed instance's is until it times out). A GetItem
+    error must not send the source back to that read: it would resume from an older cursor and
+    publish again what the newer one had (and with no cursor at all, ``start: latest`` would
+    take new mail for mail already there and never publish it)."""
+    cfg = config_from_dict(
+        source_config(kafka, ews, tmp_path / "claims", account={"start": "latest"})
+    )
+    src = EwsSource.from_config(cfg, serve_health=False)
+    src.start()
+    other = Producer(
+        producer_config(
+            kafka,
+            transactional_id=f"other-source-{uuid.uuid4().hex[:8]}",
+            transaction_timeout_ms=180_000,  # stays open for the whole test
+        )
+    )
+    try:
+        assert ews.wait_until(lambda: streaming(ews), WAIT_S)  # first cursor committed
+        other.init_transactions(30)
+        other.begin_transaction()
+        other.produce(kafka.topics.offsets, key=b'{"account":"other"}', value=b"{}")
+        other.flush(30)
+        ews.deliver(USER, mime(1))
+        assert ews.wait_until(lambda: published(src) == 1, WAIT_S)  # its cursor: behind
+        # Not a connection loss (EwsProtocolError): the path that used to re-read the cursor.
+        ews.fail_requests(1, operation="GetItem", soap_code="ErrorCorruptData")
+        ews.deliver(USER, mime(2))
+        assert ews.wait_until(lambda: published(src) >= 2 and streaming(ews), WAIT_S)
+    finally:
+        src.stop()
+        other.abort_transaction(30)
+    assert [r.status for r in ews.requests if r.operation == "GetItem"].count(503) == 1
+    keys = [k for k, _ in read_events(kafka)]
+    assert sorted(keys) == sorted([imap_key(mime(1)), imap_key(mime(2))])
+
+
+def test_a_restart_behind_another_sources_open_transaction_resumes_from_its_newest_cursor(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """The first run's newest cursor is committed behind another source's open transaction on
+    the shared offsets topic (a crashed instance's stays open until it times out). A restart
+    whose read ends at the last stable offset resumes from an older cursor and publishes again
+    what the newer one had (with no cursor at all, ``start: latest`` would even skip the mail
+    that arrived meanwhile). The restart must wait for that transaction to end."""
+    cfg = config_from_dict(
+        source_config(kafka, ews, tmp_path / "claims", account={"start": "latest"})
+    )
+    first = EwsSource.from_config(cfg, serve_health=False)
+    first.start()
+    other = Producer(
+        producer_config(
+            kafka,
+            transactional_id=f"other-source-{uuid.uuid4().hex[:8]}",
+            transaction_timeout_ms=180_000,
+        )
+    )
+    try:
+        assert ews.wait_until(lambda: streaming(ews), WAIT_S)  # first cursor committed
+        other.init_transactions(30)
+        other.begin_transaction()
+        other.produce(kafka.topics.offsets, key=b'{"account":"other"}', value=b"{}")
+        other.flush(30)
+        ews.deliver(USER, mime(1))
+        assert ews.wait_until(lambda: published(first) == 1, WAIT_S)  # its cursor: behind
+    finally:
+        first.stop()
+    ews.deliver(USER, mime(2))  # while the source is down: its subscription queues the event
+
+    # The other source's transaction ends a little after the restart began reading.
+    ending = threading.Timer(2.0, other.commit_transaction, args=(30,))
+    ending.start()
+    second = EwsSource.from_config(cfg, serve_health=False)
+    second.start()
+    try:
+        assert ews.wait_until(lambda: published(second) >= 1 and streaming(ews), WAIT_S)
+    finally:
+        second.stop()
+        ending.join()
+    keys = [k for k, _ in read_events(kafka)]
+    assert sorted(keys) == sorted([imap_key(mime(1)), imap_key(mime(2))])
+    assert published(second) == 1

@@ -79,6 +79,10 @@ class ImapHarness:
     port: int = 0
     bootstrap: str = ""
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: The account's name in the config, keys and cursors. The transactional id derives from
+    #: (account, folder) only, so tests that run at the same time on the shared broker under
+    #: the same name fence each other: a test that must not be disturbed uses its own name.
+    account_name: str = ACCOUNT
 
     def __post_init__(self) -> None:
         self.host = self.host or self.services.imap.host
@@ -95,7 +99,7 @@ class ImapHarness:
 
     def config_dict(self, *, port: int | None = None, **overrides: Any) -> dict[str, Any]:
         account = {
-            "name": ACCOUNT,
+            "name": self.account_name,
             "host": self.host,
             "port": port or self.port,
             "security": "plain",
@@ -216,7 +220,7 @@ class ImapHarness:
 
     def cursor(self, folder: str = "INBOX") -> dict[str, Any] | None:
         offsets = OffsetStore(self.kafka).read_all()
-        return offsets.get(canonical_json(source_partition(ACCOUNT, folder)))
+        return offsets.get(canonical_json(source_partition(self.account_name, folder)))
 
     def offsets(self) -> dict[str, dict[str, Any]]:
         """Every IMAP cursor, as ``{"<account>/<folder>": cursor}``."""

@@ -125,3 +125,17 @@ def test_s3_keys_come_in_pairs_and_the_secret_is_never_echoed() -> None:
     cfg = config_from_dict({"kafka": {"bootstrap_servers": "a:1"}}, env=env)
     assert cfg.claim_check.s3.endpoint_url == "http://127.0.0.1:9000"
     assert cfg.claim_check.s3.access_key_id is None  # boto3's default chain
+
+
+def test_env_override_indexes_a_list_entry() -> None:
+    # A credential of one account comes from the environment (a Kubernetes Secret); the
+    # account's other keys and the other accounts stay as the file has them.
+    raw = {"imap": {"accounts": [{"name": "a", "host": "h"}, {"name": "b", "host": "g"}]}}
+    merged = apply_env_overrides(raw, {"MAILTAP__IMAP__ACCOUNTS__1__PASSWORD": "s3cret"})
+    assert merged["imap"]["accounts"] == [
+        {"name": "a", "host": "h"},
+        {"name": "b", "host": "g", "password": "s3cret"},
+    ]
+    assert "password" not in raw["imap"]["accounts"][1]
+    with pytest.raises(ConfigError, match="past the end"):
+        apply_env_overrides(raw, {"MAILTAP__IMAP__ACCOUNTS__2__PASSWORD": "x"})

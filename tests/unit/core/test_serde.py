@@ -10,6 +10,7 @@ from connectors.core.errors import DataError
 from connectors.core.serde import (
     CONFLUENT_MAGIC,
     SINGLE_OBJECT_MAGIC,
+    TOPIC_SCHEMAS,
     AnyAvroDecoder,
     AvroSerde,
     load_schema,
@@ -37,8 +38,8 @@ def mail_event() -> dict:
 
 
 def test_every_schema_parses_and_has_namespace_and_version() -> None:
-    for file in schemas_dir().glob("*.avsc"):
-        raw = json.loads(file.read_text())
+    for name in TOPIC_SCHEMAS:
+        raw = load_schema(name).raw
         assert raw["namespace"] == "io.mailtap.v1"
         assert raw["fields"][0]["name"] == "schema_version"
         fastavro.parse_schema(raw, named_schemas={})
@@ -99,11 +100,11 @@ def test_reader_fills_defaults_for_fields_a_writer_did_not_have(tmp_path, monkey
         (tmp_path / f.name).write_text(f.read_text())
     (tmp_path / "history" / "WorkflowEvent.v0.avsc").write_text(json.dumps(older))
     monkeypatch.setenv("MAILTAP_SCHEMAS_DIR", str(tmp_path))
-    from connectors.core import serde as serde_module
+    from connectors.core import schemas as schemas_module
 
-    serde_module._known_writers.cache_clear()
+    schemas_module.known_writers.cache_clear()
     try:
-        old_writer = serde_module.load_schema(
+        old_writer = schemas_module.load_schema(
             "WorkflowEvent.v0", tmp_path / "history" / "WorkflowEvent.v0.avsc"
         )
         old = AvroSerde(old_writer)
@@ -111,11 +112,11 @@ def test_reader_fills_defaults_for_fields_a_writer_did_not_have(tmp_path, monkey
             {"instance_id": "T-1", "workflow": "w", "status": "S", "occurred_at": NOW}, "t"
         )
         current = AvroSerde(
-            serde_module.load_schema("WorkflowEvent", tmp_path / "WorkflowEvent.avsc")
+            schemas_module.load_schema("WorkflowEvent", tmp_path / "WorkflowEvent.avsc")
         )
         assert current.decode(data)["attributes"] == {}
     finally:
-        serde_module._known_writers.cache_clear()
+        schemas_module.known_writers.cache_clear()
 
 
 @pytest.mark.parametrize("with_records", [True, False])
@@ -136,3 +137,76 @@ def test_named_union_branches_encode_the_same_bytes_as_plain_fastavro(with_recor
         ("raw_ref", "io.mailtap.v1.BlobRef"),
     )
     assert isinstance(event["from"], dict | None)  # the caller's dict is left alone
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [("MailEvent", ("source", "kind")), ("MailEvent", ("change",)), ("DeliveryEvent", ("status",))],
+)
+def test_a_writer_cannot_write_the_readers_placeholder_symbol(name, path) -> None:
+    from tests.unit.core.contract_samples import SAMPLES
+
+    record = SAMPLES[name]()
+    target = record
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = "UNRECOGNIZED"
+    with pytest.raises(DataError, match=rf"{name}\.{'.'.join(path)}: UNRECOGNIZED"):
+        AvroSerde.for_schema(name).encode(record, "t")
+
+
+def test_with_a_registry_the_key_schema_is_registered_under_topic_key() -> None:
+    from connectors.core.schemaregistry import registry_client
+
+    kafka = KafkaSettings(bootstrap_servers="a:1", schema_registry_url="mock://serde-key-test")
+    AvroSerde.for_schema("WorkflowEvent", kafka).encode(
+        {"instance_id": "T-1", "workflow": "w", "status": "S", "occurred_at": NOW}, "mail.workflow"
+    )
+    client = registry_client("mock://serde-key-test")
+    assert client.get_latest_version("mail.workflow-key").schema.schema_str == '"string"'
+    value = client.get_latest_version("mail.workflow-value").schema.schema_str
+    assert json.loads(value)["name"] == "WorkflowEvent"
+
+
+@pytest.mark.parametrize("name", TOPIC_SCHEMAS)
+def test_records_written_with_the_first_release_decode_with_todays_serde(name) -> None:
+    """What sits on the topics from before the upgrade: single-object records of v1, found by
+    their fingerprint in schemas/history/."""
+    from tests.unit.core.contract_samples import SAMPLES
+
+    path = schemas_dir() / "history" / f"{name}.v1.avsc"
+    v1 = load_schema(f"{name}.v1", path)
+    v1_fields = {f["name"] for f in json.loads(path.read_text())["fields"]}
+    written = {k: v for k, v in SAMPLES[name]().items() if k in v1_fields}
+    # Fields added since v1 are all optional: today's reader fills in their null default.
+    expected = {k: (v if k in v1_fields else None) for k, v in SAMPLES[name]().items()}
+    data = AvroSerde(v1).encode(written, "t")
+    assert AvroSerde.for_schema(name).decode(data) == expected
+    assert AnyAvroDecoder().decode(data)[1] == written  # tools decode with the writer's schema
+
+
+def confluent_framed(name: str) -> bytes:
+    from tests.unit.core.contract_samples import SAMPLES
+
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, load_schema(name).parsed, SAMPLES[name]())
+    return b"\x00\x00\x00\x00\x07" + body.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (b"\xc3\x01" + b"\x00" * 8 + b"\x02", "single-object"),
+        (confluent_framed("MailEvent"), "confluent"),
+        (confluent_framed("WorkflowEvent"), "confluent"),
+        (b"\x00not avro at all", None),  # a dead letter's bytes: 0x00 alone proves nothing
+        (confluent_framed("MailEvent")[:-3], None),
+        (None, None),
+        (b"", None),
+        (b'{"json": 1}', None),
+    ],
+)
+def test_the_framing_of_a_value(value, expected) -> None:
+    from connectors.core.encoding import encoding_of
+
+    assert encoding_of(value) == expected

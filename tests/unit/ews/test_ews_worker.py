@@ -21,7 +21,7 @@ from exchangelib.folders import BaseFolder, FolderCollection
 from exchangelib.services import SyncFolderItems
 
 from connectors.core.claimcheck import ClaimCheckError, ClaimCheckStore, open_claim_check
-from connectors.core.contract import SourceRecord
+from connectors.core.contract import SourceRecord, TransactionAborted
 from connectors.core.errors import AuthenticationError, ConfigError
 from connectors.core.mail import parse_mail
 from connectors.core.metrics import SourceMetrics
@@ -455,3 +455,44 @@ def test_a_store_outage_delays_the_batch_and_then_every_mail_is_an_event_with_it
             uri = event["raw_ref"]["uri"]
             assert ".pack#offset=" in uri  # the batch's blobs share one pack file
             assert store.get(uri) == mime(int(event["subject"][1:]))
+
+
+# --- the cursor across errors -----------------------------------------------------------------
+
+
+def test_a_failed_write_starts_a_new_writer_and_reads_the_cursor_after_it(
+    ews: EwsTestServer,
+) -> None:
+    """Whether a failed batch committed is not known for sure: a new writer (whose
+    init_transactions settles it) and the cursor read back after that. Other errors keep both."""
+    run = Running(ews, settings_for(ews))
+    writers: list[MemoryWriter] = []
+    reads: list[int] = []
+    failures = [TransactionAborted("transaction aborted: broker unreachable")]
+
+    class FailingOnce(MemoryWriter):
+        def write(self, records: Sequence[SourceRecord], offsets: Sequence[Any]) -> None:
+            if records and failures:
+                raise failures.pop()
+            super().write(records, offsets)
+
+    def new_writer(_txn: str) -> MemoryWriter:
+        writers.append(FailingOnce())
+        return writers[-1]
+
+    def read_offsets() -> Mapping[bytes, Mapping[str, Any]]:
+        reads.append(len(writers))
+        return {}
+
+    run.worker._writer_factory = new_writer
+    run.worker._read_offsets = read_offsets
+    ews.deliver(USER, mime(1))
+    with run:
+        assert ews.wait_until(lambda: run.worker.events_published == 1, WAIT_S)
+        # An EWS error (not a write) afterwards: same writer, no new read.
+        ews.fail_requests(1, operation="GetItem", soap_code="ErrorCorruptData")
+        ews.deliver(USER, mime(2))
+        assert ews.wait_until(lambda: run.worker.events_published == 2, WAIT_S)
+    assert len(writers) == 2
+    assert reads == [1, 2]  # each read right after its writer was made
+    assert sorted(writers[1].keys()) == [f"ops/mid:m{n}@example.org".encode() for n in (1, 2)]

@@ -4,6 +4,7 @@ a transactional writer that records what it committed, and a parser."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from connectors.imap.connection import (
     IdleOutcome,
     MovedTo,
 )
-from connectors.imap.errors import ImapProtocolError
+from connectors.imap.errors import FolderMissing, ImapProtocolError
 from connectors.imap.uidset import UidSet
 
 
@@ -84,6 +85,8 @@ class FakeConnection:
         return True
 
     def select(self, folder: str, readonly: bool = False) -> FolderStatus:
+        if not self.folder_exists(folder):
+            raise FolderMissing(f"folder {folder} does not exist on the server")
         self.folder = folder
         s = self.server
         return FolderStatus(s.uidvalidity, s.uidnext[folder], s.modseq, len(s.folders[folder]))
@@ -142,6 +145,9 @@ class FakeConnection:
 
     def message_ids_in(self, folder: str, message_ids: Sequence[str]) -> set[str]:
         return set()
+
+    def folder_exists(self, folder: str) -> bool:
+        return folder in self.server.folders
 
     def create_folder(self, folder: str) -> None:
         self.server.folders.setdefault(folder, {})
@@ -208,15 +214,14 @@ class Parsed:
 def fake_parse(
     raw: bytes, *, account: str, source: Mapping[str, Any], flags: list[str], **_: Any
 ) -> Parsed:
-    """Key = account + first line; ``BAD`` in the mail sets parse_error; ``BOOM`` raises."""
+    """Key = account + first line; ``BAD`` in the mail sets parse_error; ``BOOM`` raises.
+    The content fingerprint is the sha256 of the whole mail."""
     if b"BOOM" in raw:
         raise RuntimeError("parser bug")
     error = "broken" if b"BAD" in raw else None
-    return Parsed(
-        f"{account}/mid:{raw.splitlines()[0].decode()}",
-        {"source": dict(source), "flags": flags, "message_id": None, "parse_error": error},
-        error,
-    )
+    event = {"source": dict(source), "flags": flags, "message_id": None, "parse_error": error}
+    event["content_fingerprint"] = hashlib.sha256(raw).hexdigest()
+    return Parsed(f"{account}/mid:{raw.splitlines()[0].decode()}", event, error)
 
 
 class JsonSerde:

@@ -58,6 +58,14 @@ def test_bye_is_a_dead_connection() -> None:
         ImapConnection._classify([(b"BYE", b"Server shutting down")])
 
 
+def test_a_uidvalidity_response_code_ends_idle_for_a_sync() -> None:
+    # RFC 3501 7.1: "* OK [UIDVALIDITY n]" may announce a new UIDVALIDITY; a keep-alive does not.
+    client = FakeClient([[(b"OK", b"Still here")], [(b"OK", b"[UIDVALIDITY 42] changed")]])
+    outcome = connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+    assert outcome.other
+    assert client.calls == ["idle", "idle_check", "idle_check", "idle_done"]
+
+
 class FakeClient:
     """Just enough of IMAPClient for idle_until()."""
 

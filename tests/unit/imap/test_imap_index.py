@@ -209,22 +209,79 @@ def test_the_newest_location_per_key_is_kept_and_tombstones_drop_the_key() -> No
     latest = _LatestLocations()
     latest.record(
         [
-            ("a/mid:1@y", "a", "INBOX", 7, 1),
-            ("a/mid:2@y", "a", "INBOX", 7, 2),
-            ("b/mid:3@y", "b", "INBOX", 3, 1),
-            ("a/mid:4@y", "a", "INBOX", 7, 4),
+            ("a/mid:1@y", "a", "INBOX", 7, 1, "f1"),
+            ("a/mid:2@y", "a", "INBOX", 7, 2, "f2"),
+            ("b/mid:3@y", "b", "INBOX", 3, 1, "f3"),
+            ("a/mid:4@y", "a", "INBOX", 7, 4, None),
         ]
     )
     latest.record(
         [
-            ("a/mid:1@y", "a", "Archive", 9, 5),  # moved
-            ("a/mid:2@y", "a", None, None, None),  # tombstoned
-            ("a/mid:5@y", "a", "INBOX", 7, 6),
+            ("a/mid:1@y", "a", "Archive", 9, 5, None),  # moved (an event without fingerprint)
+            ("a/mid:2@y", "a", None, None, None, None),  # tombstoned
+            ("a/mid:5@y", "a", "INBOX", 7, 6, "f5"),
         ]
     )
     assert list(latest.batches(2)) == [
-        ("a", [("a/mid:1@y", "Archive", 9, 5), ("a/mid:4@y", "INBOX", 7, 4)]),
-        ("a", [("a/mid:5@y", "INBOX", 7, 6)]),
-        ("b", [("b/mid:3@y", "INBOX", 3, 1)]),
+        ("a", [("a/mid:1@y", "f1", "Archive", 9, 5), ("a/mid:4@y", None, "INBOX", 7, 4)]),
+        ("a", [("a/mid:5@y", "f5", "INBOX", 7, 6)]),
+        ("b", [("b/mid:3@y", "f3", "INBOX", 3, 1)]),
     ]
     latest.close()
+
+
+# --- two mails sharing a Message-ID --------------------------------------------------------------
+
+FP_A, FP_B, FP_C = "aa" * 32, "bb" * 32, "aa" * 4 + "cc" * 28  # C shares A's first 8 digits
+
+
+def test_a_different_mail_with_a_known_message_id_gets_a_key_of_its_own() -> None:
+    index = AccountIndex("a")
+    assert index.place("a/mid:x@y", FP_A, "INBOX", 7, 1) == ("a/mid:x@y", False)
+    assert index.place("a/mid:x@y", FP_B, "INBOX", 7, 2) == ("a/mid:x@y#bbbbbbbb", False)
+    # The same mails again (a copy, a move): their own keys, known.
+    assert index.place("a/mid:x@y", FP_B, "Archive", 3, 1) == ("a/mid:x@y#bbbbbbbb", True)
+    assert index.place("a/mid:x@y", FP_A, "Archive", 3, 2) == ("a/mid:x@y", True)
+
+
+def test_a_clash_of_the_short_suffix_moves_on_to_a_longer_one() -> None:
+    index = AccountIndex("a")
+    index.place("a/mid:x@y", FP_B, "INBOX", 7, 1)
+    assert index.place("a/mid:x@y", FP_A, "INBOX", 7, 2)[0] == "a/mid:x@y#aaaaaaaa"
+    assert index.place("a/mid:x@y", FP_C, "INBOX", 7, 3)[0] == "a/mid:x@y#aaaaaaaacccccccc"
+
+
+def test_every_mail_maps_back_to_its_key_after_a_rescan_a_restart_or_a_deletion() -> None:
+    index = AccountIndex("a")
+    index.place_many([("a/mid:x@y", FP_A, "INBOX", 7, 1), ("a/mid:x@y", FP_B, "INBOX", 7, 2)])
+    # UIDVALIDITY change: the folder is forgotten and rescanned, in the other UID order.
+    index.forget_folder("INBOX")
+    assert index.place_many(
+        [("a/mid:x@y", FP_B, "INBOX", 8, 1), ("a/mid:x@y", FP_A, "INBOX", 8, 2)]
+    ) == [("a/mid:x@y#bbbbbbbb", True), ("a/mid:x@y", True)]
+    # A restart: the index is rebuilt from the events (keys as published, with fingerprints).
+    rebuilt = AccountIndex("a")
+    rebuilt.place_many(
+        [("a/mid:x@y#bbbbbbbb", FP_B, "INBOX", 8, 1), ("a/mid:x@y", FP_A, "INBOX", 8, 2)],
+        resolve=False,
+    )
+    assert rebuilt.place("a/mid:x@y", FP_A, "Sent", 1, 1) == ("a/mid:x@y", True)
+    # The first mail deleted (tombstoned): the second keeps its key, not the bare one.
+    assert rebuilt.remove("INBOX", 2) == ("a/mid:x@y", True)  # the copy in Sent is left
+    assert rebuilt.remove("Sent", 1) == ("a/mid:x@y", False)
+    assert rebuilt.forget_unless_located("a/mid:x@y")
+    assert rebuilt.place("a/mid:x@y", FP_B, "Sent", 1, 2) == ("a/mid:x@y#bbbbbbbb", True)
+
+
+def test_a_key_published_before_fingerprints_were_recorded_is_taken_as_the_same_mail() -> None:
+    index = AccountIndex("a")
+    index.place_many([("a/mid:x@y", None, "INBOX", 7, 1)], resolve=False)
+    assert index.place("a/mid:x@y", FP_A, "INBOX", 8, 1) == ("a/mid:x@y", True)
+    # From then on its fingerprint is known, and another mail is told apart.
+    assert index.place("a/mid:x@y", FP_B, "INBOX", 8, 2) == ("a/mid:x@y#bbbbbbbb", False)
+
+
+def test_a_fingerprint_key_is_never_given_a_suffix() -> None:
+    index = AccountIndex("a")
+    assert index.place("a/fp:" + FP_A, FP_A, "INBOX", 7, 1) == ("a/fp:" + FP_A, False)
+    assert index.place("a/fp:" + FP_A, FP_A, "INBOX", 7, 2) == ("a/fp:" + FP_A, True)

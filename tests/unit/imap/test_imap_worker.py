@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -138,8 +139,8 @@ class ThreadedParsing:
     ) -> Future[ParsedBatch]:
         self.batches.append([m.uid for m in mails])
 
-        def kind(mail: FetchedMail, _key: str) -> ChangeKind:
-            return "RESCANNED" if mail.uid < rescan_until else "ADDED"
+        def kind(mail: FetchedMail, key: str, _fp: str | None) -> tuple[str, ChangeKind]:
+            return key, "RESCANNED" if mail.uid < rescan_until else "ADDED"
 
         def build() -> ParsedBatch:
             built = self.builder.build_all(list(mails), uidvalidity, kind)
@@ -171,6 +172,57 @@ def test_a_session_walks_the_diagram_and_publishes_in_batches_with_the_cursor() 
     assert [o[0]["last_uid"] for _, o in writer.transactions] == [0, 3, 6, 7]
     assert [e["change"] for e in events(writer)] == ["ADDED"] * 7
     assert writer.last_offset["uidvalidity"] == 100 and writer.last_offset["highestmodseq"] == 8
+
+
+def test_mail_arriving_during_a_sync_is_published_before_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real server announces it in the sync's own answers (EXISTS among FETCH responses), so
+    # the IDLE that follows would not: the worker must look again before it idles.
+    server = filled(7)
+    fetch = FakeConnection.fetch
+
+    def fetch_while_mail_arrives(self: FakeConnection, uids: Sequence[int]) -> list[FetchedMail]:
+        if server.uidnext["INBOX"] == 8:
+            server.append(b"late\r\n\r\nbody")
+        return fetch(self, uids)
+
+    idle = FakeConnection.idle_until
+    published_at_idle: list[int] = []
+
+    def idle_until(self: FakeConnection, *args: Any) -> Any:
+        published_at_idle.append(len(events(writer)))
+        return idle(self, *args)
+
+    monkeypatch.setattr(FakeConnection, "fetch", fetch_while_mail_arrives)
+    monkeypatch.setattr(FakeConnection, "idle_until", idle_until)
+    worker, writer, _ = make_worker(server)
+    worker.run()
+    assert published_at_idle == [8]
+    assert writer.last_offset["last_uid"] == 8
+
+
+def test_a_missing_folder_is_said_once_then_read_once_it_exists(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = FakeServer(folders={}, uidnext={})
+
+    class FolderCreatedLater(CountingStop):
+        def wait(self, timeout: float | None = None) -> bool:
+            if len(self.delays) == 4:  # four looks at the backoff cap's pace, then it is back
+                server.folders["INBOX"], server.uidnext["INBOX"] = {}, 1
+                server.append(b"m\r\n\r\nbody")
+            return super().wait(timeout)
+
+    caplog.set_level(logging.INFO)
+    worker, writer, stop = make_worker(server, stop=FolderCreatedLater())
+    worker.run()
+    said = [r for r in caplog.records if "folder does not exist on the server" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.ERROR
+    assert stop.delays[:4] == [worker.settings.backoff_cap_seconds] * 4
+    assert "the folder exists again" in caplog.text
+    assert [e["change"] for e in events(writer)] == ["ADDED"]
+    assert worker.machine.history[-3:] == [S.SYNCING, S.IDLE, S.STOPPED]
 
 
 def test_a_restart_from_the_stored_cursor_publishes_nothing_again() -> None:
@@ -681,3 +733,19 @@ def test_a_change_sync_resumed_from_its_cursor_publishes_the_rest_and_what_chang
     assert sorted(again) == [2, 7, 8, 9, 10, 11, 12]
     assert again[2] == ["\\Seen", "\\Flagged"]
     assert rest.last_offset["changes_done"] is None
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_two_different_mails_with_one_message_id_get_two_keys_and_are_both_added(
+    pipelined: bool,
+) -> None:
+    server = filled(4)
+    server.append(b"m1\r\n\r\nanother body")  # uid 5: the key of uid 2, another mail
+    server.append(b"m1\r\n\r\nbody")  # uid 6: an identical copy of uid 2
+    worker, writer, _ = make_worker(server, pipelined=pipelined)
+    worker.run()
+    published = {e["source"]["uid"]: (e["key"], e["change"]) for e in events(writer)}
+    other = "a/mid:m1#" + hashlib.sha256(b"m1\r\n\r\nanother body").hexdigest()[:8]
+    assert published[2] == ("a/mid:m1", "ADDED")
+    assert published[5] == (other, "ADDED")
+    assert published[6] == ("a/mid:m1", "UPDATED")  # the same mail again (documented)

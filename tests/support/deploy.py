@@ -1,0 +1,155 @@
+"""What the deploy tests read from the shipped files: the compose services with their resolved
+environment, the Kubernetes manifests, each Deployment's component and environment.
+
+Compose interpolation (``${VAR:-default}``, ``${VAR:?message}``) is resolved here rather than
+through ``podman-compose config`` so that the unit tests need neither podman nor a network;
+tests/deploy checks the same file with podman-compose itself.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+K8S_BASE = ROOT / "deploy" / "k8s" / "base"
+#: Values for the compose variables a user must set (the ones with ``:?``, and the EWS password
+#: of --profile ews, without which ews-source stops at start).
+COMPOSE_REQUIRED = {
+    "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "imap-secret",
+    "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": "ews-secret",
+}
+
+_VAR = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
+
+
+def project_version() -> str:
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        version: str = tomllib.load(file)["project"]["version"]
+    return version
+
+
+def interpolate(text: str, env: Mapping[str, str]) -> str:
+    """Compose's variable syntax: ``${V}``, ``${V:-d}``, ``${V-d}``, ``${V:?m}``, ``${V?m}``."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match["name"], match["op"], match["arg"] or ""
+        value = env.get(name)
+        empty = value is None or (value == "" and op is not None and op.startswith(":"))
+        if op in ("-", ":-"):
+            return arg if empty else str(value)
+        if op in ("?", ":?"):
+            if empty:
+                raise KeyError(f"compose needs {name}: {arg}")
+            return str(value)
+        return value or ""
+
+    return _VAR.sub(one, text.replace("$$", "\0")).replace("\0", "$")
+
+
+def compose_services(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    text = interpolate(COMPOSE_FILE.read_text(), {**COMPOSE_REQUIRED, **(env or {})})
+    services: dict[str, Any] = yaml.safe_load(text)["services"]
+    return services
+
+
+def mailtap_services(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The compose services that run a mailtap component (``command: [run, NAME, ...]``)."""
+    services = {
+        name: service
+        for name, service in compose_services(env).items()
+        if (service.get("command") or [None])[0] == "run"
+    }
+    for service in services.values():  # compose passes every value as a string
+        service["environment"] = {k: str(v) for k, v in service["environment"].items()}
+    return services
+
+
+def compose_config_file(service: Mapping[str, Any]) -> Path:
+    """The host file mounted at the service's MAILTAP_CONFIG."""
+    target = service["environment"]["MAILTAP_CONFIG"]
+    for volume in service["volumes"]:
+        source, _, rest = volume.partition(":")
+        if rest.split(":")[0] == target:
+            return (ROOT / source).resolve()
+    raise AssertionError(f"nothing is mounted at {target}")
+
+
+K8S_COMPONENTS = ROOT / "deploy" / "k8s" / "components"
+
+
+def k8s_files() -> list[Path]:
+    """The manifests of the kustomize base and of every optional component, in resources order."""
+    files: list[Path] = []
+    for folder in (K8S_BASE, *sorted(p for p in K8S_COMPONENTS.iterdir() if p.is_dir())):
+        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        files += [folder / resource for resource in kustomization["resources"]]
+    return files
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    """Every manifest of :func:`k8s_files`."""
+    docs: list[dict[str, Any]] = []
+    for file in k8s_files():
+        docs += [d for d in yaml.safe_load_all(file.read_text()) if d]
+    return docs
+
+
+def k8s_kind(kind: str) -> list[dict[str, Any]]:
+    return [d for d in k8s_documents() if d["kind"] == kind]
+
+
+def deployment_component(deployment: Mapping[str, Any]) -> str:
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "run", args
+    return str(args[1])
+
+
+def deployment_env(deployment: Mapping[str, Any], secret: Mapping[str, str]) -> dict[str, str]:
+    """The container's environment, secretKeyRefs read from ``secret`` (key -> value)."""
+    env: dict[str, str] = {}
+    for entry in deployment["spec"]["template"]["spec"]["containers"][0].get("env", []):
+        if "value" in entry:
+            env[entry["name"]] = str(entry["value"])
+        else:
+            ref = entry["valueFrom"]["secretKeyRef"]
+            env[entry["name"]] = secret[ref["key"]]
+    return env
+
+
+def secret_keys_example() -> dict[str, str]:
+    """The keys of the credentials Secret, from the overlay's credentials.env.example."""
+    example = ROOT / "deploy" / "k8s" / "overlays" / "example" / "credentials.env.example"
+    pairs = [
+        line.split("=", 1)
+        for line in example.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    return {key: value for key, value in pairs}
+
+
+def configmap_config(name: str = "mailtap-config") -> str:
+    (configmap,) = [c for c in k8s_kind("ConfigMap") if c["metadata"]["name"] == name]
+    text: str = configmap["data"]["mailtap.yaml"]
+    return text
+
+
+def deployment_configmap(deployment: Mapping[str, Any]) -> str:
+    """The name of the ConfigMap a Deployment mounts as its config."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    name: str = volumes["config"]["configMap"]["name"]
+    return name
+
+
+def dockerfile_user() -> str:
+    users = [
+        line.split()[1] for line in DOCKERFILE.read_text().splitlines() if line.startswith("USER ")
+    ]
+    return users[-1]

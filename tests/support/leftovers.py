@@ -1,0 +1,196 @@
+"""No process the test suite starts may outlive it (issue 16): a pytest plugin and its checker.
+
+At session start the plugin puts ``MAILTAP_TEST_RUN=<new id>`` into ``os.environ``, so every
+process started during the session inherits it (a subprocess, a service ``mailtap.dev`` spawns, a
+source under test). At session end — after the session's fixtures have stopped the services —
+these are leftovers:
+
+- every live process that still carries the id (found wherever it was re-parented to);
+- every live descendant of the pytest process: Dovecot writes its process titles over its
+  environment block, so its master no longer shows the id;
+- every process in a session that one of those leads (``start_new_session``): the children of a
+  service that cleans their environment (Dovecot's ``imap``, ``auth``...).
+
+The run fails, naming each leftover (pid, command line), and the leftovers are killed, so one
+failed run does not pile up on the next. The pytest process itself never counts. Not seen: a
+process that both lost the id (a cleaned or overwritten environment) and left the pytest
+process's tree and sessions (re-parented after its starter exited).
+
+Services kept on purpose between runs (``MAILTAP_TEST_STATE_DIR``) are excluded by their process
+groups (:func:`keep`); those started by an earlier run do not carry this run's id at all. A
+service the suite started and did not keep is checked like everything else.
+
+``tests/conftest.py`` loads this plugin; ``pytest -p tests.support.leftovers`` loads it anywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+RUN_ENV = "MAILTAP_TEST_RUN"
+#: Processes the teardown has just signalled may still be exiting: wait this long at most for
+#: them to go before calling them leftovers (the check ends as soon as none is left).
+GRACE_S = 10.0
+#: Overrides GRACE_S (the checker's own tests, which leak on purpose, need not wait that long).
+GRACE_ENV = "MAILTAP_TEST_LEFTOVER_GRACE_S"
+
+#: Process groups of services kept on purpose after the session (see keep()).
+_kept_groups: set[int] = set()
+#: Helpers Python's multiprocessing starts once per interpreter (the "spawn" context of the IMAP
+#: parse processes starts the resource tracker) and ends when the interpreter exits: a child of
+#: the pytest process running one of these is not a leftover.
+_INTERPRETER_HELPERS = (
+    "from multiprocessing.resource_tracker import main",
+    "from multiprocessing.forkserver import main",
+)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    pid: int
+    cmdline: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid}: {self.cmdline}"
+
+
+@dataclass(frozen=True)
+class _Stat:
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+
+
+def keep(pgids: Iterable[int]) -> None:
+    """Exclude these process groups from the check: services kept running on purpose."""
+    _kept_groups.update(pgids)
+
+
+def _stat(pid: int) -> _Stat | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # After the parenthesised command name: state, ppid, pgrp, session (proc(5) fields 3-6).
+    fields = text.rsplit(")", 1)[1].split()
+    return _Stat(fields[0], int(fields[1]), int(fields[2]), int(fields[3]))
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    try:
+        return marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours to read
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "?"
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip() or "?"
+
+
+def _descendants(live: dict[int, _Stat], root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for pid, stat in live.items():
+        children.setdefault(stat.ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def find_leftovers(
+    run_id: str,
+    *,
+    root_pid: int | None = None,
+    ignore_pids: Iterable[int] = (),
+    ignore_groups: Iterable[int] = (),
+) -> list[Leftover]:
+    """Live processes of run ``run_id``: those carrying ``MAILTAP_TEST_RUN=<run_id>``, the
+    descendants of ``root_pid`` (the pytest process), and every member of a session one of them
+    leads; minus ``ignore_pids`` and ``ignore_groups``."""
+    marker = f"{RUN_ENV}={run_id}".encode()
+    stats = {
+        int(entry.name): stat
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None
+    }
+    live = {pid: stat for pid, stat in stats.items() if stat.state not in ("Z", "X")}
+    ours = {pid for pid in live if _carries(pid, marker)}
+    if root_pid is not None:
+        ours |= _descendants(live, root_pid)
+    led = {live[pid].session for pid in ours if live[pid].session == pid}
+    found = ours | {pid for pid, stat in live.items() if stat.session in led}
+    skip_pids, skip_groups = set(ignore_pids), set(ignore_groups)
+    leftovers = [
+        Leftover(pid, _cmdline(pid))
+        for pid in sorted(found)
+        if pid not in skip_pids and live[pid].pgrp not in skip_groups
+    ]
+    return [left for left in leftovers if not _interpreter_helper(left, live, root_pid)]
+
+
+def _interpreter_helper(left: Leftover, live: dict[int, _Stat], root_pid: int | None) -> bool:
+    return live[left.pid].ppid == root_pid and any(h in left.cmdline for h in _INTERPRETER_HELPERS)
+
+
+def check(run_id: str, grace: float = GRACE_S) -> list[Leftover]:
+    """The leftovers of ``run_id`` once ``grace`` seconds have not made them exit."""
+    deadline = time.monotonic() + grace
+    while True:
+        found = find_leftovers(
+            run_id, root_pid=os.getpid(), ignore_pids={os.getpid()}, ignore_groups=_kept_groups
+        )
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def kill(leftovers: Iterable[Leftover]) -> None:
+    for leftover in leftovers:
+        with contextlib.suppress(OSError):
+            os.kill(leftover.pid, signal.SIGKILL)
+
+
+# --- the plugin ---------------------------------------------------------------------------------
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # A new id even when one is inherited: a pytest run inside a test checks its own processes.
+    os.environ[RUN_ENV] = uuid.uuid4().hex
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    run_id = os.environ.get(RUN_ENV)
+    if not run_id:
+        return
+    found = check(run_id, float(os.environ.get(GRACE_ENV) or GRACE_S))
+    if not found:
+        return
+    kill(found)
+    lines = [f"{len(found)} process(es) started by the test session outlived it (now killed):"]
+    lines += [f"  {leftover}" for leftover in found]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("=", "processes left behind", red=True)
+        for line in lines:
+            reporter.write_line(line, red=True)
+    else:
+        print("\n".join(lines))
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,0 +1,182 @@
+"""Every config shipped in deploy/ (and docker-compose.yml) starts each component that uses it:
+``mailtap config check --component NAME`` with the environment the compose service or the
+Kubernetes Deployment gives that component. Plus what the Kubernetes schemas cannot catch."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from mailtap.cli import main
+from mailtap.commands.run import COMPONENTS
+from tests.support import deploy
+
+SERVICES = deploy.mailtap_services()
+DEPLOYMENTS = {deploy.deployment_component(d): d for d in deploy.k8s_kind("Deployment")}
+
+
+def config_check(path: Path, component: str, env: dict[str, str]) -> tuple[int, str]:
+    # Only the given environment: a MAILTAP_* variable of the caller must not mask a gap.
+    clean = dict.fromkeys(n for n in os.environ if n.startswith("MAILTAP"))
+    result = CliRunner().invoke(
+        main,
+        ["config", "check", "-c", str(path), "--component", component],
+        env={**clean, **env},  # type: ignore[dict-item]
+    )
+    return result.exit_code, result.output
+
+
+def test_compose_runs_every_long_running_component() -> None:
+    assert {s["command"][1] for s in SERVICES.values()} == {
+        "imap-source",
+        "ews-source",
+        "streams",
+        "smtp-sink",
+    }
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_compose_config_starts_the_service_component(name: str) -> None:
+    service = SERVICES[name]
+    component = service["command"][1]
+    code, output = config_check(
+        deploy.compose_config_file(service), component, service["environment"]
+    )
+    assert code == 0, output
+    assert f"valid for {component}" in output
+
+
+def test_compose_points_at_an_existing_cluster_through_the_environment() -> None:
+    env = {
+        "MAILTAP_KAFKA_BOOTSTRAP": "b1.example.com:9093,b2.example.com:9093",
+        "MAILTAP__KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+        "MAILTAP__KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+        "MAILTAP__KAFKA__SASL_USERNAME": "mailtap",
+        "MAILTAP__KAFKA__SASL_PASSWORD": "kafka-secret",
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY_URL": "https://u:p@registry.example.com",
+    }
+    for service in deploy.mailtap_services(env).values():
+        assert {k: service["environment"][k] for k in env} == env
+        code, output = config_check(
+            deploy.compose_config_file(service), service["command"][1], service["environment"]
+        )
+        assert code == 0, output
+    with pytest.raises(KeyError, match="MAILTAP__IMAP__ACCOUNTS__0__PASSWORD"):
+        deploy.compose_services({"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": ""})
+
+
+def test_compose_broker_and_registry_only_in_the_local_kafka_profile() -> None:
+    services = deploy.compose_services()
+    assert services["kafka"]["profiles"] == ["local-kafka"]
+    assert services["schema-registry"]["profiles"] == ["local-kafka"]
+    assert all("depends_on" not in s for s in SERVICES.values())
+    assert {n for n, s in SERVICES.items() if "profiles" in s} == {"ews-source"}
+
+
+def test_compose_config_alone_names_its_components(tmp_path: Path) -> None:
+    (service, *_) = SERVICES.values()
+    result = CliRunner().invoke(
+        main,
+        ["config", "check", "-c", str(deploy.compose_config_file(service))],
+        env={"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "x"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "valid for imap-source, streams, smtp-sink" in result.output
+
+
+def test_k8s_one_deployment_per_component() -> None:
+    # ews-source is an optional kustomize component (deploy/k8s/components/ews-source).
+    assert set(DEPLOYMENTS) == set(COMPONENTS)
+
+
+@pytest.mark.parametrize("component", sorted(DEPLOYMENTS))
+def test_k8s_configmap_starts_the_deployment_component(component: str, tmp_path: Path) -> None:
+    config = tmp_path / "mailtap.yaml"
+    config.write_text(deploy.configmap_config(deploy.deployment_configmap(DEPLOYMENTS[component])))
+    env = deploy.deployment_env(DEPLOYMENTS[component], deploy.secret_keys_example())
+    code, output = config_check(config, component, env)
+    assert code == 0, output
+
+
+def test_k8s_configmap_holds_no_credential() -> None:
+    for configmap in deploy.k8s_kind("ConfigMap"):
+        text = configmap["data"]["mailtap.yaml"]
+        for word in ("password:", "secret_access_key:", "access_key_id:", "token:"):
+            assert word not in text
+    assert all(d["kind"] != "Secret" for d in deploy.k8s_documents())
+
+
+@pytest.mark.parametrize("component", sorted(DEPLOYMENTS))
+def test_k8s_what_the_schemas_cannot_catch(component: str) -> None:
+    deployment = DEPLOYMENTS[component]
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    labels = spec["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    assert container["image"].rsplit(":", 1)[1] == deploy.project_version()
+    assert labels["app.kubernetes.io/version"] == deploy.project_version()
+    assert str(pod["securityContext"]["runAsUser"]) == deploy.dockerfile_user().split(":")[0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/mailtap", "/tmp", "/etc/mailtap"} <= mounts
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"]["name"] in {
+        c["metadata"]["name"] for c in deploy.k8s_kind("ConfigMap")
+    }
+    port_names = {p["name"] for p in container["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+        assert container[probe]["httpGet"]["port"] in port_names
+    assert "limits" in container["resources"] and "requests" in container["resources"]
+    for ref in (e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e):
+        assert ref["key"] in deploy.secret_keys_example()
+    if component == "streams":
+        # All partitions on one worker per app id (streams/app.py): never two during a rollout.
+        assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+
+
+def test_k8s_service_and_budget_select_pods_that_exist() -> None:
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in DEPLOYMENTS.values()]
+    container_ports = {
+        p["name"]
+        for d in DEPLOYMENTS.values()
+        for p in d["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    (service,) = deploy.k8s_kind("Service")
+    assert sum(service["spec"]["selector"].items() <= lab.items() for lab in pod_labels) == len(
+        pod_labels
+    )
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
+    for budget in deploy.k8s_kind("PodDisruptionBudget"):
+        selector = budget["spec"]["selector"]["matchLabels"]
+        (target,) = [
+            d
+            for d in DEPLOYMENTS.values()
+            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert target["spec"]["replicas"] > budget["spec"]["minAvailable"]
+
+
+def test_state_paths_are_where_the_image_lets_the_user_write() -> None:
+    # The image runs as 10001 and only /var/lib/mailtap is its own: streams' data_dir and a
+    # file:// claim store must lie there (they were root-owned /srv/mailtap paths before).
+    text = deploy.DOCKERFILE.read_text()
+    assert "chown -R 10001:10001 /var/lib/mailtap" in text
+    assert "WORKDIR /var/lib/mailtap" in text
+    assert deploy.dockerfile_user() == "10001:10001"
+    (service, *_) = SERVICES.values()
+    configs = [
+        yaml.safe_load(deploy.compose_config_file(service).read_text()),
+        yaml.safe_load(deploy.configmap_config()),
+    ]
+    for config in configs:
+        assert config["streams"]["data_dir"].startswith("/var/lib/mailtap/")
+        url = config["claim_check"]["url"]
+        assert url.startswith("s3://") or url.startswith("file:///var/lib/mailtap/")

@@ -1,0 +1,50 @@
+"""The streams worker's /healthz: healthy only while its event loop reports, holding partitions
+of the events topic, neither recovering nor rebalancing; served only with a health section."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import NamedTuple
+
+from connectors.core.config import config_from_dict
+from mailtap.commands.streams import serves_health
+from mailtap.commands.streams_health import StreamsHealth
+
+KAFKA = {"bootstrap_servers": "127.0.0.1:9092"}
+
+
+class TP(NamedTuple):  # the shape of faust's TP
+    topic: str
+    partition: int
+
+
+def app(*topics: str, in_recovery: bool = False, rebalancing: bool = False) -> SimpleNamespace:
+    assignment = {TP(t, i) for i, t in enumerate(topics)}
+    consumer = SimpleNamespace(assignment=lambda: assignment)
+    return SimpleNamespace(consumer=consumer, in_recovery=in_recovery, rebalancing=rebalancing)
+
+
+def test_unhealthy_until_the_loop_reports_with_partitions() -> None:
+    health = StreamsHealth("mail.events")
+    assert health.health(600)[0] is False  # nothing reported yet
+    health.observe(app("other.topic"))
+    ok, detail = health.health(600)
+    assert not ok and detail["assigned_partitions"] == 0
+    health.observe(app("mail.events", "mail.events"))
+    ok, detail = health.health(600)
+    assert ok and detail["assigned_partitions"] == 2
+
+
+def test_unhealthy_while_recovering_or_when_the_loop_stops_reporting() -> None:
+    health = StreamsHealth("mail.events")
+    health.observe(app("mail.events", in_recovery=True))
+    assert health.health(600)[0] is False
+    health.observe(app("mail.events"))
+    assert health.health(600)[0] is True
+    assert health.health(-1)[0] is False  # the last report is older than the allowed age
+
+
+def test_served_only_with_a_health_section() -> None:
+    assert not serves_health(config_from_dict({"kafka": KAFKA}))
+    assert serves_health(config_from_dict({"kafka": KAFKA, "health": {"port": 0}}))
+    assert serves_health(config_from_dict({"kafka": KAFKA}, env={"MAILTAP__HEALTH__PORT": "0"}))
