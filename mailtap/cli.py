@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import signal
+import threading
 from typing import Any
 
 import click
@@ -108,6 +109,7 @@ def main(verbose: int, log_format: LogFormat) -> None:
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     level = getattr(logging, os.environ.get("MAILTAP_LOG_LEVEL", ""), level)
     logs.configure(level, log_format)
+    threading.excepthook = logs.log_thread_exception
 
 
 if __name__ == "__main__":  # pragma: no cover

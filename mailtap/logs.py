@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 from typing import Literal
 
 from pythonjsonlogger.json import JsonFormatter
+
+from connectors.core.kafka import stop_requested
+from connectors.core.kafka_log import RepeatFilter
 
 LogFormat = Literal["text", "json"]
 #: Parent of the loggers a long-running component uses for its start and stop lines
@@ -37,11 +41,41 @@ def formatter(fmt: LogFormat) -> logging.Formatter:
 
 
 def configure(level: int, fmt: LogFormat = "text") -> None:
-    """The root logger writes to stderr at ``level`` in ``fmt`` (replacing earlier handlers)."""
+    """The root logger writes to stderr at ``level`` in ``fmt`` (replacing earlier handlers).
+
+    Kafka clients that log through Python logging themselves (aiokafka under the streams worker)
+    log a condition once and then its repeat count, like librdkafka's lines
+    (:mod:`connectors.core.kafka_log`).
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))
+    handler.addFilter(RepeatFilter(("aiokafka",)))
     logging.basicConfig(level=level, handlers=[handler], force=True)
     # A component that logs nothing at the default level cannot be told from one that never
     # started: its start and stop lines show unless the level asked for is above WARNING.
     lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
     lifecycle.setLevel(min(level, logging.INFO) if level <= logging.WARNING else level)
+
+
+def current_format() -> LogFormat:
+    """The format :func:`configure` set on the root logger (text when it was not called)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, JsonFormatter):
+            return "json"
+    return "text"
+
+
+def log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    """``threading.excepthook``: an exception that ends a thread becomes a log record (one JSON
+    line in JSON mode) instead of a raw traceback on stderr. While the process stops (a client
+    library's thread cancelled mid-retry, Kafka unreachable) it is one WARNING line."""
+    if args.exc_type is SystemExit:
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logger = logging.getLogger("mailtap.threads")
+    if stop_requested():
+        logger.warning(
+            "thread %s ended while stopping: %s %s", name, args.exc_type.__name__, args.exc_value
+        )
+        return
+    logger.error("thread %s failed", name, exc_info=args.exc_value or True)

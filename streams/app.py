@@ -43,7 +43,7 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from connectors.core.config import KafkaSettings
 from connectors.core.encoding import check_topic_encodings
 from connectors.core.errors import ConfigError, DataError
-from connectors.core.kafka import admin_client
+from connectors.core.kafka import admin_client, cluster_metadata
 from connectors.core.serde import AvroSerde
 from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics
@@ -93,12 +93,12 @@ class FaustTables:
 def events_partitions(kafka: KafkaSettings, timeout: float = 15.0) -> int:
     """Partition count of ``mail.events``; the changelog topics must match it."""
     topic = kafka.topics.events
-    metadata = admin_client(kafka).list_topics(topic, timeout=timeout)
+    metadata = cluster_metadata(admin_client(kafka), kafka, timeout, topic)
     found = metadata.topics.get(topic)
     if found is None or found.error is not None or not found.partitions:
         raise ConfigError(
             f"topic {topic} does not exist on {kafka.bootstrap_servers}; create the topics first "
-            f"(mailtap topics create -c CONFIG)"
+            f"(mailtap topics ensure -c CONFIG)"
         )
     return len(found.partitions)
 
@@ -299,8 +299,15 @@ class StreamsWorker:
         if pending:
             await asyncio.gather(*pending)
 
-    def run(self, loglevel: str = "INFO") -> None:
-        """Run the worker until SIGTERM/SIGINT (blocking).
+    def run(
+        self,
+        loglevel: str = "INFO",
+        *,
+        override_logging: bool = True,
+        worker_class: type[faust.Worker] = faust.Worker,
+    ) -> None:
+        """Run the worker until SIGTERM/SIGINT (blocking). ``override_logging=False`` keeps the
+        caller's logging (the CLI's ``--log-format json`` and level) instead of faust's.
 
         The tables' changelog topics are created first (:mod:`streams.changelogs`): left to
         faust, a fresh ``app_id`` could crash-loop on a broker slow to list them.
@@ -312,7 +319,12 @@ class StreamsWorker:
         self.command_serde.prepare(topics.commands)
         self.workflow_serde.prepare(topics.workflow)
         ensure_changelog_topics(self.app, self.kafka)
-        worker = faust.Worker(self.app, loglevel=loglevel, redirect_stdouts=False)
+        worker = worker_class(
+            self.app,
+            loglevel=loglevel,
+            redirect_stdouts=False,
+            override_logging=override_logging,
+        )
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:

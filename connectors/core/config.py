@@ -32,12 +32,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from connectors.core.config_errors import closest, describe, env_sources, missing_section
 from connectors.core.errors import ConfigError
 from connectors.core.schemaregistry import DEFAULT_COMPATIBILITY, Compatibility
 
@@ -217,46 +219,26 @@ class MailtapConfig(StrictModel):
     claim_check: ClaimCheckSettings = ClaimCheckSettings()
     health: HealthSettings = HealthSettings()
     source_path: str | None = None
+    #: ``{dotted key path: MAILTAP__ variable}`` of the overrides applied, for error messages.
+    _env_sources: dict[str, str] = PrivateAttr(default_factory=dict)
 
     def section(self, name: str, model: type[M]) -> M:
         """Validate the raw section ``name`` with ``model``; errors name the full key path."""
         raw = (self.model_extra or {}).get(name)
         if raw is None:
-            raise ConfigError(
-                f"{self._where()}: section '{name}' is missing; add a '{name}:' mapping "
-                f"(see README, Configuration)"
-            )
+            raise ConfigError(missing_section(name, self.model_extra or {}, self._where()))
         try:
             return model.model_validate(raw)
         except ValidationError as exc:
-            raise ConfigError(_describe(exc, prefix=name, where=self._where())) from None
+            raise ConfigError(
+                describe(exc, prefix=name, where=self._where(), model=model, env=self._env_sources)
+            ) from None
 
     def has_section(self, name: str) -> bool:
         return (self.model_extra or {}).get(name) is not None
 
     def _where(self) -> str:
         return self.source_path or "configuration"
-
-
-def _describe(exc: ValidationError, *, prefix: str, where: str) -> str:
-    lines = []
-    for err in exc.errors():
-        path = prefix
-        for part in err["loc"]:
-            path = (
-                f"{path}[{part}]"
-                if isinstance(part, int)
-                else f"{path}.{part}"
-                if path
-                else str(part)
-            )
-        got = err.get("input")
-        # Only scalars are echoed: a list or mapping may carry a password (an accounts list).
-        scalar = isinstance(got, (str, int, float, bool)) and len(repr(got)) < 200
-        secret = any(word in path for word in ("password", "secret", "token", "key"))
-        shown = f" (got {got!r})" if scalar and not secret else ""
-        lines.append(f"{path}: {err['msg']}{shown}")
-    return f"{where}: invalid configuration:\n  " + "\n  ".join(lines)
 
 
 def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
@@ -332,11 +314,20 @@ def config_from_dict(
 ) -> MailtapConfig:
     merged = apply_env_overrides(dict(raw), env or {})
     if "kafka" not in merged:
+        if closest("kafka", merged) is not None:
+            raise ConfigError(missing_section("kafka", merged, source or "configuration"))
         raise ConfigError(
             f"{source or 'configuration'}: section 'kafka' is missing; add kafka.bootstrap_servers "
             f"or set {ENV_KAFKA_BOOTSTRAP}"
         )
+    sources = env_sources(env or {})
     try:
-        return MailtapConfig.model_validate({**merged, "source_path": source})
+        config = MailtapConfig.model_validate({**merged, "source_path": source})
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, prefix="", where=source or "configuration")) from None
+        raise ConfigError(
+            describe(
+                exc, prefix="", where=source or "configuration", model=MailtapConfig, env=sources
+            )
+        ) from None
+    config._env_sources = sources
+    return config

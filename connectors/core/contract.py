@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import MailtapError
-from connectors.core.kafka import producer_config
+from connectors.core.kafka import init_transactions, producer_config
 from connectors.core.offsets import SourceOffset, SourcePartition, canonical_json
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class TransactionalSourceWriter:
             producer_config(kafka, transactional_id=txn_id, **producer_overrides)
         )
         try:
-            self._producer.init_transactions(INIT_TIMEOUT_S)
+            init_transactions(self._producer, kafka, INIT_TIMEOUT_S)
         except KafkaException as exc:
             raise _translate(exc) from exc
         log.info("transactional writer ready", extra={"transactional_id": txn_id})

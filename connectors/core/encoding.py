@@ -28,7 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import consumer_config
+from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
 from connectors.core.schemas import known_writers
 from connectors.core.serde import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 
@@ -93,7 +93,7 @@ def topic_encodings(
     )
     found: dict[str, set[Encoding]] = {}
     try:
-        metadata = consumer.list_topics(timeout=timeout).topics
+        metadata = cluster_metadata(consumer, kafka, timeout).topics
         assignment = []
         for topic in topics:
             if topic not in metadata:
@@ -137,6 +137,7 @@ def _watermarks(consumer: Consumer, tp: TopicPartition, timeout: float) -> tuple
     deadline = time.monotonic() + timeout
     attempt_timeout = max(1.0, timeout / 4)
     while True:
+        raise_if_stopping()
         try:
             low, high = consumer.get_watermark_offsets(tp, timeout=attempt_timeout, cached=False)
             return int(low), int(high)

@@ -1,16 +1,25 @@
 """librdkafka client configuration and topic management, built from :class:`KafkaSettings`.
 
-Everything that talks to Kafka gets its properties here, so security settings are applied once.
+Everything that talks to Kafka gets its properties here (:func:`client_config`), so security
+settings, logging (:mod:`connectors.core.kafka_log`) and error reporting are applied once.
+
+Waiting for the cluster (:func:`cluster_metadata`, :func:`init_transactions`) happens in short
+slices: between two slices the client's queued log lines are delivered, and a stop requested by
+the process (:func:`request_stop`, from the CLI's SIGTERM/SIGINT handlers) ends the wait with
+:class:`StopRequested` within :data:`WAIT_SLICE_S`, instead of a 30-90 s librdkafka timeout.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, no __all__
     AdminClient,
     AlterConfigOpType,
@@ -20,9 +29,116 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 )
 
 from connectors.core.config import KafkaSettings
-from connectors.core.errors import ConfigError
+from connectors.core.errors import ConfigError, MailtapError
+from connectors.core.kafka_log import ClientLog
 
 log = logging.getLogger(__name__)
+
+#: The ``logger``/``error_cb`` of every client of the process: one place that counts repeats.
+CLIENT_LOG = ClientLog()
+atexit.register(CLIENT_LOG.flush)
+
+#: A blocking librdkafka call never waits longer than this before the stop flag is checked again
+#: (SIGTERM must end a component within 2 s in any state).
+WAIT_SLICE_S = 0.5
+
+#: librdkafka errors that mean "the cluster did not answer (yet)": keep waiting until the deadline.
+_NOT_YET = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
+
+_stop = threading.Event()
+
+
+class StopRequested(MailtapError):
+    """The process was asked to stop while it waited for Kafka; nothing was left half-done."""
+
+
+class KafkaUnavailable(ConfigError):
+    """The cluster did not answer within the wait; the message names the setting to check."""
+
+
+def request_stop() -> None:
+    """Make every wait for the cluster in this process give up (signal handlers call this)."""
+    _stop.set()
+
+
+def stop_requested() -> bool:
+    return _stop.is_set()
+
+
+def raise_if_stopping() -> None:
+    if _stop.is_set():
+        raise StopRequested("stop requested while waiting for Kafka")
+
+
+def unreachable(kafka: KafkaSettings, reason: object, waited: float | None = None) -> str:
+    """The sentence for a cluster that does not answer: what failed and what to check."""
+    within = f" within {waited:.0f}s" if waited is not None else ""
+    return (
+        f"cannot reach Kafka at {kafka.bootstrap_servers}{within} ({reason}); check "
+        f"kafka.bootstrap_servers (or MAILTAP_KAFKA_BOOTSTRAP) and that the brokers are up"
+    )
+
+
+def _serve_logs(client: Any) -> None:
+    """Deliver the client's queued log lines and errors (confluent-kafka hands them over in poll).
+
+    A consumer is polled only while it has no assignment (the metadata waits here come before
+    ``assign``): with one, poll() could return a record that nobody would read.
+    """
+    if isinstance(client, Consumer):
+        if not client.assignment():
+            client.poll(0)
+        return
+    client.poll(0)
+
+
+def cluster_metadata(
+    client: Any, kafka: KafkaSettings, timeout: float, topic: str | None = None
+) -> Any:
+    """``client.list_topics(topic)``, waiting up to ``timeout`` for the cluster to answer.
+
+    Raises :class:`KafkaUnavailable` (with the sentence of :func:`unreachable`) when it does not,
+    :class:`StopRequested` when the process is stopping.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        raise_if_stopping()
+        remaining = deadline - time.monotonic()
+        try:
+            return client.list_topics(topic, timeout=max(0.05, min(WAIT_SLICE_S, remaining)))
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            if err.code() not in _NOT_YET:
+                raise
+            if time.monotonic() >= deadline:
+                raise KafkaUnavailable(unreachable(kafka, err.str(), timeout)) from None
+        finally:
+            _serve_logs(client)
+
+
+def init_transactions(producer: Producer, kafka: KafkaSettings, timeout: float) -> None:
+    """``producer.init_transactions`` in slices: librdkafka resumes the call after a timeout
+    (KIP-360 era API, librdkafka >= 1.6), so a stop request is seen between two slices."""
+    deadline = time.monotonic() + timeout
+    while True:
+        raise_if_stopping()
+        remaining = deadline - time.monotonic()
+        try:
+            producer.init_transactions(max(0.05, min(WAIT_SLICE_S, remaining)))
+            return
+        except KafkaException as exc:
+            err: KafkaError = exc.args[0]
+            # A resumed call reports what librdkafka retries by itself meanwhile (the coordinator
+            # still aborting the previous incarnation's transaction: CONCURRENT_TRANSACTIONS):
+            # retriable, so call again; fatal and abortable errors end here.
+            if not err.retriable() or err.fatal() or time.monotonic() >= deadline:
+                raise
+            log.debug("init_transactions: %s; resuming", err.str())
+            if err.code() != KafkaError._TIMED_OUT:
+                _stop.wait(WAIT_SLICE_S / 5)  # an error that came back at once: do not spin
+        finally:
+            producer.poll(0)
+
 
 #: How long a transaction may stay open before the broker aborts it. A batch of mails is written
 #: well inside a minute; a longer value only delays fencing of a crashed instance's open transaction.
@@ -32,10 +148,14 @@ TRANSACTION_TIMEOUT_MS = 60_000
 DEFAULT_RETRY_TIERS = ("5m", "15m", "1h", "4h")
 
 
-def _common(kafka: KafkaSettings) -> dict[str, Any]:
+def client_config(kafka: KafkaSettings) -> dict[str, Any]:
+    """What every client gets: brokers, security, and librdkafka's logs through Python logging."""
     conf: dict[str, Any] = {
         "bootstrap.servers": kafka.bootstrap_servers,
         "security.protocol": kafka.security_protocol,
+        # Not librdkafka properties: confluent-kafka takes them from the same dict.
+        "logger": CLIENT_LOG,
+        "error_cb": CLIENT_LOG.client_error,
     }
     if kafka.sasl_mechanism:
         conf["sasl.mechanism"] = kafka.sasl_mechanism
@@ -55,7 +175,7 @@ def _common(kafka: KafkaSettings) -> dict[str, Any]:
 
 def producer_config(kafka: KafkaSettings, **extra: Any) -> dict[str, Any]:
     """Idempotent producer; pass ``transactional_id=`` for a transactional one."""
-    conf = _common(kafka)
+    conf = client_config(kafka)
     conf.update(
         {
             "enable.idempotence": True,
@@ -77,7 +197,7 @@ def producer_config(kafka: KafkaSettings, **extra: Any) -> dict[str, Any]:
 
 def consumer_config(kafka: KafkaSettings, group_id: str, **extra: Any) -> dict[str, Any]:
     """A read_committed consumer with manual commits (nothing commits behind the runtime's back)."""
-    conf = _common(kafka)
+    conf = client_config(kafka)
     conf.update(
         {
             "group.id": group_id,
@@ -92,7 +212,7 @@ def consumer_config(kafka: KafkaSettings, group_id: str, **extra: Any) -> dict[s
 
 
 def admin_client(kafka: KafkaSettings) -> AdminClient:
-    return AdminClient(_common(kafka))
+    return AdminClient(client_config(kafka))
 
 
 @dataclass(frozen=True)
@@ -158,12 +278,7 @@ def ensure_topic_specs(
     """:func:`ensure_topics` for any list of topics (e.g. the streams worker's changelogs)."""
     admin = admin_client(kafka)
     specs = list(specs)
-    try:
-        existing = admin.list_topics(timeout=timeout).topics
-    except KafkaException as exc:
-        raise ConfigError(
-            f"cannot reach Kafka at {kafka.bootstrap_servers}: {exc}; check kafka.bootstrap_servers"
-        ) from exc
+    existing = cluster_metadata(admin, kafka, timeout).topics
     result: dict[str, str] = {}
     missing = [s for s in specs if s.name not in existing]
     if missing:

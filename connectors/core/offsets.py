@@ -25,7 +25,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 )
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import admin_client, consumer_config
+from connectors.core.kafka import admin_client, cluster_metadata, consumer_config, raise_if_stopping
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class OffsetStore:
         )
         offsets: dict[bytes, dict[str, Any]] = {}
         try:
-            metadata = consumer.list_topics(topic, timeout=10)
+            metadata = cluster_metadata(consumer, self._kafka, 10, topic)
             partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
             if not partitions:
                 return offsets
@@ -136,6 +136,7 @@ class OffsetStore:
             consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
             deadline = time.monotonic() + timeout
             while pending:
+                raise_if_stopping()
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"reading {topic} did not reach its end within {timeout:.0f}s "

@@ -35,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
-from connectors.core.kafka import consumer_config
+from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
 from connectors.core.mail.identity import key_candidates, message_id_of_key
 from connectors.core.serde import AvroSerde
 from connectors.imap.syncrounds import SyncRounds
@@ -412,13 +412,14 @@ def load_indexes(
     records = 0
     latest = _LatestLocations()
     try:
-        metadata = consumer.list_topics(topic, timeout=10)
+        metadata = cluster_metadata(consumer, kafka, 10, topic)
         partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
         if not partitions or metadata.topics[topic].error is not None:
             return indexes
         pending = set(partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         while pending:
+            raise_if_stopping()
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
             seen: list[_Latest] = []

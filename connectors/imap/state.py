@@ -48,7 +48,9 @@ for _state in S:
 
 
 #: The wait/sync cycle repeats on every new mail: logged at DEBUG so a busy mailbox does not
-#: flood the log; every other transition is an event worth an INFO line.
+#: flood the log; every other transition is an event worth an INFO line. The first SYNCING ->
+#: IDLE/POLLING after SELECTING is not routine: it says the mailbox caught up (README: ``-v``
+#: shows one line per transition, and "caught up" is the one an operator waits for).
 _ROUTINE = {
     (S.SYNCING, S.IDLE),
     (S.IDLE, S.SYNCING),
@@ -82,15 +84,23 @@ class StateMachine:
             return
         if new not in ALLOWED[old]:
             raise IllegalTransition(f"{old.value} -> {new.value}")
+        caught_up = (
+            old is S.SYNCING
+            and new in (S.IDLE, S.POLLING)
+            and len(self.history) >= 2
+            and self.history[-2] is S.SELECTING
+        )
         self.state = new
         self.history.append(new)
         level = (
             logging.WARNING
             if new is S.BACKOFF
             else logging.DEBUG
-            if (old, new) in _ROUTINE
+            if (old, new) in _ROUTINE and not caught_up
             else logging.INFO
         )
+        if caught_up and not reason:
+            reason = "caught up"
         log.log(
             level,
             "imap %s/%s: %s -> %s%s",

@@ -23,7 +23,7 @@ from typing import Any
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka import consumer_config, producer_config
+from connectors.core.kafka import consumer_config, init_transactions, producer_config
 from connectors.core.serde import AvroSerde
 from connectors.smtp.bounce import Bounce, parse_bounce
 from connectors.smtp.config import SmtpSinkSettings
@@ -93,7 +93,7 @@ class BounceReader:
         )
 
     def start(self) -> None:
-        self._producer.init_transactions(60)
+        init_transactions(self._producer, self.config.kafka, 60)
         self._consumer.subscribe([self.config.kafka.topics.events])
         log.info("bounce reader started accounts=%s", sorted(self.accounts))
 

@@ -44,7 +44,12 @@ from datetime import datetime
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka import consumer_config, ensure_topics, producer_config
+from connectors.core.kafka import (
+    consumer_config,
+    ensure_topics,
+    init_transactions,
+    producer_config,
+)
 from connectors.core.serde import AvroSerde
 from connectors.smtp.classify import (
     MAX_DIAGNOSTIC,
@@ -140,7 +145,7 @@ class SmtpSink:
                 compression_type=PRODUCER_COMPRESSION,
             )
         )
-        producer.init_transactions(60)
+        init_transactions(producer, self.kafka, 60)
         self._recorder = DeliveryRecorder(
             producer, self.settings, self.topics, self.delivery_serde, self.clock, self.metrics
         )

@@ -29,7 +29,13 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import COMPACTED, admin_client, consumer_config
+from connectors.core.kafka import (
+    COMPACTED,
+    admin_client,
+    cluster_metadata,
+    consumer_config,
+    raise_if_stopping,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ class CommandState:
 
 def ensure_state_topic(kafka: KafkaSettings, topic: str, timeout: float = 30.0) -> None:
     admin = admin_client(kafka)
-    if topic in admin.list_topics(timeout=timeout).topics:
+    if topic in cluster_metadata(admin, kafka, timeout).topics:
         return
     futures = admin.create_topics(
         [NewTopic(topic, kafka.partitions, kafka.replication_factor, config=dict(COMPACTED))],
@@ -87,7 +93,7 @@ def read_state(
     """Every command's latest state (tombstones remove). Reads up to the last stable offset."""
     consumer = Consumer(consumer_config(kafka, group_id=f"{topic}.reader"))
     try:
-        metadata = consumer.list_topics(topic, timeout=30)
+        metadata = cluster_metadata(consumer, kafka, 30, topic)
         partitions = sorted(metadata.topics[topic].partitions)
         ends: dict[int, int] = {}
         assignment = []
@@ -105,6 +111,7 @@ def read_state(
         consumer.assign(assignment)
         deadline = time.monotonic() + timeout
         while ends:
+            raise_if_stopping()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} back took longer than {timeout:g}s")
             for msg in consumer.consume(1000, timeout=0.5):

@@ -15,6 +15,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 CONFIG_ENV = "MAILTAP_CONFIG"
 
 
+def _config_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    if not value:
+        # Without this, the missing path surfaced later as "TypeError: expected str ... not NoneType".
+        raise click.UsageError(
+            f"no configuration file: pass -c PATH or set {CONFIG_ENV}=PATH "
+            f"(`mailtap dev up` writes one for the local services; `mailtap config reference` "
+            f"lists every key)",
+            ctx,
+        )
+    return value
+
+
 def config_option(func: F) -> F:
     """``-c/--config PATH``, defaulting to ``$MAILTAP_CONFIG``."""
     option = click.option(
@@ -22,7 +34,7 @@ def config_option(func: F) -> F:
         "--config",
         "config_path",
         default=lambda: os.environ.get(CONFIG_ENV),
-        required=True,
+        callback=_config_given,
         type=click.Path(dir_okay=False),
         help=f"mailtap YAML config (default: ${CONFIG_ENV}).",
     )

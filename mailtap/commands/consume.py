@@ -14,11 +14,18 @@ import uuid
 from typing import Any
 
 import click
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError, DataError
-from connectors.core.kafka import consumer_config
+from connectors.core.kafka import cluster_metadata, consumer_config, unreachable
 from connectors.core.serde import AnyAvroDecoder
 from mailtap.commands.common import config_option
 
@@ -89,7 +96,7 @@ def consume(
     )
     decoder = AnyAvroDecoder(cfg.kafka.schema_registry_url)
     try:
-        metadata = consumer.list_topics(topic, timeout=10)
+        metadata = cluster_metadata(consumer, cfg.kafka, 10, topic)
         if topic not in metadata.topics or metadata.topics[topic].error is not None:
             raise click.ClickException(
                 f"topic {topic!r} does not exist on {cfg.kafka.bootstrap_servers}"
@@ -104,6 +111,10 @@ def consume(
             )
         consumer.assign(assignments)
         _print_records(consumer, decoder, topic, set(partitions), max_messages, follow)
+    except ConfigError as exc:  # KafkaUnavailable: the sentence names the setting to check
+        raise click.ClickException(str(exc)) from None
+    except KafkaException as exc:
+        raise click.ClickException(unreachable(cfg.kafka, exc.args[0].str())) from None
     finally:
         consumer.close()
 

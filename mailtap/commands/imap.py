@@ -8,6 +8,7 @@ import sys
 from types import FrameType
 
 from connectors.core.config import load_config
+from connectors.core.kafka import request_stop
 from connectors.imap.source import ImapSource
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ def run_imap_source(config_path: str) -> None:
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         log.info("imap source: signal %d, stopping", signum)
+        request_stop()  # also ends a wait for Kafka (start-up, init_transactions, cursor read)
         source.stop()
 
     signal.signal(signal.SIGTERM, _stop)

@@ -1,12 +1,25 @@
-"""``mailtap run <component> -c CONFIG``: one long-running component per process (one container each)."""
+"""``mailtap run <component> -c CONFIG``: one long-running component per process (one container each).
+
+A configuration or connection error ends the process with one sentence that says what to change,
+never a traceback; with ``--log-format json`` that sentence is a JSON log line like every other
+line the component writes (a log pipeline reads stderr whole).
+"""
 
 from __future__ import annotations
 
+import logging
+from typing import NoReturn
+
 import click
+from confluent_kafka import KafkaException
 
 from connectors.core.errors import ConfigError
+from connectors.core.kafka import StopRequested
+from mailtap import logs
 from mailtap.cli import import_optional
 from mailtap.commands.common import config_option
+
+log = logging.getLogger(__name__)
 
 #: component -> "module:function(config_path)"
 COMPONENTS = {
@@ -15,6 +28,13 @@ COMPONENTS = {
     "smtp-sink": "mailtap.commands.smtp:run_smtp_sink",
     "streams": "mailtap.commands.streams:run_streams",
 }
+
+
+def _fail(component: str, message: str) -> NoReturn:
+    if logs.current_format() == "json":
+        log.error("%s: %s", component, message, extra={"component": component})
+        raise SystemExit(1)
+    raise click.ClickException(message)
 
 
 @click.command()
@@ -27,4 +47,13 @@ def run(component: str, config_path: str) -> None:
     try:
         runner(config_path)
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        _fail(component, str(exc))
+    except StopRequested:
+        # SIGTERM/SIGINT while waiting for Kafka: nothing was written; the next start begins anew.
+        log.warning(
+            "%s: stopped while waiting for Kafka; nothing was written",
+            component,
+            extra={"component": component},
+        )
+    except KafkaException as exc:
+        _fail(component, f"Kafka error: {exc.args[0].str()}")

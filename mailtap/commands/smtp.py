@@ -15,6 +15,7 @@ import click
 
 from connectors.core.claimcheck import ClaimCheckStore, open_configured
 from connectors.core.config import MailtapConfig, load_config
+from connectors.core.kafka import request_stop
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.smtp.bounce_reader import BounceReader
 from connectors.smtp.config import SmtpSinkSettings
@@ -42,8 +43,16 @@ def build_sink(cfg: MailtapConfig) -> SmtpSink:
 async def _serve(sink: SmtpSink, stopped: threading.Event) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def _stop(_signum: int, _frame: object) -> None:
+        # A plain handler, not loop.add_signal_handler: the sink's start-up (topics, state,
+        # init_transactions) blocks the loop, and only a plain handler runs in between; the
+        # stop flag ends those waits for Kafka.
+        request_stop()
+        loop.call_soon_threadsafe(stop.set)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        signal.signal(sig, _stop)
     try:
         await sink.run(stop)
     finally:

@@ -62,3 +62,35 @@ def test_the_command_line_and_the_environment_choose_json(
     assert isinstance(handler.formatter, JsonFormatter)
     bad = CliRunner().invoke(main, ["--log-format", "xml", "config", "reference"])
     assert bad.exit_code == 2 and "'xml' is not one of 'text', 'json'" in bad.output
+
+
+def test_a_thread_that_dies_is_a_json_record_not_a_raw_traceback(
+    root_logging: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from connectors.core import kafka
+
+    logs.configure(logging.INFO, "json")
+    monkeypatch.setattr(threading, "excepthook", logs.log_thread_exception)
+    monkeypatch.setattr(kafka, "_stop", threading.Event())
+
+    def fail() -> None:
+        raise RuntimeError("consumer thread broke")
+
+    thread = threading.Thread(target=fail, name="consumer")
+    thread.start()
+    thread.join()
+    kafka.request_stop()  # while stopping: one warning line, no traceback
+    thread = threading.Thread(target=fail, name="consumer")
+    thread.start()
+    thread.join()
+    first, second = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert first["level"] == "ERROR" and first["message"] == "thread consumer failed"
+    assert "RuntimeError: consumer thread broke" in first["exc_info"]
+    assert second["level"] == "WARNING"
+    assert (
+        second["message"]
+        == "thread consumer ended while stopping: RuntimeError consumer thread broke"
+    )
+    assert "exc_info" not in second

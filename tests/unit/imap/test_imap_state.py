@@ -60,3 +60,26 @@ def test_one_log_line_per_transition_with_account_and_folder(
     ]
     assert lines[1].levelno == logging.WARNING
     assert all(r.account == "acct" and r.folder == "Sent" for r in lines)
+
+
+def test_caught_up_is_an_info_line_the_later_cycles_are_debug(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # README: -v (INFO) shows one line per transition; "caught up" must be one of them.
+    caplog.set_level(logging.DEBUG, logger="connectors.imap.state")
+    machine = StateMachine("acct", "INBOX")
+    for state in (
+        S.CONNECTING,
+        S.AUTHENTICATING,
+        S.SELECTING,
+        S.SYNCING,
+        S.IDLE,
+        S.SYNCING,
+        S.IDLE,
+    ):
+        machine.to(state)
+    idle = [r for r in caplog.records if r.getMessage().endswith(("-> IDLE", "(caught up)"))]
+    assert [(r.levelno, r.getMessage()) for r in idle] == [
+        (logging.INFO, "imap acct/INBOX: SYNCING -> IDLE (caught up)"),
+        (logging.DEBUG, "imap acct/INBOX: SYNCING -> IDLE"),
+    ]
