@@ -73,3 +73,22 @@ def test_enabled_without_the_packages_fails_at_start_saying_what_to_do(monkeypat
         config_from_dict(
             {"kafka": {"bootstrap_servers": "127.0.0.1:9092", "tracing": {"enabled": True}}}
         )
+
+
+def test_spans_go_to_the_operators_tracer_provider(monkeypatch) -> None:
+    """With an SDK provider installed (e.g. by opentelemetry-instrument), spans are exported."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    headers = tracing.child_headers("workflow.command", [("traceparent", PARENT.encode())])
+    [span] = exporter.get_finished_spans()
+    assert span.name == "workflow.command"
+    assert f"{span.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    assert span.parent is not None and f"{span.parent.span_id:016x}" == "b7ad6b7169203331"
+    assert _parts(headers)[2] == f"{span.context.span_id:016x}"
