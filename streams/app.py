@@ -40,6 +40,7 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
+from connectors.core import tracing
 from connectors.core.config import KafkaSettings
 from connectors.core.encoding import check_topic_encodings
 from connectors.core.errors import ConfigError, DataError
@@ -194,12 +195,17 @@ class StreamsWorker:
 
     async def _consume(self, stream: Any) -> None:
         async for event in stream.events():
-            outcome = await self.on_record(event.key, event.value)
+            outcome = await self.on_record(event.key, event.value, event.headers)
             for hook in self.outcome_hooks:
                 hook(outcome, True)
 
-    async def on_record(self, key: bytes | None, value: bytes | None) -> Outcome:
-        """Handle one ``mail.events`` record end to end (also called by tests)."""
+    async def on_record(
+        self, key: bytes | None, value: bytes | None, headers: tracing.RecordHeaders = None
+    ) -> Outcome:
+        """Handle one ``mail.events`` record end to end (also called by tests).
+
+        ``headers`` are the record's: with tracing on, the commands it causes carry its trace on.
+        """
         if value is None:
             return Outcome()
         try:
@@ -222,7 +228,7 @@ class StreamsWorker:
                     else self.pipeline.authenticate(admitted)
                 )
                 outcome = self.pipeline.run(admitted, verdict, self.tables)
-            await self.publish(outcome)
+            await self.publish(outcome, headers if self.kafka.tracing.enabled else None)
             Pipeline.apply(outcome, self.tables)
         _log_outputs(outcome)
         return outcome
@@ -279,14 +285,24 @@ class StreamsWorker:
         _log_outputs(outcome)
         return outcome
 
-    async def publish(self, outcome: Outcome) -> None:
-        """Send commands and events and wait until Kafka acknowledged every one of them."""
+    async def publish(self, outcome: Outcome, trace_parent: tracing.RecordHeaders = None) -> None:
+        """Send commands and events and wait until Kafka acknowledged every one of them.
+
+        With tracing on, each command carries a child span of ``trace_parent`` (the mail
+        event's headers), or starts a trace of its own (a reminder from a tick).
+        """
         pending = []
         for command in outcome.commands:
+            headers = (
+                tracing.child_headers("workflow.command", trace_parent)
+                if self.kafka.tracing.enabled
+                else None
+            )
             pending.append(
                 await self.commands_topic.send(
                     key=command["command_id"].encode(),
                     value=self.command_serde.encode(command, self.kafka.topics.commands),
+                    headers=headers,
                 )
             )
         for event in outcome.events:

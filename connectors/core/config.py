@@ -71,6 +71,25 @@ class TopicNames(StrictModel):
     workflow: str = Field(default="mail.workflow", description="WorkflowEvents, compacted")
 
 
+class TracingSettings(StrictModel):
+    """W3C trace context in Kafka headers, from a mail through its reply to its delivery."""
+
+    enabled: bool = Field(
+        default=False,
+        description="put a traceparent on mail.events, mail.commands and mail.delivery records "
+        "(needs the 'tracing' extra)",
+    )
+
+    @field_validator("enabled")
+    @classmethod
+    def _packages_present(cls, value: bool) -> bool:
+        from connectors.core import tracing
+
+        if value and not tracing.available():
+            raise ValueError(tracing.MISSING_PACKAGES)
+        return value
+
+
 class KafkaSettings(StrictModel):
     """How to reach the Kafka cluster (and optionally a Schema Registry)."""
 
@@ -105,6 +124,9 @@ class KafkaSettings(StrictModel):
     )
     client_properties: dict[str, str] = Field(
         default_factory=dict, description="extra librdkafka properties passed through verbatim"
+    )
+    tracing: TracingSettings = Field(
+        default=TracingSettings(), description="trace context propagation (off by default)"
     )
 
     @field_validator("bootstrap_servers")

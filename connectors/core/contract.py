@@ -29,6 +29,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from connectors.core import tracing
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import MailtapError
 from connectors.core.kafka import init_transactions, producer_config
@@ -78,6 +79,8 @@ class TransactionalSourceWriter:
     def __init__(self, kafka: KafkaSettings, txn_id: str, **producer_overrides: Any) -> None:
         self._kafka = kafka
         self.transactional_id = txn_id
+        # Each MailEvent starts a trace (connectors.core.tracing); None: tracing is off.
+        self._traced_topic = kafka.topics.events if kafka.tracing.enabled else None
         self._producer = Producer(
             producer_config(kafka, transactional_id=txn_id, **producer_overrides)
         )
@@ -108,7 +111,10 @@ class TransactionalSourceWriter:
         try:
             self._producer.begin_transaction()
             for record in records:
-                self._produce(record.topic, record.key, record.value, record.headers)
+                headers = record.headers
+                if record.topic == self._traced_topic and record.value is not None:
+                    headers = [*headers, *tracing.child_headers("mail.received")]
+                self._produce(record.topic, record.key, record.value, headers)
             for key, offset in items:
                 self._produce(self._kafka.topics.offsets, key, canonical_json(offset), ())
             if before_commit is not None:

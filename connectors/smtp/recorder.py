@@ -18,6 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
+from connectors.core import tracing
 from connectors.core.config import TopicNames
 from connectors.core.serde import AvroSerde
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
@@ -66,6 +67,8 @@ class Work:
     """Diagnostic of the previous attempt (from the retry record's headers)."""
     given_up: str | None = None
     """Why the command was given up before this attempt (max lifetime): FAILED + DLQ."""
+    trace: list[tuple[str, bytes]] = field(default_factory=list)
+    """Headers of the send's span (tracing on and a send made)."""
 
     @property
     def command_id(self) -> str:
@@ -83,8 +86,11 @@ class DeliveryRecorder:
         delivery_serde: AvroSerde,
         clock: Callable[[], datetime] = now_utc,
         metrics: SinkMetrics | None = None,
+        *,
+        tracing: bool = False,
     ) -> None:
         self.producer = producer
+        self.tracing = tracing
         self.metrics = metrics or SinkMetrics()
         self.settings = settings
         self.topics = topics
@@ -153,6 +159,9 @@ class DeliveryRecorder:
 
     def _write_item(self, item: Work, now: datetime) -> None:
         cid = item.command_id
+        if self.tracing and not item.trace:
+            # No send (recovered, given up, unrenderable): the outcome is still in the trace.
+            item.trace = tracing.child_headers("smtp.outcome", item.record.headers())
         message_id = item.message_id or self._derived_message_id(item.command)
         pending = tuple(o.recipient for o in item.outcomes if not o.status.final and o.recipient)
         next_at: datetime | None = None
@@ -174,7 +183,10 @@ class DeliveryRecorder:
                     f"{self.topics.retry_prefix}.{plan.tier}",
                     cid,
                     item.record.value(),
-                    RetryInfo(plan.attempt, to_ms(plan.due), pending, last_error).to_headers(),
+                    [
+                        *RetryInfo(plan.attempt, to_ms(plan.due), pending, last_error).to_headers(),
+                        *item.trace,
+                    ],
                 )
                 self.metrics.retries.labels(plan.tier).inc()
                 self.put_state(
@@ -240,7 +252,7 @@ class DeliveryRecorder:
             self.topics.delivery,
             item.command_id,
             self.delivery_serde.encode(event, self.topics.delivery),
-            None,
+            item.trace,
         )
         self.events_total += 1
         self.metrics.outcomes.labels(outcome.status.value).inc()

@@ -43,6 +43,7 @@ from datetime import datetime
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
+from connectors.core import tracing
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka import (
     consumer_config,
@@ -147,7 +148,13 @@ class SmtpSink:
         )
         init_transactions(producer, self.kafka, 60)
         self._recorder = DeliveryRecorder(
-            producer, self.settings, self.topics, self.delivery_serde, self.clock, self.metrics
+            producer,
+            self.settings,
+            self.topics,
+            self.delivery_serde,
+            self.clock,
+            self.metrics,
+            tracing=self.kafka.tracing.enabled,
         )
         consumer = Consumer(
             consumer_config(
@@ -440,6 +447,15 @@ class SmtpSink:
         item.outcomes = [RecipientOutcome(None, DeliveryStatus.FAILED, diagnostic=exc.reason)]
 
     async def _send(self, item: Work, max_rate_wait: float) -> None:
+        if not self.kafka.tracing.enabled:
+            await self._attempt(item, max_rate_wait)
+            return
+        # The send is a span under the command's; its outcome events carry it on.
+        with tracing.span_headers("smtp.send", item.record.headers()) as headers:
+            item.trace = headers
+            await self._attempt(item, max_rate_wait)
+
+    async def _attempt(self, item: Work, max_rate_wait: float) -> None:
         try:
             rendered = render(
                 item.command,

@@ -23,6 +23,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from connectors.core import tracing
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError, DataError
 from connectors.core.kafka import cluster_metadata, consumer_config, unreachable
@@ -70,7 +71,8 @@ def consume(
     follow: bool,
     uncommitted: bool,
 ) -> None:
-    """Print TOPIC's records as JSON lines (key, partition, offset, timestamp, headers, value).
+    """Print TOPIC's records as JSON lines (key, partition, offset, timestamp, headers,
+    trace_id, value).
 
     Without --from-beginning/--offset/--from-time it starts at the end (new records only)
     and implies --follow.
@@ -166,6 +168,8 @@ def _record(msg: Any, decoder: AnyAvroDecoder, topic: str) -> dict[str, Any]:
         "timestamp": dt.datetime.fromtimestamp(msg.timestamp()[1] / 1000, dt.UTC).isoformat(),
         "key": _bytes_to_json(msg.key()),
         "headers": {k: _bytes_to_json(v) for k, v in (msg.headers() or [])},
+        # From the W3C traceparent header (kafka.tracing.enabled): follow one mail end to end.
+        "trace_id": tracing.trace_id(msg.headers()),
     }
     if raw is None:
         out["value"] = None

@@ -175,3 +175,41 @@ def test_topics_ensure_cli(kafka: KafkaSettings, tmp_path: Path) -> None:
     state = json.loads(result.output)
     assert state[kafka.topics.events] == "ok"
     assert state[f"{kafka.topics.retry_prefix}.4h"] == "created"
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["tracing-on", "tracing-off"])
+def test_writer_starts_one_trace_per_mail_event_when_tracing_is_on(
+    kafka: KafkaSettings, enabled: bool
+) -> None:
+    """The IMAP and the EWS source both write through this writer (issue 13 item 6)."""
+    kafka = KafkaSettings.model_validate({**kafka.model_dump(), "tracing": {"enabled": enabled}})
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    partition = {"source": "imap", "account": "demo", "folder": "INBOX"}
+    writer = TransactionalSourceWriter(kafka, f"trace-{uuid.uuid4().hex[:8]}")
+    source_header = ("mailtap.source.kind", b"IMAP")
+    records = [
+        SourceRecord(kafka.topics.events, f"k{i}".encode(), serde.encode(mail_event(f"k{i}"), ""))
+        for i in range(3)
+    ]
+    records.append(SourceRecord(kafka.topics.events, b"gone", None))  # a tombstone
+    records.append(SourceRecord(kafka.topics.dlq, b"k0", b"raw", (source_header,)))
+    writer.write(records, [(partition, {"last_uid": 3})])
+
+    def traces(topic: str) -> dict[bytes, str | None]:
+        out = {}
+        for msg in read_all(kafka, topic):
+            headers = dict(msg.headers() or [])
+            parent = headers.get("traceparent")
+            out[msg.key()] = parent.decode().split("-")[1] if parent else None
+        return out
+
+    events = traces(kafka.topics.events)
+    assert events[b"gone"] is None
+    assert traces(kafka.topics.dlq) == {b"k0": None}
+    assert all(v is None for v in traces(kafka.topics.offsets).values())
+    mail = [events[k] for k in (b"k0", b"k1", b"k2")]
+    if enabled:
+        assert all(t is not None and len(t) == 32 for t in mail), mail
+        assert len(set(mail)) == 3  # one trace per mail
+    else:
+        assert mail == [None, None, None]

@@ -36,7 +36,7 @@ class Recorder:
         self.log: list[tuple[str, bytes | None, Any]] = []
 
     def sender(self, topic: str) -> Any:
-        async def send(*, key: bytes, value: bytes) -> asyncio.Future[None]:
+        async def send(*, key: bytes, value: bytes, headers: Any = None) -> asyncio.Future[None]:
             self.log.append((topic, key, value))
             done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             done.set_result(None)
