@@ -117,7 +117,7 @@ class RegistryLayout:
 
     @property
     def jdbc_url(self) -> str:
-        return f"jdbc:h2:file:{self.database};WRITE_DELAY=0"
+        return f"jdbc:h2:file:{self.database};WRITE_DELAY=0;LOCK_TIMEOUT=30000"
 
 
 @dataclass(frozen=True)
