@@ -20,10 +20,12 @@ venv:
 test: venv registry s3proxy
 	$(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
-demo: venv
+# The demo runs on the schema registry `mailtap dev up` starts (Confluent wire format).
+demo: venv registry
 	$(VENV)/bin/mailtap demo
 
-# A local Confluent-compatible schema registry (Apicurio, built with Maven into .cache/registry);
+# The local Confluent-compatible schema registry (Apicurio, built with Maven into .cache/registry)
+# that `mailtap dev up` starts (MAILTAP_DEV_REGISTRY=off runs without one);
 # tests/integration/core/test_registry_real.py skips, saying so, where it is not built.
 registry: venv
 	$(PYTHON) -m mailtap.dev.registry build

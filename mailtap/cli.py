@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("mailtap.commands.run:run", "Run a connector or the streams worker."),
     "bench": ("mailtap.commands.bench:bench", "Benchmarks against the local services."),
     "demo": ("mailtap.commands.demo:demo", "The whole pipeline on the local services."),
+    "blob": (
+        "mailtap.commands.blob:blob",
+        "Fetch a claim-check blob an event refers to, checked against its sha256.",
+    ),
     "config": (
         "mailtap.commands.config:config",
         "Check a config file; print the reference of every key.",

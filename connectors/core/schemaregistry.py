@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from functools import cache
+import time
+from collections.abc import Callable
+from functools import cache, partial
 from typing import Any, Literal
 
 from connectors.core.errors import ConfigError
@@ -43,6 +45,12 @@ KEY_SCHEMA = '"string"'
 
 _prepared: set[tuple[str, str, str]] = set()
 _lock = threading.Lock()
+
+#: Attempts at one registry call that failed transiently (see `_transient`), with a doubling
+#: pause from REGISTRY_RETRY_PAUSE_S: ~6 s in all, enough for a registry busy with the other
+#: components' registrations at the same start.
+REGISTRY_ATTEMPTS = 5
+REGISTRY_RETRY_PAUSE_S = 0.4
 
 
 @cache
@@ -74,8 +82,12 @@ def prepare_subjects(
         for subject, text in ((f"{topic}-key", KEY_SCHEMA), (f"{topic}-value", value_schema)):
             try:
                 if not done:
-                    client.set_compatibility(subject_name=subject, level=compatibility)
-                schema_id = client.register_schema(subject, Schema(text, "AVRO"))
+                    _retrying(
+                        partial(client.set_compatibility, subject_name=subject, level=compatibility)
+                    )
+                schema_id = _retrying(
+                    partial(client.register_schema, subject, Schema(text, "AVRO"))
+                )
             except SchemaRegistryError as exc:
                 raise _refused(url, subject, compatibility, exc) from exc
         if not done:
@@ -85,6 +97,40 @@ def prepare_subjects(
                 extra={"topic": topic, "compatibility": compatibility, "schema_id": schema_id},
             )
     return int(schema_id)
+
+
+def _transient(exc: Exception) -> bool:
+    """A failure that the same request, repeated, gets past.
+
+    Apicurio 2.4's SQL storage (the local registry, `mailtap.dev.registry`) races when several
+    components register at the same time, as they do when they start together: HTTP 500 (H2
+    lock timeouts, duplicate keys in its id sequences and in the content table, since the key
+    schema ``"string"`` is one content for every ``T-key``), then a 409 "already exists" for
+    the subject the failed request half-created, or a 200 without an id (confluent-kafka's
+    client then fails on ``int(None)``). The same request alone succeeds. A 5xx from any
+    registry (restarting, overloaded) is worth the same few retries.
+    """
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    if isinstance(exc, SchemaRegistryError):
+        status = exc.http_status_code or 0
+        return status >= 500 or (status == 409 and "already exists" in str(exc.error_message))
+    return isinstance(exc, TypeError)
+
+
+def _retrying(call: Callable[[], Any]) -> Any:
+    for attempt in range(1, REGISTRY_ATTEMPTS + 1):
+        try:
+            return call()
+        except Exception as exc:
+            if attempt == REGISTRY_ATTEMPTS or not _transient(exc):
+                raise
+            log.warning(
+                "schema registry call failed, retrying",
+                extra={"attempt": attempt, "error": str(exc)[:200]},
+            )
+            time.sleep(REGISTRY_RETRY_PAUSE_S * 2 ** (attempt - 1))
+    raise AssertionError("unreachable")
 
 
 def _refused(url: str, subject: str, compatibility: str, exc: Any) -> ConfigError:

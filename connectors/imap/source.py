@@ -81,6 +81,9 @@ class ImapSource:
     def build_workers(self) -> list[MailboxWorker]:
         ensure_topics(self.kafka)
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
+        # A registry that refuses the schema stops the source here, with the sentence, not at
+        # its first transaction (connectors.core.schemaregistry).
+        serde.prepare(self.kafka.topics.events)
         store = open_configured(self.config.claim_check, self.settings.claim_check_threads)
         self._claim_check = store
         limits = ParseLimits(**self.settings.limits.overrides())

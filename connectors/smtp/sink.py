@@ -136,6 +136,10 @@ class SmtpSink:
     def start(self) -> None:
         ensure_topics(self.kafka, retry_tiers=self.settings.retry_tiers)
         ensure_state_topic(self.kafka, self.settings.state_topic)
+        # A registry that refuses DeliveryEvent stops the sink here, with the sentence, not at its
+        # first delivery event (connectors.core.schemaregistry). Retry topics carry the
+        # commands' original bytes: nothing of ours to register there.
+        self.delivery_serde.prepare(self.topics.delivery)
         producer = Producer(
             producer_config(
                 self.kafka,

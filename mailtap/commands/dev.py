@@ -24,9 +24,15 @@ _state_dir_option = click.option(
 def _describe(info: DevServices) -> str:
     accounts = ", ".join(f"{a.username} / {a.password}" for a in info.imap.accounts)
     kafka_origin = "external" if info.kafka.external else f"pid {info.kafka.pid}"
+    registry = (
+        "none (MAILTAP_DEV_REGISTRY=off: single-object encoding)"
+        if info.registry is None
+        else f"{info.registry.url}  (pid {info.registry.pid}; log {info.registry.log_path})"
+    )
     return "\n".join(
         [
             f"kafka   {info.kafka.bootstrap_servers}  ({kafka_origin}; log {info.kafka.log_path})",
+            f"schema registry {registry}",
             f"imap    {info.imap.host}:{info.imap.port}  (pid {info.imap.pid}; "
             f"log {info.imap.log_path})",
             f"        accounts: {accounts}",
@@ -48,7 +54,8 @@ def _emit(info: DevServices, as_json: bool) -> None:
 
 @click.group("dev")
 def dev() -> None:
-    """Local real services (Kafka KRaft, Dovecot IMAP, a recording SMTP server)."""
+    """Local real services (Kafka KRaft, a schema registry, Dovecot IMAP, a recording SMTP
+    server)."""
 
 
 @dev.command("up")

@@ -72,7 +72,12 @@ def demo_config(info: dev.DevServices, run: str, username: str, password: str, o
         "claim_check": base["claim_check"],
         "health": {"port": 0},
         "imap": {**base["imap"], "accounts": [account]},
-        "streams": scenario.streams_section("mailtap-demo"),
+        # The worker's local tables in the run's folder: the default (.state/streams, relative to
+        # the working directory) does not exist when the services live in another --state-dir.
+        "streams": {
+            **scenario.streams_section("mailtap-demo"),
+            "data_dir": str(out.parent / "streams"),
+        },
         "smtp": {**base["smtp"], "retry_tiers": ["5s", "30s"], "max_lifetime": "5m"},
     }
     out.parent.mkdir(parents=True, exist_ok=True)

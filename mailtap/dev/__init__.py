@@ -1,4 +1,5 @@
-"""Local real services for development, tests and the demo: Kafka (KRaft), Dovecot, SMTP.
+"""Local real services for development, tests and the demo: Kafka (KRaft), a schema registry,
+Dovecot, SMTP.
 
 from mailtap.dev import up, down, status
 info = up(".state/dev")           # DevServices: connection details + test helpers
@@ -13,6 +14,7 @@ from mailtap.dev.services import (
     DevServices,
     ImapInfo,
     KafkaInfo,
+    RegistryInfo,
     SmtpInfo,
     down,
     healthy,
@@ -26,6 +28,7 @@ __all__ = [
     "ImapInfo",
     "KafkaInfo",
     "ReceivedMessage",
+    "RegistryInfo",
     "ServiceStartError",
     "SmtpInfo",
     "down",

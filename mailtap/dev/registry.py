@@ -1,8 +1,8 @@
-"""An optional local Confluent-compatible schema registry: Apicurio Registry 2.4.2, in memory.
+"""The local Confluent-compatible schema registry: Apicurio Registry 2.4.2, stored on disk.
 
-It exists so the Confluent wire-format path of `connectors.core.serde` runs against a real server
-(``kafka.schema_registry_url = <url>``); the local default needs no registry (single-object
-encoding). Maven Central serves only Apicurio's plain application jar, so ``build()`` runs the
+``mailtap dev up`` starts it next to Kafka and writes its URL into the ready config
+(``kafka.schema_registry_url``), so the local services use the Confluent wire format like a
+production deployment; tests start their own. Maven Central serves only Apicurio's plain application jar, so ``build()`` runs the
 Quarkus build on it from ``deploy/local/registry`` (see the pom for why this version) into
 ``.cache/registry/app``. Not part of ``deploy/bootstrap.sh``: a cold build fetches ~300 jars.
 
@@ -11,7 +11,12 @@ Quarkus build on it from ``deploy/local/registry`` (see the pom for why this ver
     python -m mailtap.dev.registry stop --state-dir D
 
 The Confluent-compatible API is at ``<base>/apis/ccompat/v7``; that is the URL ``start`` returns.
-Storage is an in-memory H2 database: schema ids start again at 1 after every start.
+
+Storage is an H2 database *file* in the state directory (Apicurio's SQL storage; the build has no
+KafkaSQL storage): the schema ids written into records on Kafka must mean the same schemas after
+a restart, and Kafka's data outlives the registry process. ``WRITE_DELAY=0`` makes H2 write each
+commit through before the registry answers: with H2's default (500 ms) a schema registered just
+before a kill -9 was gone after the restart, while its id could already be on a topic.
 """
 
 from __future__ import annotations
@@ -105,6 +110,15 @@ class RegistryLayout:
     def url_file(self) -> Path:
         return self.root / "registry.url"
 
+    @property
+    def database(self) -> Path:
+        """H2's file name prefix (H2 adds ``.mv.db``)."""
+        return self.root / "db" / "registry"
+
+    @property
+    def jdbc_url(self) -> str:
+        return f"jdbc:h2:file:{self.database};WRITE_DELAY=0;LOCK_TIMEOUT=30000"
+
 
 @dataclass(frozen=True)
 class RunningRegistry:
@@ -126,6 +140,14 @@ def probe(url: str, timeout: float = 2.0) -> None:
 
 def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> RunningRegistry:
     """Start the registry on ``host:port`` (a free port by default) and wait until it answers."""
+    running = launch(state_dir, host, port)
+    wait_ready(state_dir, running)
+    return running
+
+
+def launch(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> RunningRegistry:
+    """Start the registry process without waiting for it (``mailtap dev up`` starts it next to
+    Kafka and waits for both); `wait_ready` waits."""
     if not is_installed():
         raise process.ServiceStartError(
             f"registry: not built ({run_jar()} is missing); run `make registry`"
@@ -133,10 +155,13 @@ def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> 
     layout = RegistryLayout(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
     port = port or process.free_port(host)
+    layout.database.parent.mkdir(parents=True, exist_ok=True)
     argv = [
         process.java("registry"),
         *JVM_OPTS,
         f"-Djava.io.tmpdir={state_dir}",
+        # Apicurio's application.properties reads the prod datasource URL from this property.
+        f"-DREGISTRY_DATASOURCE_URL={layout.jdbc_url}",
         f"-Dquarkus.http.host={host}",
         f"-Dquarkus.http.port={port}",
         "-jar",
@@ -144,16 +169,25 @@ def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> 
     ]
     pid = process.spawn(argv, layout.stdout_log, cwd=state_dir)
     layout.pid_file.write_text(str(pid))
-    url = f"http://{host}:{port}{CCOMPAT_PATH}"
+    return RunningRegistry(f"http://{host}:{port}{CCOMPAT_PATH}", pid, port)
+
+
+def wait_ready(state_dir: Path, running: RunningRegistry) -> None:
+    """Wait until the registry `launch` started answers; stop it and raise if it does not."""
+    layout = RegistryLayout(state_dir)
     try:
         process.wait_until_ready(
-            "registry", pid, lambda: probe(url), [layout.stdout_log], START_TIMEOUT_S, interval=0.2
+            "registry",
+            running.pid,
+            lambda: probe(running.url),
+            [layout.stdout_log],
+            START_TIMEOUT_S,
+            interval=0.2,
         )
     except BaseException:
         stop(state_dir)
         raise
-    layout.url_file.write_text(url)
-    return RunningRegistry(url, pid, port)
+    layout.url_file.write_text(running.url)
 
 
 def stop(state_dir: Path) -> bool:

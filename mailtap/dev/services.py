@@ -1,7 +1,8 @@
 """Bring the local services up and down together, and describe them.
 
-``up(state_dir)`` starts Kafka (unless ``MAILTAP_KAFKA_BOOTSTRAP`` names a cluster), Dovecot and
-the recording SMTP server, waits until each answers, writes ``<state>/state.json`` (pids with
+``up(state_dir)`` starts Kafka (unless ``MAILTAP_KAFKA_BOOTSTRAP`` names a cluster), the schema
+registry (Apicurio, `mailtap.dev.registry`; ``MAILTAP_DEV_REGISTRY=off`` leaves it out and the
+config registry-less), Dovecot and the recording SMTP server, waits until each answers, writes ``<state>/state.json`` (pids with
 their start times, connection details) and a ready-to-use ``<state>/mailtap.yaml``, and returns a
 `DevServices`. ``down(state_dir)`` stops exactly the process groups recorded in the state file.
 """
@@ -19,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from mailtap.dev import dovecot, kafka, process, received, smtp_server
-from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_KAFKA_BOOTSTRAP
+from mailtap.dev import dovecot, kafka, process, received, registry, smtp_server
+from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY, ENV_KAFKA_BOOTSTRAP
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,13 @@ class SmtpInfo:
 
 
 @dataclass(frozen=True)
+class RegistryInfo:
+    url: str  # Confluent-compatible API, the config's kafka.schema_registry_url
+    pid: int
+    log_path: Path
+
+
+@dataclass(frozen=True)
 class DevServices:
     """Connection details of running local services, plus helpers to drive them in tests."""
 
@@ -79,6 +87,8 @@ class DevServices:
     kafka: KafkaInfo
     imap: ImapInfo
     smtp: SmtpInfo
+    #: None when ``MAILTAP_DEV_REGISTRY=off`` (or a state dir from before the registry).
+    registry: RegistryInfo | None = None
     started_at: float = field(default=0.0, compare=False)
 
     @property
@@ -89,6 +99,8 @@ class DevServices:
     def pids(self) -> list[int]:
         """Process (group) ids this set started; `down` stops exactly these."""
         own = [self.imap.pid, self.smtp.pid]
+        if self.registry is not None:
+            own.append(self.registry.pid)
         return [self.kafka.pid, *own] if self.kafka.pid is not None else own
 
     def add_user(self, username: str, password: str = dovecot.DEFAULT_PASSWORD) -> Account:
@@ -114,7 +126,7 @@ class DevServices:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DevServices:
-        k, i, s = data["kafka"], data["imap"], data["smtp"]
+        k, i, s, r = data["kafka"], data["imap"], data["smtp"], data.get("registry")
         return cls(
             state_dir=Path(data["state_dir"]),
             config_path=Path(data["config_path"]),
@@ -142,6 +154,9 @@ class DevServices:
                 pid=s["pid"],
                 log_path=Path(s["log_path"]),
             ),
+            registry=None
+            if r is None
+            else RegistryInfo(url=r["url"], pid=r["pid"], log_path=Path(r["log_path"])),
             started_at=data.get("started_at", 0.0),
         )
 
@@ -176,6 +191,26 @@ def _remembered_ports(state_dir: Path) -> dict[str, int]:
     return ports
 
 
+def _registry_port(state_dir: Path) -> int:
+    """The registry's port of the previous run when still free, else a new one (remembered
+    apart from the others: a state dir from before the registry keeps its Kafka ports)."""
+    ports = _remembered_ports(state_dir)
+    if "registry" in ports and process.port_is_free(ports["registry"]):
+        return ports["registry"]
+    taken = set(ports.values())
+    port = process.free_port(HOST)
+    while port in taken:
+        port = process.free_port(HOST)
+    (state_dir / "ports.json").write_text(json.dumps({**ports, "registry": port}))
+    return port
+
+
+def registry_wanted() -> bool:
+    """False when ``MAILTAP_DEV_REGISTRY=off``: the services and config go without a registry
+    (single-object encoding), as for users who run none."""
+    return os.environ.get(ENV_DEV_REGISTRY, "on").strip().lower() not in ("off", "0", "no", "false")
+
+
 def _pick_ports(state_dir: Path, names: list[str]) -> dict[str, int]:
     previous = _remembered_ports(state_dir)
     if previous and all(n in previous and process.port_is_free(previous[n]) for n in names):
@@ -185,7 +220,8 @@ def _pick_ports(state_dir: Path, names: list[str]) -> dict[str, int]:
         port = process.free_port(HOST)
         if port not in ports.values():
             ports[names[len(ports)]] = port
-    (state_dir / "ports.json").write_text(json.dumps(ports))
+    kept = {n: p for n, p in previous.items() if n not in names and p not in ports.values()}
+    (state_dir / "ports.json").write_text(json.dumps({**kept, **ports}))
     return ports
 
 
@@ -221,6 +257,8 @@ def healthy(info: DevServices) -> bool:
         account = info.imap.accounts[0]
         dovecot.probe(info.imap.host, info.imap.port, account.username, account.password)
         smtp_probe(info.smtp.host, info.smtp.port)
+        if info.registry is not None:
+            registry.probe(info.registry.url)
     except Exception:
         return False
     return True
@@ -269,6 +307,20 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
         kafka_pid = kafka.start(kafka_layout)
         record(kafka_pid)
 
+    # The registry stores its schemas in a file of its own (not in Kafka), so it starts next to
+    # Kafka; its JVM is the slowest to answer (~7-20 s), so it is waited for last.
+    registry_dir = root / "registry"
+    schema_registry: registry.RunningRegistry | None = None
+    if registry_wanted():
+        if not registry.is_installed():
+            raise process.ServiceStartError(
+                f"registry: not built ({registry.run_jar()} is missing): run `make registry`, "
+                f"or set {ENV_DEV_REGISTRY}=off for services and a config without a schema "
+                "registry (single-object encoding)"
+            )
+        schema_registry = registry.launch(registry_dir, HOST, _registry_port(root))
+        record(schema_registry.pid)
+
     dc = dovecot.layout_for(root)
     dovecot.render(dc, HOST, ports["imap"])
     dovecot_pid = dovecot.start(dc)
@@ -316,6 +368,9 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
     else:
         kafka.wait_ready(kafka_layout, kafka_pid, bootstrap)
     log.info("kafka ready at %s after %.2f s", bootstrap, time.monotonic() - t0)
+    if schema_registry is not None:
+        registry.wait_ready(registry_dir, schema_registry)
+        log.info("registry ready at %s after %.2f s", schema_registry.url, time.monotonic() - t0)
 
     return DevServices(
         state_dir=root,
@@ -343,6 +398,13 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
             received_dir=received_dir,
             pid=smtp_pid,
             log_path=smtp_log,
+        ),
+        registry=None
+        if schema_registry is None
+        else RegistryInfo(
+            url=schema_registry.url,
+            pid=schema_registry.pid,
+            log_path=registry.RegistryLayout(registry_dir).stdout_log,
         ),
     )
 
@@ -378,8 +440,11 @@ def config_document(info: DevServices) -> dict[str, Any]:
     account = next(
         (a for a in info.imap.accounts if a.username == CONFIG_ACCOUNT), info.imap.accounts[0]
     )
+    kafka_section: dict[str, Any] = {"bootstrap_servers": info.kafka.bootstrap_servers}
+    if info.registry is not None:
+        kafka_section["schema_registry_url"] = info.registry.url
     return {
-        "kafka": {"bootstrap_servers": info.kafka.bootstrap_servers},
+        "kafka": kafka_section,
         "claim_check": {"url": info.claims_dir.as_uri()},
         "imap": {
             "accounts": [

@@ -1,13 +1,15 @@
-"""The local services really answer: Kafka, Dovecot and the recording SMTP server."""
+"""The local services really answer: Kafka, Dovecot, the recording SMTP server, the registry."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import smtplib
 import tempfile
 import time
+import urllib.request
 from email.message import EmailMessage
 from pathlib import Path
 
@@ -17,7 +19,9 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 from imapclient import IMAPClient
 from imapclient.exceptions import LoginError
 
-from mailtap.dev import Account, DevServices, ServiceStartError, down, status, up
+from connectors.core.config import load_config
+from connectors.core.serde import AvroSerde
+from mailtap.dev import Account, DevServices, ServiceStartError, down, registry, status, up
 from mailtap.dev import dovecot as dev_dovecot
 from mailtap.dev.process import group_members
 
@@ -217,6 +221,7 @@ def test_external_kafka_is_used_and_a_half_dead_set_is_restarted(
     services: DevServices, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MAILTAP_KAFKA_BOOTSTRAP", services.bootstrap_servers)
+    monkeypatch.setenv("MAILTAP_DEV_REGISTRY", "off")
     state_dir = Path(tempfile.mkdtemp(prefix="mailtap-test-external-"))
     state_dir.chmod(0o755)
     try:
@@ -225,7 +230,7 @@ def test_external_kafka_is_used_and_a_half_dead_set_is_restarted(
         assert info.kafka.bootstrap_servers == services.bootstrap_servers
         assert len(info.pids) == 2  # Dovecot and SMTP only
         config = yaml.safe_load(info.config_path.read_text())
-        assert config["kafka"]["bootstrap_servers"] == services.bootstrap_servers
+        assert config["kafka"] == {"bootstrap_servers": services.bootstrap_servers}
 
         os.kill(info.smtp.pid, signal.SIGKILL)  # a crash: state file still lists it
         deadline = time.monotonic() + DEADLINE_S
@@ -243,3 +248,54 @@ def test_external_kafka_is_used_and_a_half_dead_set_is_restarted(
         shutil.rmtree(state_dir, ignore_errors=True)
     if services.kafka.pid is not None:
         assert group_members(services.kafka.pid) != []  # the shared Kafka was left alone
+
+
+def _subject(url: str, subject: str) -> tuple[int, str]:
+    """(schema id of the latest version, compatibility) of ``subject``."""
+    with urllib.request.urlopen(f"{url}/subjects/{subject}/versions/latest", timeout=30) as r:
+        schema_id = json.load(r)["id"]
+    with urllib.request.urlopen(f"{url}/config/{subject}", timeout=30) as r:
+        return schema_id, json.load(r)["compatibilityLevel"]
+
+
+@pytest.mark.skipif(not registry.is_installed(), reason="registry not built: `make registry`")
+def test_the_registry_keeps_its_schema_ids_across_a_restart(
+    services: DevServices, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` starts the registry and names it in the config; a registry killed right after it
+    answered a registration, restarted by the next `up`, hands out the same ids (Kafka's records
+    keep the ids they were written with). Before: in-memory storage, every subject gone."""
+    monkeypatch.setenv("MAILTAP_KAFKA_BOOTSTRAP", services.bootstrap_servers)  # a faster set
+    monkeypatch.delenv("MAILTAP_DEV_REGISTRY", raising=False)
+    state_dir = Path(tempfile.mkdtemp(prefix="mailtap-test-registry-"))
+    state_dir.chmod(0o755)
+    try:
+        info = up(state_dir)
+        assert info.registry is not None and info.registry.pid in info.pids
+        kafka = load_config(info.config_path).kafka
+        assert kafka.schema_registry_url == info.registry.url
+        topic = f"mail.events.{unique}"
+        AvroSerde.for_schema("MailEvent", kafka).prepare(topic)
+        before = _subject(info.registry.url, f"{topic}-value")
+        assert before[1] == "FULL_TRANSITIVE"
+
+        os.killpg(info.registry.pid, signal.SIGKILL)  # no orderly shutdown, no flush
+        deadline = time.monotonic() + DEADLINE_S
+        while group_members(info.registry.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(state_dir) is None
+
+        again = up(state_dir)
+        assert again.registry is not None and again.registry.pid != info.registry.pid
+        assert _subject(again.registry.url, f"{topic}-value") == before
+        kafka = load_config(again.config_path).kafka
+        assert kafka.schema_registry_url == again.registry.url
+        # A schema registered after the restart gets an id of its own, not a reused one.
+        AvroSerde.for_schema("DeliveryEvent", kafka).prepare(f"mail.delivery.{unique}")
+        new_id, _ = _subject(again.registry.url, f"mail.delivery.{unique}-value")
+        assert new_id != before[0]
+        assert sorted(down(state_dir)) == sorted(again.pids)
+        assert group_members(again.registry.pid) == []
+    finally:
+        down(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)

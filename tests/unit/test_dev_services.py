@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import yaml
@@ -13,6 +14,7 @@ from mailtap.dev.services import (
     DevServices,
     ImapInfo,
     KafkaInfo,
+    RegistryInfo,
     SmtpInfo,
     config_document,
     write_config,
@@ -78,6 +80,21 @@ def test_info_survives_the_state_file_round_trip(tmp_path: Path) -> None:
     info = _info(tmp_path)
     assert DevServices.from_json(info.to_json()) == info
     assert info.pids == [11, 12, 13]
+
+
+def _with_registry(info: DevServices) -> DevServices:
+    url = "http://127.0.0.1:18081/apis/ccompat/v7"
+    return dataclasses.replace(info, registry=RegistryInfo(url, 14, info.state_dir / "r.log"))
+
+
+def test_the_config_of_services_with_a_registry_names_it(tmp_path: Path) -> None:
+    info = _with_registry(_info(tmp_path))
+    assert config_document(info)["kafka"] == {
+        "bootstrap_servers": "127.0.0.1:19092",
+        "schema_registry_url": "http://127.0.0.1:18081/apis/ccompat/v7",
+    }
+    assert DevServices.from_json(info.to_json()) == info
+    assert info.pids == [11, 12, 13, 14]  # `down` stops the registry too
 
 
 def test_cli_status_and_down_without_services(tmp_path: Path) -> None:

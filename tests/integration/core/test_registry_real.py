@@ -28,11 +28,14 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from connectors.core import schemaregistry
-from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.config import KafkaSettings, TopicNames, load_config
 from connectors.core.errors import ConfigError
 from connectors.core.kafka import consumer_config, ensure_topics, producer_config
 from connectors.core.schemas import TOPIC_SCHEMAS, parse_order, schemas_dir
 from connectors.core.serde import CONFLUENT_MAGIC, AnyAvroDecoder, AvroSerde
+from connectors.imap.source import ImapSource
+from connectors.smtp.config import SmtpSinkSettings
+from connectors.smtp.sink import SmtpSink
 from mailtap.dev import DevServices, registry
 from mailtap.dev.layout import REPO_ROOT as REPO
 from streams.testing import mail_record
@@ -399,3 +402,64 @@ def test_the_streams_worker_with_a_registry_answers_a_mail(
     assert command["to"] == [{"name": None, "address": "ann@example.com"}]
     compat = get_json(f"{registry_url}/config/{kafka.topics.commands}-value")
     assert compat == {"compatibilityLevel": "FULL_TRANSITIVE"}
+
+
+def test_the_imap_source_and_the_smtp_sink_refuse_a_registry_at_start(
+    registry_url: str, services: DevServices, unique: str, tmp_path: Path
+) -> None:
+    """A registry that refuses the schemas stops each component at start with the sentence,
+    before it reads a mailbox or a command. Before: both started and would have failed at their
+    first write (the source inside its first transaction)."""
+    names = {f: f"{getattr(TopicNames(), f)}.{unique}" for f in TopicNames.model_fields}
+    history = schemas_dir() / "history"
+    for field, name in (("events", "MailEvent"), ("delivery", "DeliveryEvent")):
+        v1 = json.loads((history / f"{name}.v1.avsc").read_text())
+        register(registry_url, f"{names[field]}-value", json.dumps(v1))
+    forget_prepared_subjects()
+    path = tmp_path / "mailtap.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "kafka": {
+                    "bootstrap_servers": services.kafka.bootstrap_servers,
+                    "schema_registry_url": registry_url,
+                    "topics": names,
+                },
+                "claim_check": {"url": (tmp_path / "claims").as_uri()},
+                "imap": {
+                    "accounts": [
+                        {
+                            "name": f"a-{unique}",
+                            "host": services.imap.host,
+                            "port": services.imap.port,
+                            "security": "plain",
+                            "username": f"nobody-{unique}@example.com",
+                            "password": "unused",
+                        }
+                    ]
+                },
+                "smtp": {
+                    "host": services.smtp.host,
+                    "port": services.smtp.port,
+                    "security": "plain",
+                    "from_address": "mailtap@example.com",
+                    "group_id": f"sink-{unique}",
+                    "state_topic": f"mailtap.sink.state.{unique}",
+                },
+            }
+        )
+    )
+    config = load_config(path)
+
+    source = ImapSource.from_config(config)
+    try:
+        with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE") as refused:
+            source.build_workers()
+        assert f"{names['events']}-value" in str(refused.value)
+    finally:
+        source.close()
+
+    sink = SmtpSink(config, config.section("smtp", SmtpSinkSettings))
+    with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE") as refused:
+        sink.start()
+    assert f"{names['delivery']}-value" in str(refused.value)
