@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mailtap.dev.process import die_with_parent
+
 #: SIGTERM first: sources finish the open transaction and the sink records outcomes. A component
 #: still there after this long is killed; the exactly-once design makes that safe, only slower.
 STOP_GRACE_S = 15.0
@@ -47,6 +49,8 @@ class Component:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
             start_new_session=True,
+            # A kill -9 of whoever started the component (a test, the demo) ends it too.
+            preexec_fn=die_with_parent(),
         )
         log.close()
         return self

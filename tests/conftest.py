@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from connectors.core.config import S3Settings
-from mailtap.dev import Account, DevServices, down, s3proxy, up
+from mailtap.dev import Account, DevServices, down, process, s3proxy, up
 from mailtap.dev.process import group_members
 from tests.support.leftovers import keep as keep_past_session
 from tests.support.leftovers import pytest_sessionfinish as pytest_sessionfinish
@@ -61,6 +61,8 @@ def services() -> Iterator[DevServices]:
         keep_past_session(info.pids)  # kept on purpose: not leftovers of this session
         yield info
         return
+    # The session's own services end with it, even when pytest is killed -9 (kept ones above do not).
+    process.tie_services_to_this_process()
     # World-traversable so Dovecot's unprivileged mail processes can reach the maildirs.
     state_dir = Path(tempfile.mkdtemp(prefix="mailtap-test-"))
     state_dir.chmod(0o755)

@@ -89,6 +89,44 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
+#: prctl(2) option: the signal a process gets when its parent ends.
+PR_SET_PDEATHSIG = 1
+
+_tied = False
+
+
+def tie_services_to_this_process() -> None:
+    """From now on, services this process spawns get SIGKILL when it ends, however it ends.
+
+    For a test session that starts its own services: a kill -9 of pytest must not leave a
+    broker and a Dovecot behind. ``mailtap dev up`` does not call it (its services are meant to
+    outlive the command), nor does a test session that keeps its services on purpose.
+    """
+    global _tied
+    _tied = True
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get SIGKILL when the *thread* that forked it ends
+    (``PR_SET_PDEATHSIG``, Linux): call it from the thread that lives as long as the child
+    should — the main thread of a test session or of a command.
+
+    The parent may die between the fork and the prctl; the child checks it is still the parent's
+    and exits otherwise.
+    """
+    import ctypes
+
+    parent = os.getpid()
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
 def spawn(
     argv: Sequence[str],
     log_path: Path,
@@ -98,7 +136,8 @@ def spawn(
     """Start ``argv`` detached in a new session, stdout and stderr appended to ``log_path``.
 
     Returns the process id, which is also the process-group id. The process outlives the caller
-    (``mailtap dev up`` returns while the services keep running).
+    (``mailtap dev up`` returns while the services keep running) unless
+    :func:`tie_services_to_this_process` was called.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -110,6 +149,7 @@ def spawn(
             cwd=cwd,
             env=env,
             start_new_session=True,
+            preexec_fn=die_with_parent() if _tied else None,
         )
     return proc.pid
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from mailtap.dev.process import die_with_parent
 from tests.support import deploy
 
 SETUP = deploy.ROOT / "deploy" / "podman" / "setup.sh"
@@ -102,6 +103,7 @@ def docker_api(podman: Podman, tmp_path_factory: pytest.TempPathFactory) -> Iter
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=die_with_parent(),  # ends with the test session, even after a kill -9
     )
     deadline = time.monotonic() + 30
     while not socket.exists():

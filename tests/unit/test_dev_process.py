@@ -138,3 +138,43 @@ def test_group_cpu_keeps_what_exited_children_used_and_counts_no_other_group(
 def _require(condition: bool) -> None:
     if not condition:
         raise RuntimeError("not yet")
+
+
+_STARTER = """
+import sys, time
+from pathlib import Path
+from mailtap.dev import process
+if sys.argv[1] == "tied":
+    process.tie_services_to_this_process()
+print(process.spawn(["sleep", "600"], Path(sys.argv[2])), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_tied_service_ends_with_a_kill_9_of_the_process_that_started_it(
+    tmp_path: Path, tied: bool
+) -> None:
+    """A test session's services die with it (PR_SET_PDEATHSIG); `mailtap dev up`'s outlive it."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    starter = subprocess.Popen(
+        [sys.executable, "-c", _STARTER, "tied" if tied else "untied", str(tmp_path / "s.log")],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert starter.stdout is not None
+    service = int(starter.stdout.readline())
+    try:
+        assert process.is_alive(service)
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait()
+        deadline = time.monotonic() + 10
+        while process.is_alive(service) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.is_alive(service) is not tied
+    finally:
+        process.stop_group(service)
