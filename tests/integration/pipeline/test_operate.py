@@ -115,25 +115,39 @@ def test_metrics_status_and_alert_names_on_a_running_pipeline(
 
         # mailtap status, as an operator runs it, against the same cluster.
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "mailtap.cli",
-                "status",
-                "-c",
-                str(base),
-                "--json",
-                "--health",
-                f"http://127.0.0.1:{ports['smtp-sink']}/healthz",
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=True,
-        ).stdout
-        report = json.loads(out)
+
+        def status() -> dict:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mailtap.cli",
+                    "status",
+                    "-c",
+                    str(base),
+                    "--json",
+                    "--health",
+                    f"http://127.0.0.1:{ports['smtp-sink']}/healthz",
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=300,
+                check=True,
+            ).stdout
+            return json.loads(out)  # type: ignore[no-any-return]
+
+        reports: list[dict] = []
+
+        def streams_committed() -> bool:
+            reports.append(status())
+            lag = reports[-1]["lag"][f"streams-{unique}"][f"mail.events.{unique}"]
+            return any(v is not None for v in lag.values())
+
+        # faust commits its offsets every commit_interval: until it has, the group's lag is
+        # unknown (None) — wait for that commit instead of racing it on a loaded machine.
+        assert wait_for(streams_committed, 60, 2), reports[-1]["lag"]
+        report = reports[-1]
         box = report["mailboxes"][f"imap/pipe-{unique}/INBOX"]
         assert box["cursor"]["last_uid"] >= 1 and box["cursor_written_at"]
         assert box["events_in_window"] >= 1 and box["last_event_at"]
