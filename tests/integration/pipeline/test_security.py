@@ -28,6 +28,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 from imapclient import IMAPClient
+from test_whole_pipeline import _config as pipeline_config
 
 from connectors.core.config import load_config
 from connectors.core.kafka import consumer_config
@@ -135,39 +136,10 @@ class Rig:
 
 
 def _config(services: Any, unique: str, user: Any, tmp_path: Path) -> Path:
-    base = yaml.safe_load(Path(services.config_path).read_text())
-    account = dict(base["imap"]["accounts"][0])
-    account.update(
-        name=f"sec-{unique}", username=user.username, password=user.password, start="all"
-    )
-    topics = {
-        "events": f"mail.events.{unique}",
-        "commands": f"mail.commands.{unique}",
-        "retry_prefix": f"mail.commands.retry.{unique}",
-        "dlq": f"mail.commands.dlq.{unique}",
-        "delivery": f"mail.delivery.{unique}",
-        "offsets": f"mailtap.offsets.{unique}",
-        "workflow": f"mail.workflow.{unique}",
-    }
-    streams = scenario.streams_section(f"streams-{unique}")
-    limit = dict(streams["rate_limit"])  # type: ignore[call-overload]
-    limit["max_replies"] = MAX_REPLIES
-    doc = {
-        "kafka": {**base["kafka"], "topics": topics},
-        "claim_check": base["claim_check"],
-        "health": {"port": 0},
-        "imap": {**base["imap"], "accounts": [account]},
-        "streams": {**streams, "rate_limit": limit, "data_dir": str(tmp_path / "streams")},
-        "smtp": {
-            **base["smtp"],
-            "retry_tiers": ["5s"],
-            "max_lifetime": "5m",
-            "group_id": f"sink-{unique}",
-            "state_topic": f"mailtap.sink.state.{unique}",
-            "instance_id": f"sink-{unique}",
-        },
-    }
-    path = tmp_path / "mailtap.yaml"
+    """The whole-pipeline test's configuration, with the reply limit these tests probe."""
+    path = pipeline_config(services, unique, user, tmp_path, f"streams-{unique}")
+    doc = yaml.safe_load(path.read_text())
+    doc["streams"]["rate_limit"]["max_replies"] = MAX_REPLIES
     path.write_text(yaml.safe_dump(doc))
     return path
 
