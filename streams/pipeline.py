@@ -31,7 +31,14 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
-from streams.auth import Authenticated, DnsFunc, RawLoader, needs_io, sender_authentication
+from streams.auth import (
+    Authenticated,
+    DnsFunc,
+    OwnChecks,
+    RawLoader,
+    needs_io,
+    sender_authentication,
+)
 from streams.config import AuthPolicy, StreamsSettings
 from streams.guards import (
     LOOP_GUARDS,
@@ -112,6 +119,7 @@ class Pipeline:
         self.workflows = dict(workflows)
         self._load_raw = load_raw
         self._dnsfunc = dnsfunc
+        self._checks = OwnChecks.from_settings(settings.auth)  # one DNS cache per worker
         self._own = settings.own_address_set
         self._exempt_patterns = tuple(settings.rate_limit.exempt_recipients)
 
@@ -141,6 +149,7 @@ class Pipeline:
             authserv_id=self.settings.authserv_id,
             load_raw=self._load_raw,
             dnsfunc=self._dnsfunc,
+            checks=self._checks,
         )
 
     def run(self, admission: Admission, auth: Verdict, tables: Tables) -> Outcome:
