@@ -46,7 +46,7 @@ from typing import Any
 
 import authres
 
-from streams.config import AuthPolicy, AuthSettings
+from streams.config import AuthPolicy, AuthSettings, StreamsSettings
 from streams.dmarc import aligned, evaluate
 from streams.guards import Pass, Skip, Verdict
 from streams.mail import MailView, domain_of
@@ -71,6 +71,7 @@ __all__ = [
     "domain_of",
     "needs_io",
     "sender_authentication",
+    "startup_notes",
 ]
 
 log = logging.getLogger(__name__)
@@ -356,6 +357,20 @@ def _system_resolver() -> Resolver:
     if not _SYSTEM:
         _SYSTEM.append(Resolver())
     return _SYSTEM[0]
+
+
+def startup_notes(settings: StreamsSettings) -> list[str]:
+    """Sentences the worker logs at start about what its policies can and cannot check."""
+    names = sorted({r.workflow for r in settings.rules} | set(settings.workflows))
+    notes = [f"workflow {name}: require {settings.policy_for(name)}" for name in names]
+    dmarc = [name for name in names if settings.policy_for(name) == "dmarc-pass"]
+    if dmarc and not settings.auth.trusted_received_by:
+        notes.append(
+            f"SPF is not evaluated for {', '.join(dmarc)} (dmarc-pass): set "
+            f"streams.auth.trusted_received_by to your border MTA's host name; until then "
+            f"DMARC passes only on an aligned DKIM signature or a trusted ARC sealer"
+        )
+    return notes
 
 
 def needs_io(policy: AuthPolicy) -> bool:

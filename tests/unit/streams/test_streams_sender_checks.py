@@ -12,7 +12,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from streams.auth import Authenticated, OwnChecks, check_authserv, sender_authentication
+from streams.auth import (
+    Authenticated,
+    OwnChecks,
+    check_authserv,
+    sender_authentication,
+    startup_notes,
+)
 from streams.config import StreamsSettings
 from streams.guards import Skip
 from streams.mail import MailView
@@ -309,3 +315,16 @@ def test_a_workflow_requiring_dmarc_pass_refuses_a_spoofed_sender_with_the_reaso
     assert "spf=fail" in event["attributes"]["reason"]
     accepted = harness.deliver(mail_record(key="signed", subject="signed", raw_uri="mem://signed"))
     assert accepted.commands
+
+
+def test_the_worker_says_at_start_when_spf_cannot_be_evaluated() -> None:
+    base = {
+        "from_address": {"address": "help@company.example"},
+        "rules": [{"workflow": "approval"}],
+        "workflows": {"approval": {"options": {"approver": "boss@company.example"}}},
+    }
+    notes = startup_notes(StreamsSettings.model_validate(base))
+    assert "workflow approval: require dmarc-pass" in notes  # the default for approvals
+    assert any("SPF is not evaluated for approval" in n for n in notes)
+    named = StreamsSettings.model_validate({**base, "auth": {"trusted_received_by": MX}})
+    assert not any("SPF" in n for n in startup_notes(named))
