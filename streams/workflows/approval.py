@@ -24,8 +24,9 @@ Behaviour:
 
 Who may decide (every rule must hold; ``streams/README.md`` states them for operators):
 
-- the answer passed the sender-authentication guard, like every mail: use ``auth_policy``
-  ``authserv`` or ``dkim`` for this workflow in production. That authenticates the From
+- the answer passed the sender-authentication guard, like every mail: ``require`` is
+  ``dmarc-pass`` for this workflow unless configured (``trusted-ar`` or ``dkim-aligned`` are
+  the alternatives; never ``none`` in production). That authenticates the From
   *domain* only: anyone who may send as ``someone@example.com`` passes for every address of it;
 - its From is exactly the approver's address (``approver``, case-insensitive);
 - with ``approver_dkim_domains`` set, it carries a verified DKIM signature whose ``d=`` is one
@@ -57,7 +58,7 @@ Configuration::
     streams:
       workflows:
         approval:
-          auth_policy: authserv
+          require: dmarc-pass
           options: {approver: boss@example.com, approver_dkim_domains: [example.com],
                     reminder_after_seconds: 86400, max_reminders: 3}
 """
