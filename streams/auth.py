@@ -310,6 +310,8 @@ def check_dmarc(mail: MailView, load_raw: RawLoader, checks: OwnChecks) -> Verdi
         else "spf not evaluated (streams.auth.trusted_received_by unset or its Received missing)"
     )
     reason = f"dmarc={dmarc.result}: {dmarc.reason}; {spf_text}"
+    if dkim_outcome.failures:
+        reason += f"; dkim: {'; '.join(dkim_outcome.failures[:3])}"
     if checks.trusted_arc_sealers and dmarc.result != "temperror":
         arc = check_arc(raw, checks.resolver, seen, checks.trusted_arc_sealers)
         if arc.trusted_results is not None:

@@ -195,6 +195,23 @@ def test_without_the_trusted_received_host_spf_is_not_evaluated(dns: LoopbackDns
     assert isinstance(verdict, Skip) and "spf not evaluated" in verdict.reason
 
 
+def test_only_the_first_five_signatures_cost_a_lookup(dns: LoopbackDns, keys: dict) -> None:
+    raw = message()
+    for n in range(40):  # an attacker's pile of signatures on names nobody answers
+        dns.silent.add(f"s{n}._domainkey.evil.example.net")
+        head, _, rest = raw.partition(b"From: ")
+        bogus = dkim.sign(
+            b"From: " + rest, f"s{n}".encode(), b"evil.example.net", keys["evil.example.net"][0]
+        )
+        raw = head + bogus + b"From: " + rest
+    verdict = judge(raw, checks(dns, dns_timeout_seconds=0.2))
+    assert (
+        isinstance(verdict, Skip) and "signatures beyond the first 5 not checked" in verdict.reason
+    )
+    asked = [name for name, _ in dns.questions if name.endswith("._domainkey.evil.example.net")]
+    assert len(asked) == 5
+
+
 # -- DNS: timeouts fail closed, the cache honours TTL and size -------------------------------------
 
 
