@@ -164,6 +164,10 @@ def verify_dkim(raw: bytes, dnsfunc: Callable[..., Any]) -> DkimOutcome:
     return out
 
 
+#: ARC sets validated per mail: one per forwarding hop; real chains have one to three.
+MAX_ARC_SETS = 5
+
+
 @dataclass(frozen=True, slots=True)
 class ArcOutcome:
     """``trusted_results``: the newest ARC-Authentication-Results value (without ``i=``) when
@@ -178,6 +182,11 @@ def check_arc(
     raw: bytes, resolver: Resolver, seen: LookupLog, trusted_sealers: frozenset[str]
 ) -> ArcOutcome:
     """Validate the ARC chain (RFC 8617 §5.2) with dkimpy; trust it only from a named sealer."""
+    if not trusted_sealers:
+        return ArcOutcome(None, None, "arc not consulted (no trusted sealers)")
+    seals = len(header_values(raw, "ARC-Seal"))
+    if seals > MAX_ARC_SETS:  # each set costs two key lookups; dkimpy allows 50 (RFC 8617 §4.2.1)
+        return ArcOutcome(None, None, f"arc=fail ({seals} ARC sets, more than {MAX_ARC_SETS})")
     cv, results, reason = dkim.arc_verify(raw, dnsfunc=dkim_dnsfunc(resolver, seen))
     if cv != dkim.CV_Pass or not results:
         text = "none" if cv == dkim.CV_None else f"fail ({reason})"

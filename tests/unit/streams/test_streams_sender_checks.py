@@ -292,6 +292,17 @@ def test_an_arc_chain_of_an_untrusted_sealer_or_tampered_after_sealing_does_not(
     assert isinstance(verdict, Skip) and "arc=fail" in verdict.reason
 
 
+def test_a_chain_of_too_many_arc_sets_is_refused_without_lookups(dns: LoopbackDns) -> None:
+    sets = "".join(
+        f"ARC-Seal: i={i}; a=rsa-sha256; cv=pass; d=lists.example.org; s=sel; b=AAAA\r\n"
+        for i in range(8, 0, -1)
+    )
+    raw = message().replace(b"From: ", sets.encode() + b"From: ", 1)
+    verdict = judge(raw, checks(dns, trusted_arc_sealers=["lists.example.org"]))
+    assert isinstance(verdict, Skip) and "8 ARC sets, more than 5" in verdict.reason
+    assert ("sel._domainkey.lists.example.org", "TXT") not in dns.questions
+
+
 # -- alignment uses the Public Suffix List --------------------------------------------------------
 
 
