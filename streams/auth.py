@@ -261,8 +261,9 @@ def check_dkim(
     raw = load_raw(mail.raw_uri)
     from_domain = domain_of(mail.sender.address)
     seen = LookupLog()
-    resolver = checks.resolver if checks else _system_resolver()
-    outcome = verify_dkim(raw, dnsfunc or dkim_dnsfunc(resolver, seen))
+    if dnsfunc is None:
+        dnsfunc = dkim_dnsfunc(checks.resolver if checks else _system_resolver(), seen)
+    outcome = verify_dkim(raw, dnsfunc)
     if any(aligned(domain, from_domain) for domain in outcome.valid):
         return Authenticated(
             method="dkim",

@@ -44,7 +44,14 @@ class Resolver:
     _resolver: dns.resolver.Resolver = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._resolver = dns.resolver.Resolver(configure=self.nameserver is None)
+        try:
+            self._resolver = dns.resolver.Resolver(configure=self.nameserver is None)
+        except dns.resolver.NoResolverConfiguration as exc:
+            # No resolv.conf (a bare container): the worker still runs the policies that need
+            # no DNS; every lookup is then a temperror, so nothing passes by default.
+            log.warning("no system DNS configuration (%s); set streams.auth.nameserver", exc)
+            self._resolver = dns.resolver.Resolver(configure=False)
+            self._resolver.nameservers = []
         if self.nameserver is not None:
             host, port = parse_nameserver(self.nameserver)
             self._resolver.nameservers = [host]

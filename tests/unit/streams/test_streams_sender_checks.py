@@ -23,7 +23,7 @@ from streams.config import StreamsSettings
 from streams.guards import Skip
 from streams.mail import MailView
 from streams.pipeline import SKIPPED
-from streams.resolver import Resolver
+from streams.resolver import DnsTempError, Resolver
 from streams.testing import WorkflowHarness, mail_record
 from tests.support.dns_server import LoopbackDns
 
@@ -356,3 +356,16 @@ def test_the_worker_says_at_start_when_spf_cannot_be_evaluated() -> None:
     assert any("SPF is not evaluated for approval" in n for n in notes)
     named = StreamsSettings.model_validate({**base, "auth": {"trusted_received_by": MX}})
     assert not any("SPF" in n for n in startup_notes(named))
+
+
+def test_without_a_system_resolver_every_lookup_is_a_temperror(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dns.resolver
+
+    def no_conf(self: object, *_: object) -> None:
+        raise dns.resolver.NoResolverConfiguration("no /etc/resolv.conf")
+
+    monkeypatch.setattr(dns.resolver.Resolver, "read_resolv_conf", no_conf)
+    with pytest.raises(DnsTempError):
+        Resolver().txt("_dmarc.example.com")
