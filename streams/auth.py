@@ -289,6 +289,23 @@ def check_dmarc(mail: MailView, load_raw: RawLoader, checks: OwnChecks) -> Verdi
         (v.strip().strip("<>").strip() or None for v in header_values(raw, "Return-Path")), None
     )
     seen = LookupLog()
+    try:
+        return _dmarc_verdict(raw, mail, from_domain, return_path, checks, seen)
+    # The raw mail is anyone's bytes: whatever a library raises on it, the mail is not
+    # authenticated and the worker goes on (a crash here would replay the mail forever).
+    except Exception as exc:
+        log.warning("sender checks failed on %s: %r", mail.key, exc)
+        return Skip(GUARD, f"DMARC could not be evaluated for {from_domain}: {exc!r}")
+
+
+def _dmarc_verdict(
+    raw: bytes,
+    mail: MailView,
+    from_domain: str,
+    return_path: str | None,
+    checks: OwnChecks,
+    seen: LookupLog,
+) -> Verdict:
     dkim_outcome = verify_dkim(raw, dkim_dnsfunc(checks.resolver, seen))
     spf = _spf(raw, return_path, checks)
     dmarc = evaluate(

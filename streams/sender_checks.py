@@ -142,9 +142,13 @@ def verify_dkim(raw: bytes, dnsfunc: Callable[..., Any]) -> DkimOutcome:
     """Verify the DKIM-Signatures, at most :data:`MAX_DKIM_SIGNATURES` (keys through dkimpy's
     ``dnsfunc``, e.g. :func:`~streams.resolver.dkim_dnsfunc`); ``valid`` holds the ``d=`` of
     those that verified."""
-    verifier = dkim.DKIM(raw)
-    count = sum(1 for name, _ in verifier.headers if name.lower() == b"dkim-signature")
     out = DkimOutcome()
+    try:
+        verifier = dkim.DKIM(raw)
+    except dkim.DKIMException as exc:  # not RFC 5322 shaped (dkimpy's MessageFormatError)
+        out.failures.append(f"message unreadable for DKIM: {exc}")
+        return out
+    count = sum(1 for name, _ in verifier.headers if name.lower() == b"dkim-signature")
     if count > MAX_DKIM_SIGNATURES:
         out.failures.append(
             f"{count - MAX_DKIM_SIGNATURES} signatures beyond the first 5 not checked"
@@ -187,7 +191,10 @@ def check_arc(
     seals = len(header_values(raw, "ARC-Seal"))
     if seals > MAX_ARC_SETS:  # each set costs two key lookups; dkimpy allows 50 (RFC 8617 §4.2.1)
         return ArcOutcome(None, None, f"arc=fail ({seals} ARC sets, more than {MAX_ARC_SETS})")
-    cv, results, reason = dkim.arc_verify(raw, dnsfunc=dkim_dnsfunc(resolver, seen))
+    try:
+        cv, results, reason = dkim.arc_verify(raw, dnsfunc=dkim_dnsfunc(resolver, seen))
+    except dkim.DKIMException as exc:  # raised while reading the message, before verifying
+        return ArcOutcome(None, None, f"arc=fail ({exc})")
     if cv != dkim.CV_Pass or not results:
         text = "none" if cv == dkim.CV_None else f"fail ({reason})"
         return ArcOutcome(None, None, f"arc={text}")

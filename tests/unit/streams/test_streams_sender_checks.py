@@ -369,3 +369,14 @@ def test_without_a_system_resolver_every_lookup_is_a_temperror(
     monkeypatch.setattr(dns.resolver.Resolver, "read_resolv_conf", no_conf)
     with pytest.raises(DnsTempError):
         Resolver().txt("_dmarc.example.com")
+
+
+@pytest.mark.parametrize("policy", ["dmarc-pass", "dkim-aligned"])
+def test_a_raw_mail_dkimpy_cannot_read_is_refused_not_a_crash(
+    dns: LoopbackDns, policy: str
+) -> None:
+    # dkimpy raises MessageFormatError on a header block it cannot split; the guard said so
+    # by raising out of the worker's thread instead of refusing the mail.
+    raw = b"Return-Path: <ann@example.com>\r\ngarbage without colon\r\n\r\nbody\r\n"
+    verdict = judge(raw, checks(dns), policy)
+    assert isinstance(verdict, Skip) and "unreadable for DKIM" in verdict.reason
