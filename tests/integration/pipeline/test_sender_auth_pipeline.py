@@ -146,3 +146,14 @@ def test_a_properly_signed_mail_is_answered(rig: Rig) -> None:
 
     rig.wait(answered, "the signed mail got no reply")
     assert not [e for e in rig.events.about(mid) if e["status"] == "SKIPPED"]
+
+
+def test_an_unsigned_mail_from_an_ip_the_spf_record_allows_is_answered(rig: Rig) -> None:
+    # SPF alone, for the client IP our border MTA wrote in its Received header, aligned with From.
+    mid = f"spf-{uuid.uuid4().hex[:8]}@{rig.domain}"
+    rig.imap.append("INBOX", _mail(rig, ip=GOOD_IP, message_id=mid, signed=False))
+
+    def answered() -> list[Any]:
+        return [m for m in rig.outbox.to(f"ann@{rig.domain}") if mid in str(m["In-Reply-To"])]
+
+    rig.wait(answered, "the mail from an SPF-allowed IP got no reply")
