@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import authres
@@ -369,14 +370,10 @@ def _vouch_arc(results: str, from_domain: str, return_path: str | None) -> Authe
     return verdict
 
 
-_SYSTEM: list[Resolver] = []
-
-
+@lru_cache(maxsize=1)
 def _system_resolver() -> Resolver:
     """One resolver on the system's configuration for callers that pass none (built lazily)."""
-    if not _SYSTEM:
-        _SYSTEM.append(Resolver())
-    return _SYSTEM[0]
+    return Resolver()
 
 
 def startup_notes(settings: StreamsSettings) -> list[str]:
