@@ -107,7 +107,49 @@ async def test_agent_turns_a_mail_event_into_a_reply_command(
         "mailtap-streams-rates-changelog",  # the recipient's window
         "mailtap-streams-runs-changelog",
     ]
-    assert list(w.tables.runs.values()) == [[command["command_id"]]]
+    (run,) = w.tables.runs.values()
+    assert run == {"commands": [command["command_id"]], "at": EPOCH.timestamp()}
+
+
+async def test_mail_events_are_rekeyed_by_conversation_with_value_and_headers_unchanged(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    w.conversations_topic.send = sent.sender("conversations")
+    opening = mail_record(message_id="<Root@Example.com>")
+    reply = mail_record(
+        message_id="r2@example.com",
+        in_reply_to="ack@mailtap",
+        references=["<root@example.com>", "ack@mailtap"],
+        key="other-account/r2@example.com",
+    )
+    for record in (opening, reply):
+        await w.forward(*encoded(record), headers=[("traceparent", b"00-x")])
+    assert await w.forward(b"gone", None) is None  # a tombstone is not forwarded
+    assert [(t, k) for t, k, _ in sent.log] == [
+        ("conversations", b"root@example.com"),
+        ("conversations", b"root@example.com"),
+    ]
+    assert [MAIL.decode(v)["key"] for _, _, v in sent.log] == [opening["key"], reply["key"]]
+
+
+async def test_tick_fires_only_for_the_partitions_this_worker_owns(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    request = mail_record(to=["approvals@example.com"], message_id="req@example.com")
+    await w.on_record(*encoded(request), partition=2)
+    assert [c["step"] for c in sent.commands()] == ["request", "received"]
+    later = EPOCH + dt.timedelta(seconds=61)
+    w.owned_partitions = lambda: {0, 1}  # type: ignore[method-assign]
+    assert (await w.on_tick(later)).commands == []
+    w.owned_partitions = lambda: {2}  # type: ignore[method-assign]
+    (reminder,) = (await w.on_tick(later)).commands
+    assert reminder["step"] == "reminder-1"
+    # The reminder's state update went to the request's own changelog partition.
+    assert (
+        w.tables.state.data._key_partition[f"approval/request/{approval_id(request['key'])}"] == 2
+    )
 
 
 async def test_redelivery_is_absorbed_and_tombstones_are_ignored(
@@ -147,6 +189,7 @@ async def test_timer_body_sends_the_approval_reminder_from_table_state(
     async with w.agent.test_context() as agent:
         await agent.put(value, key=key)
     assert [c["step"] for c in sent.commands()] == ["request", "received"]
+    w.owned_partitions = lambda: {0}  # type: ignore[method-assign]
     outcome = await w.on_tick(EPOCH + dt.timedelta(seconds=61))
     (reminder,) = outcome.commands
     assert reminder["step"] == "reminder-1" and sent.commands()[-1] == reminder
