@@ -1,29 +1,46 @@
-"""The faust-streaming app: ``mail.events`` -> guards -> routing -> workflows -> ``mail.commands``.
+"""The faust-streaming app: ``mail.events`` -> by conversation -> guards -> routing -> workflows
+-> ``mail.commands``.
 
-Lifecycle of one record (agent ``mail-events``, one at a time, in partition order):
+Two agents:
 
-1. decode the Avro ``MailEvent`` (tombstones, i.e. null values, are ignored);
-2. :class:`~streams.pipeline.Pipeline` admits it (routing, loop guards, dedupe), authenticates
-   the sender (in a thread when that needs DNS), runs the workflow;
-3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent
-   and **their acknowledgements awaited**;
-4. only then are the table writes applied (dedupe mark last), and faust commits the offset
-   later (``processing_guarantee="at_least_once"``).
+- ``mail-events`` reads ``mail.events`` (``read_committed``) and re-keys each record by its
+  conversation (:mod:`streams.conversation`: the thread root) onto the internal topic
+  ``<app_id>-mail-events-by-conversation``, value and headers unchanged, waiting for the
+  acknowledgement before its offset may be committed. Tombstones are not forwarded.
+- ``mail-conversations`` reads that topic; the lifecycle of one record (one at a time, in
+  partition order):
+
+  1. decode the Avro ``MailEvent``;
+  2. :class:`~streams.pipeline.Pipeline` admits it (routing, loop guards, dedupe), authenticates
+     the sender (in a thread when that needs DNS), runs the workflow;
+  3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent
+     and **their acknowledgements awaited**;
+  4. only then are the table writes applied (dedupe mark last), and faust commits the offset
+     later (``processing_guarantee="at_least_once"``).
 
 A crash anywhere before 4 replays the mail against the old tables and re-emits the same
-command ids, which the SMTP sink absorbs; after 4 the dedupe table stops the replay. faust's
-``exactly_once`` mode is not used (open rebalance bugs, PITFALLS.md).
+command ids (``sha256(event key, workflow, step)``: from the input only), which the SMTP sink
+absorbs; after 4 the dedupe table stops the replay. faust's ``exactly_once`` mode is not used
+(open rebalance bugs, PITFALLS.md).
 
 Tables (``memory://`` store, rebuilt from their changelog topics ``<app_id>-<name>-changelog``
-at start, which :mod:`streams.changelogs` creates before faust starts): ``runs`` (dedupe),
-``rates`` (reply windows per sender and per recipient, ``streams/README.md``), ``state``
-(workflow state).
-They use the producer's partitioner (``use_partitioner=True``) because workflow state is keyed
-by thread or approval id, not by the mail key, and because the reminder timer writes outside any
-stream event. Consequence: run **one worker per app id** (all partitions on one process); a
-second worker would see only part of the state. Scaling out needs a repartition by thread root.
+at start, which :mod:`streams.changelogs` creates before faust starts, with the conversation
+topic): ``runs`` (dedupe), ``rates`` (reply windows per sender and per recipient,
+``streams/README.md``), ``state`` (workflow state). ``runs`` and ``state`` are written to the
+partition of the conversation being handled (:mod:`streams.partitions`), so all state of one
+conversation lives on one partition, and faust's assignor gives partition N of the conversation
+topic and of every changelog to the same worker (equal partition counts, that of
+``mail.events``). So **any number of workers with the same app id, up to the partition count
+of mail.events, share the load with correct state**; a worker killed with -9 is replaced by the
+others after ``session_timeout_seconds``: they restore its partitions' state and re-read from
+the committed offsets. ``rates`` keep faust's key partitioner (a sender's window spans
+conversations): with N workers each counts the replies it sent, so a sender may get up to N
+times ``max_replies`` (``streams/README.md``).
 
-A single lock serialises the agent and the reminder timer, so a timer tick never overwrites a
+The timer runs time-driven steps (approval reminders) and, hourly, the retention sweep
+(``streams.state_retention_days``) **per partition this worker owns**, each partition's state
+written back to it: after a rebalance the new owner fires a due reminder, once, with the same
+command id. A single lock serialises the agents and the timer, so a tick never overwrites a
 decision the agent is committing.
 """
 

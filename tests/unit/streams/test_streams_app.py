@@ -34,6 +34,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, bytes | None, Any]] = []
+        self.placed: list[tuple[str, int | None]] = []
 
     def sender(self, topic: str) -> Any:
         async def send(*, key: bytes, value: bytes, headers: Any = None) -> asyncio.Future[None]:
@@ -43,6 +44,10 @@ class Recorder:
             return done
 
         return send
+
+    def partitions(self) -> list[tuple[str, int | None]]:
+        """(topic, partition) of every changelog write."""
+        return list(self.placed)
 
     def topics(self) -> list[str]:
         return [t for t, _, _ in self.log]
@@ -77,9 +82,13 @@ def worker(tmp_path: Path) -> Iterator[tuple[StreamsWorker, Recorder]]:
     w.commands_topic.send = recorder.sender("commands")
     w.workflow_topic.send = recorder.sender("workflow")
     w.app.producer.key_partition = lambda topic, key: TP(topic, 0)
-    w.app.producer.send_soon = lambda fut: recorder.log.append(
-        (fut.message.channel.get_topic_name(), fut.message.key, fut.message.value)
-    )
+
+    def send_soon(fut: Any) -> None:
+        topic = fut.message.channel.get_topic_name()
+        recorder.log.append((topic, fut.message.key, fut.message.value))
+        recorder.placed.append((topic, fut.message.partition))
+
+    w.app.producer.send_soon = send_soon
     yield w, recorder
 
 
@@ -234,3 +243,19 @@ async def test_settled_generation_rewinds_events_to_committed_or_earliest(
     assert sorted(fake.seeks) == [(0, 7), (1, 2)]  # the changelog partition is left alone
     await w._reseek_after_rebalance()  # once per generation
     assert len(fake.seeks) == 2
+
+
+async def test_state_of_a_revoked_partition_leaves_the_worker_at_the_next_recovery(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    kept = mail_record(message_id="kept@example.com")
+    moved = mail_record(message_id="moved@example.com")
+    await w.on_record(*encoded(kept), partition=1)
+    await w.on_record(*encoded(moved), partition=2)
+    changelog = "mailtap-streams-state-changelog"
+    assert {p for t, p in sent.partitions() if t == changelog} == {1, 2}
+    # faust's memory store after a rebalance that left this worker partition 1 only.
+    await w.tables.state.data.on_recovery_completed({TP(changelog, 1)}, set())
+    assert "ticket_intake/thread/kept@example.com" in w.tables.state
+    assert "ticket_intake/thread/moved@example.com" not in w.tables.state
