@@ -153,7 +153,9 @@ def _attach(mail: MailView, ctx: WorkflowContext, ticket: dict[str, Any]) -> Non
     mails = list(ticket.get("mails") or [])
     if mail.key not in mails:
         mails.append(mail.key)
-    updated = max(ticket.get("updated_at") or ticket["opened_at"], mail.observed_at.isoformat())
+    # Mails of a thread may be read out of order: the ticket's age is that of its latest mail.
+    last = dt.datetime.fromisoformat(ticket.get("updated_at") or ticket["opened_at"])
+    updated = max(last, mail.observed_at).isoformat()
     ctx.state.set(f"ticket/{number}", {**ticket, "mails": mails, "updated_at": updated})
     if mail.message_id:
         ctx.state.set(f"thread/{mail.message_id}", number)

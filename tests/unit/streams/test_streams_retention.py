@@ -129,3 +129,18 @@ def test_conversation_key_from_one_mail(fields: dict[str, Any], expected: str) -
 def test_every_mail_of_both_built_in_conversations_shares_its_key() -> None:
     assert len({conversation_key(m) for m in ticket_story()}) == 1
     assert len({conversation_key(m) for m in approval_story()}) == 1
+
+
+def test_a_followup_read_late_does_not_make_the_ticket_older() -> None:
+    harness = WorkflowHarness(SETTINGS)
+    opening, followup = ticket_story()  # the follow-up was observed on day 10
+    late = mail_record(
+        message_id="t3@example.com",
+        in_reply_to="t1@example.com",
+        references=["t1@example.com"],
+        observed_at=days(5),
+    )
+    for mail in (opening, followup, late):
+        harness.deliver(mail)
+    harness.sweep(days(38))  # the day-5 mail is past the retention, the day-10 one is not
+    assert f"ticket_intake/ticket/{ticket_number(opening['key'])}" in harness.tables.state
