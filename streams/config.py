@@ -265,6 +265,15 @@ class StreamsSettings(_Strict):
         gt=0,
         description="how often time-driven steps (approval reminders) are checked",
     )
+    state_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "workflow state that reached its final state (a decided approval, a ticket without "
+            "mail) and dedupe marks older than this are deleted, so the tables stop growing; a "
+            "mail replayed after that is treated as new"
+        ),
+    )
     data_dir: str = Field(default=".state/streams", description="faust's local data directory")
     session_timeout_seconds: float = Field(
         default=10.0,

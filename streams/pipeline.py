@@ -197,7 +197,10 @@ class Pipeline:
                 return Outcome(events=[_skipped(mail, bound.name, limited)])
             keys.append(key)
         outcome = Outcome(commands=ctx.commands, events=ctx.events, state=state.writes)
-        outcome.runs[dedupe_key(mail.key, bound.name)] = [c["command_id"] for c in ctx.commands]
+        outcome.runs[dedupe_key(mail.key, bound.name)] = {
+            "commands": [c["command_id"] for c in ctx.commands],
+            "at": mail.observed_at.timestamp(),
+        }
         for key in keys:
             outcome.rates[key] = record_reply(tables.rates.get(key), at, limit)
         return outcome
@@ -241,6 +244,30 @@ class Pipeline:
             outcome.state.update(state.writes)
         return outcome
 
+    def sweep(self, now: dt.datetime, tables: Tables) -> Outcome:
+        """Deletions of everything final since before ``now`` minus the retention: dedupe marks
+        of mails observed before it, and what each workflow's ``expire`` names.
+
+        A dedupe mark written before marks carried their time (a bare list) is kept.
+        """
+        before = now - dt.timedelta(days=self.settings.state_retention_days)
+        cutoff = before.timestamp()
+        outcome = Outcome()
+        for key, run in list(tables.runs.items()):
+            if isinstance(run, dict) and float(run.get("at", cutoff)) < cutoff:
+                outcome.runs[key] = None
+        for bound in self.workflows.values():
+            if bound.registered.expire is None:
+                continue
+            state = WorkflowState(bound.name, tables.state)
+            try:
+                bound.registered.expire(state, before)
+            except Exception:
+                log.exception("workflow %s failed in its retention sweep", bound.name)
+                continue
+            outcome.state.update(state.writes)
+        return outcome
+
     @staticmethod
     def apply(outcome: Outcome, tables: Tables) -> None:
         """Write the outcome's table changes (after its outputs were acknowledged)."""
@@ -253,7 +280,10 @@ class Pipeline:
             tables.rates[key] = window
         # Last: once a run is marked, a replay skips the mail, so everything else must be durable.
         for key, value in outcome.runs.items():
-            tables.runs[key] = value
+            if value is None:
+                tables.runs.pop(key, None)
+            else:
+                tables.runs[key] = value
 
 
 def _recipients(command: Record) -> set[str]:

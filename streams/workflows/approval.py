@@ -46,6 +46,10 @@ Status events (key: the approval id): ``APPROVAL_REQUESTED``, ``APPROVAL_REMINDE
 ``APPROVED``, ``REJECTED``, ``APPROVAL_UNCLEAR``, ``APPROVAL_REFUSED`` (key: the request's id
 when known, else the answer's mail key; attribute ``reason``).
 
+Retention (``expire``): a decided request whose decision is older than
+``streams.state_retention_days`` is deleted with its thread entry, and so is an early answer
+that old whose request never came; a pending request is kept.
+
 State::
 
     request/<ID>          {"id", "status", "requester": ThreadRef, "event_key", "subject",
@@ -66,6 +70,7 @@ Configuration::
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
 import re
 from typing import Any, Literal
@@ -75,6 +80,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from streams.mail import Address, MailView, ThreadRef
 from streams.workflow import (
     WorkflowContext,
+    WorkflowState,
     forwardable_attachments,
     one_line,
     reply_subject,
@@ -204,6 +210,18 @@ class Approval:
                 instance_id=request["id"],
                 event_key=request["event_key"],
             )
+
+    def expire(self, state: WorkflowState, before: dt.datetime) -> None:
+        cutoff = before.timestamp()
+        for key, request in state.items("request/"):
+            if request["status"] != PENDING and request.get("decided_at", cutoff) < cutoff:
+                state.delete(key)
+        for key, early in state.items("early/"):
+            if early.get("decided_at", cutoff) < cutoff:
+                state.delete(key)
+        for key, aid in state.items("thread/"):
+            if state.get(f"request/{aid}") is None:
+                state.delete(key)
 
     # -- steps ------------------------------------------------------------------------------
 
