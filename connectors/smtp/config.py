@@ -78,7 +78,9 @@ class SmtpSinkSettings(BaseModel):
     instance_id: str | None = Field(
         default=None,
         description="stable name of this sink instance (default: host name); its transactional "
-        "id, so a restarted instance fences and aborts what its predecessor left open",
+        "id and static group member id, so a restarted instance fences and aborts what its "
+        "predecessor left open and gets its partitions back at once. Each replica needs its own "
+        "(a StatefulSet's pod names are stable ones)",
     )
     verp_domain: str | None = Field(
         default=None,

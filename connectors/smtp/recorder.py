@@ -210,7 +210,9 @@ class DeliveryRecorder:
                 outcomes = [self._given_up(o, plan.reason) for o in outcomes]
                 self.dead_letter(item.record, f"{plan.reason}; last: {last_error}", "GiveUp")
                 self.put_state(item, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
-        else:
+        elif not item.refused:
+            # A refused command (older than the state retention) gets no state: it would only
+            # grow the topic again, and a later replay of it is refused by its age anyway.
             if item.given_up:
                 reason = f"{item.given_up}; last: {item.last_error}"
                 self.dead_letter(item.record, reason, "GiveUp")
