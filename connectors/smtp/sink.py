@@ -28,7 +28,9 @@ batches, once every send of the batch has its outcome committed together with th
 (step d). So when a partition is revoked nothing of it is in flight, and the new owner reads back
 DONE/SCHEDULED states and the committed offsets: a clean rebalance (an instance added, or stopped
 with SIGTERM) sends nothing twice. The group waits for a busy instance to finish its batch
-(bounded by ``max.poll.interval.ms``) before it moves partitions.
+(bounded by ``max.poll.interval.ms``) before it moves partitions; a batch starts no new send after
+half of that interval (``batch_budget_s``) and leaves the rest to the next batch, so it never
+outlives its membership and sends what a new owner sends too.
 
 Retention: between batches, DONE states older than ``smtp.state_retention`` become tombstones (one
 transaction); a command whose ``created_at`` is older than the retention and has no state is not
@@ -106,6 +108,9 @@ MAX_GROUP_WAIT_S = 0.05
 PRUNE_INTERVAL_MS = 10 * 60 * 1000
 #: Tombstones per transaction, so a first prune of a large backlog does not make one huge one.
 PRUNE_CHUNK = 5000
+#: max.poll.interval.ms unless kafka.client_properties sets it: one SMTP round may take minutes
+#: when the relay is slow (data_timeout).
+MAX_POLL_INTERVAL_MS = 600_000
 
 
 class SmtpSink:
@@ -146,6 +151,15 @@ class SmtpSink:
         self._events_closed = 0
         self._consumer: Consumer | None = None
         self._owned: set[tuple[str, int]] = set()
+        self._max_poll_interval_ms = int(
+            self.kafka.client_properties.get("max.poll.interval.ms", MAX_POLL_INTERVAL_MS)
+        )
+        self.batch_budget_s = self._max_poll_interval_ms / 1000 / 2
+        """A batch starts no new send after this long; the rest goes back to the next batch.
+
+        Half of max.poll.interval.ms, so the sends in flight can still finish inside it: past it
+        librdkafka leaves the group, the partitions move, and a batch that went on sending
+        would send what the new owner sends too."""
         self._last_prune_ms: int | None = None
         self.pruned_total = 0
         """State records turned into tombstones (past the retention)."""
@@ -199,8 +213,7 @@ class SmtpSink:
             consumer_config(
                 self.kafka,
                 self.settings.group_id,
-                # One SMTP round may take minutes when the relay is slow (data_timeout).
-                max_poll_interval_ms=600_000,
+                max_poll_interval_ms=self._max_poll_interval_ms,
                 # Static membership: a restarted instance takes its partitions back at once
                 # instead of waiting for the dead member's session to time out.
                 group_instance_id=self.instance_id,
@@ -385,6 +398,9 @@ class SmtpSink:
         started = time.monotonic()
         try:
             while True:
+                if queue and time.monotonic() - started > self.batch_budget_s:
+                    self._put_back(queue, offsets)
+                    queue.clear()
                 free = self.settings.pool_size - len(active)
                 starting = [queue.popleft() for _ in range(min(free, len(queue)))]
                 last = not queue and not active and not starting
@@ -415,6 +431,31 @@ class SmtpSink:
             for task in active:
                 task.cancel()
             await asyncio.gather(*active, return_exceptions=True)
+
+    def _put_back(self, unstarted: Sequence[Work], offsets: dict[tuple[str, int], int]) -> None:
+        """Leave ``unstarted`` (no INTENT yet) to the next batch: the batch's offsets stop before
+        the first of them on each partition, and the consumer goes back there. Records after it
+        that were handled without a send (skipped, recovered, dead-lettered) come again: the
+        state skips the first two; an undecodable one is dead-lettered a second time."""
+        assert self._consumer is not None
+        first: dict[tuple[str, int], int] = {}
+        for item in unstarted:
+            topic, partition, offset = (
+                item.record.topic(),
+                item.record.partition(),
+                item.record.offset(),
+            )
+            assert topic is not None and partition is not None and offset is not None
+            first[(topic, partition)] = min(first.get((topic, partition), offset), offset)
+        for (topic, partition), offset in first.items():
+            offsets[(topic, partition)] = min(offsets[(topic, partition)], offset)
+            self._consumer.seek(TopicPartition(topic, partition, offset))
+        log.warning(
+            "batch ran past %.0fs (half of max.poll.interval.ms): %d commands left to the next "
+            "batch",
+            self.batch_budget_s,
+            len(unstarted),
+        )
 
     async def _record(
         self,

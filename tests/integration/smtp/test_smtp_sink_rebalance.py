@@ -220,3 +220,44 @@ def test_a_state_topic_with_another_partition_count_stops_the_start(
         sink.start()
     assert f"{settings.state_topic} has 3" in str(caught.value)
     assert relay.handler.snapshot() == []
+
+
+async def test_a_batch_past_its_budget_leaves_the_unsent_rest_to_the_next_batch(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    """A batch must end well inside max.poll.interval.ms: past it the instance leaves the group,
+    its partitions move, and whatever it still started would be sent by the new owner as well.
+    So past the budget it starts no new send; the rest comes again in the next batch."""
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port, pool_size=1)
+    produce_commands(cfg, [])
+    # The relay answers the first one after 4 s: the batch's budget (1 s here) is spent then.
+    cmds = [command(["stall@example.org"])] + [command([f"u{i}@example.org"]) for i in range(3)]
+    serde = AvroSerde.for_schema("ReplyCommand", cfg.kafka)
+    producer = Producer(producer_config(cfg.kafka, compression_type=PRODUCER_COMPRESSION))
+    for value in cmds:  # one partition, one fetch: the first batch holds all four
+        key = value["command_id"].encode()
+        topic = cfg.kafka.topics.commands
+        producer.produce(topic, key=key, value=serde.encode(value, topic), partition=0)
+    assert producer.flush(30) == 0
+    sink = SmtpSink(cfg, settings)
+    sink.batch_budget_s = 1.0
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    sink.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        seen = 0
+        while seen == 0:
+            assert time.monotonic() < deadline, "no records"
+            seen = await sink.poll_once()
+        assert seen == len(cmds)
+        # Only the command started inside the budget went out; its outcome is recorded.
+        assert len(relay.handler.snapshot()) == 1
+        while len({e["command_id"] for e in events.values if e["status"] == "SENT"}) < len(cmds):
+            assert time.monotonic() < deadline, events.values
+            await sink.poll_once()
+            events.poll(0.05)
+    finally:
+        await sink.close()
+    copies = Counter(a.message_id for a in relay.handler.snapshot())
+    assert sorted(copies.values()) == [1] * len(cmds)
+    events.close()
