@@ -161,6 +161,7 @@ class SmtpSink:
         librdkafka leaves the group, the partitions move, and a batch that went on sending
         would send what the new owner sends too."""
         self._last_prune_ms: int | None = None
+        self._stop: asyncio.Event | None = None
         self.pruned_total = 0
         """State records turned into tombstones (past the retention)."""
 
@@ -275,6 +276,7 @@ class SmtpSink:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; always closes."""
+        self._stop = stop
         self.start()
         try:
             while not stop.is_set():
@@ -398,8 +400,11 @@ class SmtpSink:
         started = time.monotonic()
         try:
             while True:
-                if queue and time.monotonic() - started > self.batch_budget_s:
-                    self._put_back(queue, offsets)
+                stopping = self._stop is not None and self._stop.is_set()
+                if queue and (stopping or time.monotonic() - started > self.batch_budget_s):
+                    # A stop request (SIGTERM) ends the batch as soon as the sends in flight
+                    # have their outcomes: the rest is the next owner's, unsent here.
+                    self._put_back(queue, offsets, "stop requested" if stopping else "")
                     queue.clear()
                 free = self.settings.pool_size - len(active)
                 starting = [queue.popleft() for _ in range(min(free, len(queue)))]
@@ -432,7 +437,9 @@ class SmtpSink:
                 task.cancel()
             await asyncio.gather(*active, return_exceptions=True)
 
-    def _put_back(self, unstarted: Sequence[Work], offsets: dict[tuple[str, int], int]) -> None:
+    def _put_back(
+        self, unstarted: Sequence[Work], offsets: dict[tuple[str, int], int], why: str
+    ) -> None:
         """Leave ``unstarted`` (no INTENT yet) to the next batch: the batch's offsets stop before
         the first of them on each partition, and the consumer goes back there. Records after it
         that were handled without a send (skipped, recovered, dead-lettered) come again: the
@@ -450,10 +457,10 @@ class SmtpSink:
         for (topic, partition), offset in first.items():
             offsets[(topic, partition)] = min(offsets[(topic, partition)], offset)
             self._consumer.seek(TopicPartition(topic, partition, offset))
-        log.warning(
-            "batch ran past %.0fs (half of max.poll.interval.ms): %d commands left to the next "
-            "batch",
-            self.batch_budget_s,
+        log.log(
+            logging.INFO if why else logging.WARNING,
+            "%s: %d commands left to the next batch",
+            why or f"batch ran past {self.batch_budget_s:.0f}s (half of max.poll.interval.ms)",
             len(unstarted),
         )
 

@@ -5,6 +5,7 @@ most the mails it had on the wire (``pool_size``), each reported UNKNOWN first."
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from smtp_harness import WAIT_S, TopicReader, command, produce_commands, sink_config
+from smtp_harness import WAIT_S, TopicReader, command, produce_commands, run_until, sink_config
 from smtp_scripted_server import ScriptedRelay
 
 from connectors.core.config import MailtapConfig, config_from_dict
@@ -222,6 +223,46 @@ def test_a_state_topic_with_another_partition_count_stops_the_start(
     assert relay.handler.snapshot() == []
 
 
+def produce_on_partition_0(cfg: MailtapConfig, cmds: list[dict[str, Any]]) -> None:
+    """One partition, one fetch: the first batch holds them all."""
+    produce_commands(cfg, [])
+    serde = AvroSerde.for_schema("ReplyCommand", cfg.kafka)
+    producer = Producer(producer_config(cfg.kafka, compression_type=PRODUCER_COMPRESSION))
+    topic = cfg.kafka.topics.commands
+    for value in cmds:
+        key = value["command_id"].encode()
+        producer.produce(topic, key=key, value=serde.encode(value, topic), partition=0)
+    assert producer.flush(30) == 0
+
+
+async def test_a_stop_mid_batch_sends_no_more_and_the_next_instance_sends_the_rest(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    """SIGTERM (the stop event) during a batch: the send in flight gets its outcome recorded,
+    nothing else of the batch is sent, and the next owner sends the rest, each once."""
+    cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port, pool_size=1)
+    cmds = [command(["stall@example.org"])] + [command([f"u{i}@example.org"]) for i in range(3)]
+    produce_on_partition_0(cfg, cmds)
+    stop = asyncio.Event()
+    first = SmtpSink(cfg, settings)
+    running = asyncio.create_task(first.run(stop))
+    deadline = time.monotonic() + WAIT_S
+    while not relay.handler.deliveries:  # the stalled DATA reached the relay
+        assert time.monotonic() < deadline and not running.done(), "nothing sent"
+        await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(running, WAIT_S)
+    assert first.records_total == len(cmds)
+    assert len(relay.handler.snapshot()) == 1  # only the one in flight at the stop
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    second = SmtpSink(cfg, settings)
+    await run_until(second, events, lambda ev: len({e["command_id"] for e in ev}) == len(cmds))
+    copies = Counter(a.message_id for a in relay.handler.snapshot())
+    assert sorted(copies.values()) == [1] * len(cmds)
+    assert {e["status"] for e in events.values} == {"SENT"}
+    events.close()
+
+
 async def test_a_batch_past_its_budget_leaves_the_unsent_rest_to_the_next_batch(
     services: DevServices, unique: str, relay: ScriptedRelay
 ) -> None:
@@ -229,16 +270,9 @@ async def test_a_batch_past_its_budget_leaves_the_unsent_rest_to_the_next_batch(
     its partitions move, and whatever it still started would be sent by the new owner as well.
     So past the budget it starts no new send; the rest comes again in the next batch."""
     cfg, settings, _ = sink_config(services.bootstrap_servers, unique, relay.port, pool_size=1)
-    produce_commands(cfg, [])
     # The relay answers the first one after 4 s: the batch's budget (1 s here) is spent then.
     cmds = [command(["stall@example.org"])] + [command([f"u{i}@example.org"]) for i in range(3)]
-    serde = AvroSerde.for_schema("ReplyCommand", cfg.kafka)
-    producer = Producer(producer_config(cfg.kafka, compression_type=PRODUCER_COMPRESSION))
-    for value in cmds:  # one partition, one fetch: the first batch holds all four
-        key = value["command_id"].encode()
-        topic = cfg.kafka.topics.commands
-        producer.produce(topic, key=key, value=serde.encode(value, topic), partition=0)
-    assert producer.flush(30) == 0
+    produce_on_partition_0(cfg, cmds)
     sink = SmtpSink(cfg, settings)
     sink.batch_budget_s = 1.0
     events = TopicReader(cfg, cfg.kafka.topics.delivery)
