@@ -78,7 +78,9 @@ class SmtpSinkSettings(BaseModel):
     instance_id: str | None = Field(
         default=None,
         description="stable name of this sink instance (default: host name); its transactional "
-        "id, so a restarted instance fences and aborts what its predecessor left open",
+        "id and static group member id, so a restarted instance fences and aborts what its "
+        "predecessor left open and gets its partitions back at once. Each replica needs its own "
+        "(a StatefulSet's pod names are stable ones)",
     )
     verp_domain: str | None = Field(
         default=None,
@@ -93,7 +95,14 @@ class SmtpSinkSettings(BaseModel):
     bounce_group_id: str = Field(default="mailtap-bounce-reader", description="its consumer group")
     state_topic: str = Field(
         default="mailtap.sink.state",
-        description="compacted topic of per-command intent/outcome, read whole at start",
+        description="compacted topic of per-command intent/outcome, as many partitions as "
+        "mail.commands; an instance reads back the partitions it is assigned",
+    )
+    state_retention: str = Field(
+        default="30d",
+        description="a DONE command state older than this becomes a tombstone on state_topic; "
+        "a command created longer ago than this (a replay) is not sent but answered FAILED. "
+        "Longer than max_lifetime",
     )
     retry_tiers: list[str] = Field(
         default_factory=lambda: ["5m", "15m", "1h", "4h"],
@@ -153,7 +162,7 @@ class SmtpSinkSettings(BaseModel):
             raise ValueError("retry tiers must be in increasing order")
         return value
 
-    @field_validator("max_lifetime")
+    @field_validator("max_lifetime", "state_retention")
     @classmethod
     def _lifetime_is_duration(cls, value: str) -> str:
         parse_duration(value)
@@ -171,6 +180,12 @@ class SmtpSinkSettings(BaseModel):
                 f"max_lifetime {self.max_lifetime} is not longer than the first retry tier "
                 f"{first_tier[0]}: nothing would ever be retried; raise max_lifetime"
             )
+        if self.state_retention_seconds <= self.max_lifetime_seconds:
+            raise ValueError(
+                f"state_retention {self.state_retention} must be longer than max_lifetime "
+                f"{self.max_lifetime}: a command still being retried would be refused as too old; "
+                f"raise state_retention"
+            )
         return self
 
     @property
@@ -181,3 +196,7 @@ class SmtpSinkSettings(BaseModel):
     @property
     def max_lifetime_seconds(self) -> float:
         return parse_duration(self.max_lifetime)
+
+    @property
+    def state_retention_seconds(self) -> float:
+        return parse_duration(self.state_retention)
