@@ -50,6 +50,7 @@ _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _MSG_ID = re.compile(r"[\x21-\x3b\x3d\x3f-\x7e]+@[\x21-\x3b\x3d\x3f-\x7e]+")
 _TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 _MIME_TYPE = re.compile(rf"{_TOKEN.pattern}/{_TOKEN.pattern}")
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[\x21-\x3b\x3d\x3f-\x7e]+")  # no space, < or >
 _LINE_BREAKS = {"\x85", "\u2028", "\u2029"}
 MAX_ADDRESS_LENGTH = 254  # RFC 5321 4.5.3.1.3 (path) minus the angle brackets
 MAX_HEADER_CHARS = 4000
@@ -197,6 +198,7 @@ def render(
     verp_domain: str | None = None,
     return_path: str | None = None,
     recipients: Sequence[str] | None = None,
+    unsubscribe: Sequence[str] = (),
 ) -> RenderedMessage:
     """Build the message for a ReplyCommand dict (as decoded by the Avro serde).
 
@@ -204,6 +206,9 @@ def render(
     (the relay account's address), else the From address.
     ``recipients`` restricts the envelope (a retry goes only to the recipients still pending);
     each must be one of the command's own recipients.
+    ``unsubscribe``: URIs for ``List-Unsubscribe`` (RFC 2369); when one is an https URL the
+    message also carries ``List-Unsubscribe-Post: List-Unsubscribe=One-Click`` (RFC 8058 3.1:
+    only with an HTTPS URI).
     Raises :class:`RenderError` for anything unsafe or invalid.
     """
     command_id = check_header_text(str(command["command_id"]), "command_id")
@@ -259,6 +264,13 @@ def render(
         if not _TOKEN.fullmatch(str(auto)):
             raise RenderError(f"auto_submitted: {auto!r} is not a token (RFC 3834)")
         msg["Auto-Submitted"] = str(auto)
+    if unsubscribe:
+        uris = [check_header_text(u, "unsubscribe") for u in unsubscribe]
+        if any(not _URI.fullmatch(u) for u in uris):
+            raise RenderError(f"unsubscribe: {uris} are not all plain URIs")
+        msg["List-Unsubscribe"] = ", ".join(f"<{u}>" for u in uris)
+        if any(u.startswith("https://") for u in uris):
+            msg["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
     _body(msg, command.get("text_body"), command.get("html_body"))
     _attach(msg, command.get("attachments") or [], fetch_blob)
     if msg.is_multipart():
