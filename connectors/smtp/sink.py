@@ -65,7 +65,7 @@ from connectors.smtp.identity import message_id_for
 from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.ratelimit import SendRateLimiter
 from connectors.smtp.recorder import DeliveryRecorder, Work, all_recipients, now_utc, to_ms
-from connectors.smtp.render import BlobFetcher, normalize_address, render
+from connectors.smtp.render import BlobFetcher, ascii_domain_of, normalize_address, render
 from connectors.smtp.retry import DueGate, RetryInfo, expired
 from connectors.smtp.state import ensure_state_topic, read_state
 from connectors.smtp.suppression import SuppressionTable, screen
@@ -449,11 +449,14 @@ class SmtpSink:
             ]
             return False
         try:
-            sender = normalize_address(str(item.command["from"]["address"]), "from.address")
+            sender = normalize_address(
+                str(item.command["from"]["address"]), "from.address", utf8=True
+            )
+            domain = ascii_domain_of(sender, "from.address")  # A-labels, as render() uses
         except RenderError as exc:
             self._render_failed(item, exc)
             return False
-        item.message_id = message_id_for(item.command_id, sender.rpartition("@")[2])
+        item.message_id = message_id_for(item.command_id, domain)
         return True
 
     def _render_failed(self, item: Work, exc: RenderError) -> None:
