@@ -115,8 +115,16 @@ def _addresses(values: Sequence[object]) -> list[str]:
 
 
 def unsubscriber(raw: bytes, unsubscribe_address: str) -> str | None:
-    """The sender of ``raw`` when it is addressed to ``unsubscribe_address``; else None."""
+    """The sender of ``raw`` when it is addressed to ``unsubscribe_address``; else None.
+
+    Automatic mail (``Auto-Submitted`` other than ``no``, RFC 3834: out-of-office replies,
+    reports) and mail from the null sender are no one's request.
+    """
     msg = message_from_bytes(raw[:MAX_BOUNCE_BYTES])
+    if str(msg.get("Auto-Submitted", "no")).strip().lower() != "no":
+        return None
+    if str(msg.get("Return-Path", "")).strip() == "<>":
+        return None
     wanted = unsubscribe_address.lower()
     for header in _ADDRESS_HEADERS:
         if wanted in _addresses(msg.get_all(header) or []):

@@ -196,10 +196,15 @@ class BounceReader:
             log.warning("cannot fetch %s: %s", raw_ref["uri"], exc)
             return []
         now = self.clock()
-        if self.suppressions is not None and self._suppressions_in(raw, now, entries):
-            return []  # a complaint or an unsubscribe request, not a bounce
+        if self.suppressions is not None and self._complaints_in(raw, now, entries):
+            return []  # an ARF report, not a bounce
+        bounces = parse_bounce(raw, verp_domain=self.settings.verp_domain)
+        if not bounces and self.suppressions is not None:
+            # Only what is not a bounce: a DSN sent to the unsubscribe address (it may be the
+            # return path too) must not suppress the mailer daemon.
+            self._unsubscribe_in(raw, now, entries)
         out = []
-        for bounce in parse_bounce(raw, verp_domain=self.settings.verp_domain):
+        for bounce in bounces:
             if bounce.command_id is None:
                 self.uncorrelated += 1
                 log.info(
@@ -254,40 +259,53 @@ class BounceReader:
         if entry is not None:
             self._keep(entry, entries)
 
-    def _suppressions_in(
-        self, raw: bytes, now: datetime, entries: dict[str, dict[str, Any]]
-    ) -> bool:
-        """Suppress after a complaint or an unsubscribe request; False when ``raw`` is neither."""
-        found: list[dict[str, Any]] = []
+    def _complaints_in(self, raw: bytes, now: datetime, entries: dict[str, dict[str, Any]]) -> bool:
+        """Suppress the complainants of an ARF report; False when ``raw`` is not one."""
         complaints = parse_complaints(raw, verp_domain=self.settings.verp_domain)
+        if complaints is None:
+            return False
+        for complaint in complaints:
+            self._suppress(
+                complaint.recipient,
+                "COMPLAINT",
+                f"feedback type {complaint.feedback_type}",
+                complaint.command_id,
+                now,
+                entries,
+            )
+        if not complaints:
+            log.info("feedback report about no message of ours, or not a complaint: skipped")
+        return True
+
+    def _unsubscribe_in(
+        self, raw: bytes, now: datetime, entries: dict[str, dict[str, Any]]
+    ) -> None:
         mailto = self.settings.suppression.unsubscribe_mailto
-        sender = unsubscriber(raw, mailto) if complaints is None and mailto else None
+        sender = unsubscriber(raw, mailto) if mailto else None
+        if sender is not None:
+            self._suppress(sender, "UNSUBSCRIBE", f"mail to {mailto}", None, now, entries)
+
+    def _suppress(
+        self,
+        address: str,
+        reason: str,
+        detail: str,
+        command_id: str | None,
+        now: datetime,
+        entries: dict[str, dict[str, Any]],
+    ) -> None:
         try:
-            for complaint in complaints or []:
-                found.append(
-                    suppression.record(
-                        complaint.recipient,
-                        reason="COMPLAINT",
-                        now=now,
-                        detail=f"feedback type {complaint.feedback_type}",
-                        source="bounce-reader",
-                        command_id=complaint.command_id,
-                    )
-                )
-            if sender is not None:
-                found.append(
-                    suppression.record(
-                        sender,
-                        reason="UNSUBSCRIBE",
-                        now=now,
-                        detail=f"mail to {mailto}",
-                        source="bounce-reader",
-                    )
-                )
+            entry = suppression.record(
+                address,
+                reason=reason,
+                now=now,
+                detail=detail,
+                source="bounce-reader",
+                command_id=command_id,
+            )
         except suppression.AddressError as exc:
-            log.warning("complaint or unsubscribe of an unusable address: %s", exc)
-        for entry in found:
-            existing = self._current(entry["address"], entries)
-            if existing is None or not existing.get("suppressed"):
-                self._keep(entry, entries)
-        return complaints is not None or sender is not None
+            log.warning("cannot suppress an unusable address (%s): %s", reason, exc)
+            return
+        existing = self._current(entry["address"], entries)
+        if existing is None or not existing.get("suppressed"):
+            self._keep(entry, entries)

@@ -73,7 +73,8 @@ class SuppressionSettings(BaseModel):
         default=None,
         description="when set, every reply carries List-Unsubscribe: <mailto:THIS?subject="
         "unsubscribe> (RFC 2369); a mail to this address arriving at a bounce account "
-        "suppresses its sender. Use an address delivered to the bounce mailbox",
+        "suppresses its sender (not automatic mail). Use an address delivered to the bounce "
+        "mailbox",
     )
     unsubscribe_url: str | None = Field(
         default=None,

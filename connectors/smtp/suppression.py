@@ -218,6 +218,8 @@ class SuppressionTable:
             consumer_config(self.kafka, f"mailtap-suppressions-{uuid.uuid4().hex[:12]}")
         )
         self._consumer = consumer
+        self._stop.clear()  # a sink started again after close() follows the topic again
+        self._entries = {}
         metadata = cluster_metadata(consumer, self.kafka, 30, self.topic)
         topic = metadata.topics.get(self.topic)
         partitions = sorted(topic.partitions) if topic is not None else []

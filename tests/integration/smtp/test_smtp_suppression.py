@@ -118,6 +118,8 @@ def test_bounce_complaint_unsubscribe_and_cli_suppress_until_removed(
         assert sent["List-Unsubscribe"] == f"<mailto:{bounce_user.username}?subject=unsubscribe>"
         dsn = (FIXTURES / "dsn" / "rfc3464_hard_511.eml").read_bytes()
         dsn = dsn.replace(b"nobody@example.org", hard.encode())
+        # Sent to the return path, here also the unsubscribe address: still only a bounce.
+        dsn = dsn.replace(b"support@example.com", bounce_user.username.encode())
         to_bounce_mailbox(dsn.replace(FIXTURE_TOKEN, first["command_id"].encode()))
         assert wait_for(lambda: hard in listed(), WAIT_S), pipeline.components[
             "smtp-sink"

@@ -130,6 +130,11 @@ def test_unsubscribe_mail_names_its_sender() -> None:
     )
     assert unsubscriber(raw, "unsubscribe@example.com") == "jane@example.org"
     assert unsubscriber(raw, "other@example.com") is None
+    # An out-of-office reply or a report sent there is no one's request (RFC 3834).
+    assert (
+        unsubscriber(b"Auto-Submitted: auto-replied\r\n" + raw, "unsubscribe@example.com") is None
+    )
+    assert unsubscriber(b"Return-Path: <>\r\n" + raw, "unsubscribe@example.com") is None
 
 
 class Table:
