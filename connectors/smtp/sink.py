@@ -16,7 +16,9 @@ Lifecycle (one asyncio task; the transactions of step 2c run in a worker thread 
       it back when its outcome is committed -- DeliveryEvents (one per recipient), the new
       state, retry or DLQ records. Each round is one Kafka transaction holding the outcomes that
       came in since the last round and the intents of the commands taking the freed slots;
-      a RenderError is a FAILED outcome with its reason, and nothing is sent;
+      a RenderError is a FAILED outcome with its reason, and nothing is sent; a recipient on
+      the suppression list (``kafka.topics.suppressions``, followed while running by
+      :class:`~connectors.smtp.suppression.SuppressionTable`) is not sent to: SUPPRESSED;
    d. the last round also commits the consumer offsets of the batch (KIP-447 style, fenced by
       the consumer group generation).
 
