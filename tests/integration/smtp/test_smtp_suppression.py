@@ -1,7 +1,7 @@
 """The suppression list end to end, as a user runs it: ``mailtap run imap-source`` reads the bounce
 mailbox (Dovecot) into Kafka, ``mailtap run smtp-sink`` sends through the recording SMTP server and
-reads the bounces. A hard-bounce DSN, an ARF complaint and an unsubscribe mail each suppress their
-address: the next command to it gets SUPPRESSED and nothing reaches the SMTP server.
+reads the bounces. A hard-bounce DSN, an ARF complaint, an unsubscribe mail and (at the limit) soft
+bounces each suppress their address: the next command to it gets SUPPRESSED and nothing reaches the SMTP server.
 ``mailtap suppressions add|list|remove`` act on the running sink without a restart.
 """
 
@@ -55,7 +55,7 @@ def _config(services: DevServices, unique: str, bounce_user: Any, tmp_path: Path
             "state_topic": f"mailtap.sink.state.{unique}",
             "instance_id": f"sink-{unique}",
             "bounce_accounts": [f"bounces-{unique}"],
-            "suppression": {"unsubscribe_mailto": bounce_user.username},
+            "suppression": {"unsubscribe_mailto": bounce_user.username, "soft_bounce_limit": 2},
         },
     }
     path = tmp_path / "mailtap.yaml"
@@ -78,8 +78,8 @@ def test_bounce_complaint_unsubscribe_and_cli_suppress_until_removed(
     cfg = config_from_dict(yaml.safe_load(config.read_text()), env={})
     received_dir = services.smtp.received_dir
     before = received_names(received_dir)
-    hard, kim, leaver, manual = (
-        f"{who}-{unique}@example.org" for who in ("hard", "kim", "leave", "manual")
+    hard, kim, leaver, manual, full = (
+        f"{who}-{unique}@example.org" for who in ("hard", "kim", "leave", "manual", "full")
     )
     produce_commands(cfg, [])  # the topics, so the readers below can start
     events = TopicReader(cfg, cfg.kafka.topics.delivery)
@@ -150,7 +150,20 @@ def test_bounce_complaint_unsubscribe_and_cli_suppress_until_removed(
         assert wait_for(lambda: f"{leaver}  UNSUBSCRIBE" in listed(), WAIT_S)
         assert outcome(send(leaver)) == "SUPPRESSED"
 
-        # 5. The CLI: an added address is honoured by the running sink; a removed one is sent.
+        # 5. Soft bounces (4.2.2 mailbox full) count; the second within the window suppresses.
+        filling = send(full)
+        soft = (FIXTURES / "dsn" / "rfc3464_soft_422.eml").read_bytes()
+        soft = soft.replace(b"full@example.net", full.encode())
+        soft = soft.replace(b"b0a7c0de1234", filling["command_id"].encode())
+        to_bounce_mailbox(soft.replace(b"<dsn.2@", f"<dsn.a.{unique}@".encode()))
+        assert wait_for(lambda: full in cli(config, "list", "--all"), WAIT_S)
+        assert full not in listed()  # one soft bounce: counted, not suppressed
+        assert outcome(send(full)) == "SENT"
+        to_bounce_mailbox(soft.replace(b"<dsn.2@", f"<dsn.b.{unique}@".encode()))
+        assert wait_for(lambda: f"{full}  SOFT_BOUNCES" in listed(), WAIT_S)
+        assert outcome(send(full)) == "SUPPRESSED"
+
+        # 6. The CLI: an added address is honoured by the running sink; a removed one is sent.
         assert "suppressed" in cli(config, "add", manual.upper(), "--note", "asked by phone")
         assert wait_for(lambda: f"{manual}  MANUAL" in listed(), WAIT_S)
         assert outcome(send(manual)) == "SUPPRESSED"
@@ -161,6 +174,8 @@ def test_bounce_complaint_unsubscribe_and_cli_suppress_until_removed(
         assert wait_for(lambda: delivered(resent), WAIT_S)
         pipeline.check_alive()
 
-    # Nothing suppressed reached the SMTP server: only the three SENT commands did.
-    assert sorted(m.rcpt_tos for m in ours()) == [(hard,), (hard,), (kim,)]
+    # Nothing suppressed reached the SMTP server: only the SENT commands did.
+    assert sorted(m.rcpt_tos for m in ours()) == sorted(
+        [(hard,), (hard,), (kim,), (full,), (full,)]
+    )
     events.close()
