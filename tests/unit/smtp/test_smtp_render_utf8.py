@@ -66,3 +66,17 @@ def test_relay_without_smtputf8_is_a_failed_5_6_7() -> None:
     (outcome,) = classify_error(["用户@例子.广告"], exc)
     assert (outcome.status, outcome.enhanced_status) == (DeliveryStatus.FAILED, "5.6.7")
     assert "SMTPUTF8" in (outcome.diagnostic or "")
+
+
+def test_long_utf8_headers_fold_within_the_line_limit_and_read_back() -> None:
+    subject, name = "回复" * 150, "李雷" * 30
+    cmd = command("用户@例子.广告", subject=subject)
+    cmd["to"][0]["name"] = name
+    out = render(cmd)
+    head = out.data.partition(b"\r\n\r\n")[0]
+    # RFC 5322 2.1.1: 998 octets at most; a word too long to fold within 78 characters is sent
+    # as RFC 2047 encoded words, which RFC 6532 keeps valid.
+    assert max(len(line) for line in head.split(b"\r\n")) <= 998
+    msg = message_from_string(out.data.decode("utf-8"), policy=policy.default)
+    assert msg["Subject"] == subject
+    assert msg["To"].addresses[0].display_name == name
