@@ -19,7 +19,9 @@ Lifecycle (one asyncio task; the transactions of step 2c run in a worker thread 
       it back when its outcome is committed -- DeliveryEvents (one per recipient), the new
       state, retry or DLQ records. Each round is one Kafka transaction holding the outcomes that
       came in since the last round and the intents of the commands taking the freed slots;
-      a RenderError is a FAILED outcome with its reason, and nothing is sent;
+      a RenderError is a FAILED outcome with its reason, and nothing is sent; a recipient on
+      the suppression list (``kafka.topics.suppressions``, followed while running by
+      :class:`~connectors.smtp.suppression.SuppressionTable`) is not sent to: SUPPRESSED;
    d. the last round also commits the consumer offsets of the batch (KIP-447 style, fenced by
       the consumer group generation).
 
@@ -82,7 +84,7 @@ from connectors.smtp.identity import message_id_for
 from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.ratelimit import SendRateLimiter
 from connectors.smtp.recorder import DeliveryRecorder, Work, all_recipients, now_utc, to_ms
-from connectors.smtp.render import BlobFetcher, normalize_address, render
+from connectors.smtp.render import BlobFetcher, ascii_domain_of, normalize_address, render
 from connectors.smtp.retry import DueGate, RetryInfo, expired
 from connectors.smtp.state import (
     check_copartitioned,
@@ -90,6 +92,7 @@ from connectors.smtp.state import (
     partition_counts,
     read_state,
 )
+from connectors.smtp.suppression import SuppressionTable, screen
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
@@ -137,6 +140,11 @@ class SmtpSink:
         self.commands_serde = AvroSerde.for_schema("ReplyCommand", config.kafka)
         self.delivery_serde = AvroSerde.for_schema("DeliveryEvent", config.kafka)
         self.pool = SmtpConnectionPool(settings)
+        self.suppressions = (
+            SuppressionTable(config.kafka, config.kafka.topics.suppressions)
+            if settings.suppression.enabled
+            else None
+        )
         self.limiter = SendRateLimiter(settings.rate, settings.domain_rates)
         self.gate = DueGate()
         self.metrics = metrics or SinkMetrics()
@@ -190,6 +198,8 @@ class SmtpSink:
         # first delivery event (connectors.core.schemaregistry). Retry topics carry the
         # commands' original bytes: nothing of ours to register there.
         self.delivery_serde.prepare(self.topics.delivery)
+        if self.suppressions is not None:
+            self.suppressions.start()  # read to its end: a restart honours every entry
         producer = Producer(
             producer_config(
                 self.kafka,
@@ -266,6 +276,8 @@ class SmtpSink:
 
     async def close(self) -> None:
         await self.pool.close()
+        if self.suppressions is not None:
+            self.suppressions.close()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
@@ -582,11 +594,14 @@ class SmtpSink:
             ]
             return False
         try:
-            sender = normalize_address(str(item.command["from"]["address"]), "from.address")
+            sender = normalize_address(
+                str(item.command["from"]["address"]), "from.address", utf8=True
+            )
+            domain = ascii_domain_of(sender, "from.address")  # A-labels, as render() uses
         except RenderError as exc:
             self._render_failed(item, exc)
             return False
-        item.message_id = message_id_for(item.command_id, sender.rpartition("@")[2])
+        item.message_id = message_id_for(item.command_id, domain)
         return True
 
     def _render_failed(self, item: Work, exc: RenderError) -> None:
@@ -610,16 +625,21 @@ class SmtpSink:
                 verp_domain=self.settings.verp_domain,
                 return_path=self.settings.from_address,
                 recipients=item.recipients,
+                unsubscribe=self.settings.suppression.list_unsubscribe,
             )
         except RenderError as exc:
             self._render_failed(item, exc)
+            return
+        # Suppressed recipients are not sent to: their outcome is SUPPRESSED, the others go on.
+        rendered, item.outcomes = screen(rendered, self.suppressions)
+        if not rendered.recipients:
             return
         if len(rendered.data) > self.settings.max_message_bytes:
             reason = (
                 f"message of {len(rendered.data)} bytes exceeds "
                 f"smtp.max_message_bytes={self.settings.max_message_bytes}"
             )
-            item.outcomes = [
+            item.outcomes += [
                 RecipientOutcome(r, DeliveryStatus.FAILED, diagnostic=reason)
                 for r in rendered.recipients
             ]
@@ -630,19 +650,19 @@ class SmtpSink:
                 f"smtp.max_rate_wait={self.settings.max_rate_wait:g}s of the batch's start "
                 f"(smtp.rate / smtp.domain_rates)"
             )
-            item.outcomes = [
+            item.outcomes += [
                 RecipientOutcome(r, DeliveryStatus.DEFERRED, diagnostic=reason)
                 for r in rendered.recipients
             ]
             return
         try:
             report = await self.pool.send(rendered)
-            item.outcomes = classify_report(rendered.recipients, report)
+            item.outcomes += classify_report(rendered.recipients, report)
             self.sent_total += 1
         except SmtpTransportError as exc:
             if isinstance(exc, SmtpAuthError | SmtpTlsError):
                 log.error("relay refused us (check smtp settings): %s", exc)
-            item.outcomes = classify_error(rendered.recipients, exc)
+            item.outcomes += classify_error(rendered.recipients, exc)
         log.debug(
             "sent command_id=%s attempt=%d outcomes=%s",
             item.command_id,
