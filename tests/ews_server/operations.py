@@ -183,6 +183,10 @@ def item_element(mailbox: Mailbox, item: Item, properties: set[str]) -> ET.Eleme
         child(elem, t("DateTimeReceived"), ews_datetime(item.received))
     if "item:Size" in properties:
         child(elem, t("Size"), str(item.size))
+    if "item:Categories" in properties and item.categories:
+        categories = child(elem, t("Categories"))
+        for category in item.categories:
+            child(categories, t("String"), category)
     if "item:InReplyTo" in properties and header.get("In-Reply-To"):
         child(elem, t("InReplyTo"), header["In-Reply-To"].strip())
     if "item:DateTimeSent" in properties and item.sent is not None:

@@ -147,6 +147,8 @@ def test_cursor_round_trips_through_the_offset_json() -> None:
         "subscription_id": "sub-1",
         "watermark": "2026-11-29T16:00:00+00:00",
         "recent": {"a": 1, "b": 2},
+        "items": {},
+        "complete": True,
     }
 
 
