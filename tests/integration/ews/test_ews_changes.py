@@ -10,6 +10,7 @@ Watched here: ``inbox`` and ``junkemail``; ``drafts`` and ``deleteditems`` are n
 from __future__ import annotations
 
 import collections
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +19,10 @@ import pytest
 
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
 from connectors.core.serde import AvroSerde
-from connectors.ews.source import EwsSource
+from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import USER, read_topic, source_config
-from tests.integration.ews.test_ews_source import imap_key, mime
+from tests.integration.ews.test_ews_source import ENV, REPO, imap_key, mime, source_command
 
 WAIT_S = 60.0
 WATCHED = ["inbox", "junkemail"]
@@ -177,3 +178,44 @@ def test_changes_whose_events_were_lost_are_reconciled_after_the_source_comes_ba
     assert published(second) == 4
     assert ews.operations().count("Subscribe") == 2 * len(WATCHED)
     assert "SyncFolderItems" not in ews.operations()
+
+
+def test_a_crash_while_publishing_changes_then_restart_publishes_each_change_once(
+    ews: EwsTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    """Every mail is marked read while the source streams (batches of 2), and the process dies
+    inside the transaction of the second batch of updates (``in_transaction:9``: 1 = the
+    subscription, 2-7 = the 12 mails, 8 = the first updates): the ModifiedEvents its stream had
+    consumed are gone with it (streaming cannot replay). The restart reconnects to the same
+    subscription and reconciles ChangeKeys against the committed cursor: each mail ends ADDED
+    then UPDATED exactly once, read_committed."""
+    raws = [mime(n) for n in range(12)]
+    items = [ews.deliver(USER, raw) for raw in raws]
+    run = source_command(kafka, ews, tmp_path, batch_size=2)
+    first = subprocess.Popen(
+        run, env={**ENV, CRASH_ENV: "in_transaction:9"}, cwd=REPO, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
+        assert len(read_topic(kafka, kafka.topics.events)) == 12
+        for item in items:
+            ews.update_item(USER, item.item_id, is_read=True)
+        assert first.wait(timeout=WAIT_S) == CRASH_EXIT_CODE
+    finally:
+        first.kill()
+        first.wait(timeout=WAIT_S)
+    committed = len(read_topic(kafka, kafka.topics.events, settled=False))
+    assert 12 < committed < 24  # some updates committed, the rest lost with the process
+
+    second = subprocess.Popen(run, env=ENV, cwd=REPO, stderr=subprocess.DEVNULL)
+    try:
+        assert ews.wait_until(lambda: len(read_topic(kafka, kafka.topics.events)) >= 24, WAIT_S)
+        assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
+    finally:
+        second.terminate()
+        second.wait(timeout=WAIT_S)
+    events = {key: summary(records) for key, records in history(kafka).items()}
+    assert events == {
+        imap_key(raw): [("ADDED", "inbox", []), ("UPDATED", "inbox", ["\\Seen"])] for raw in raws
+    }
+    assert ews.operations().count("Subscribe") == 1  # the same subscription, reconciled
