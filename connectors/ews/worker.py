@@ -16,8 +16,13 @@ Lifecycle (one thread per (account, folder); the exchangelib Account never leave
                           cursor remembers; after every (re)connect and every new subscription,
                           because events consumed by a broken stream or a crashed process are
                           gone from the subscription (exchangelib #1153)
+      -> (reconcile)      FindItem of the whole folder (ItemId, ChangeKey) against the cursor's
+                          items: UPDATED for changed ChangeKeys, the tombstone check for items
+                          gone, arrivals for items never seen (changes whose events were lost)
       -> STREAMING        GetStreamingEvents until ConnectionStatus=Closed, then again on the
-                          same subscription id (no catch-up needed: nothing was lost)
+                          same subscription id (no catch-up needed: nothing was lost); each
+                          notification's item changes (new, modified, moved, copied, deleted)
+                          are one transaction (``_apply``)
       SubscriptionGone -> SUBSCRIBING -> CATCHING_UP, at once (no backoff)
 
 Every batch (one notification, or up to ``batch_size`` catch-up items) is one Kafka transaction:
@@ -452,7 +457,16 @@ class EwsFolderWorker:
         tombstones: list[SourceRecord] = []
         decided: set[str] = set()
         for digest, (tracked, target) in departed.items():
-            if tracked is None or not tracked.published or tracked.key in decided:
+            if tracked is None:
+                # Forgotten for room, or published before the cursor kept items: no key, and
+                # never a wrong tombstone (connectors/ews/README.md, "Limits").
+                log.info(
+                    "ews %s/%s: an item the cursor does not know left the folder: no tombstone",
+                    self.account.name,
+                    self.folder,
+                )
+                continue
+            if not tracked.published or tracked.key in decided:
                 continue
             if target is not None:
                 continue  # moved to another watched folder: its worker publishes UPDATED
@@ -515,6 +529,13 @@ class EwsFolderWorker:
             # cursor back after that.
             self._discard_writer()
             raise
+        if self.cursor is not None and self.cursor.complete and not cursor.complete:
+            log.warning(
+                "ews %s/%s: the cursor remembers the newest items only from now on (more than "
+                "it keeps); deleting older mail publishes no tombstone (connectors/ews/README.md)",
+                self.account.name,
+                self.folder,
+            )
         self.cursor = cursor
 
     def _discard_writer(self) -> None:
