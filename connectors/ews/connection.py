@@ -11,7 +11,7 @@ Requests this module makes (exchangelib 5.6, Exchange2016 dialect)::
     Subscribe <m:StreamingSubscriptionRequest>                               subscribe()
     GetStreamingEvents <m:ConnectionTimeout>N</m:ConnectionTimeout>          stream()
     GetItem item:MimeContent item:DateTimeReceived message:IsRead           fetch()
-            item:Categories
+            item:Categories, extended property 0x1090 (PidTagFlagStatus)
     FindItem item:DateTimeReceived >= since, ascending, one page             find_since()
     FindItem IdOnly + DateTimeReceived, the whole folder, by pages           list_folder()
     FindItem over every watched folder: InternetMessageId = <id>             holders()
@@ -63,7 +63,9 @@ from exchangelib import (
     Q,
 )
 from exchangelib import errors as ews_errors
+from exchangelib.extended_properties import ExtendedProperty
 from exchangelib.folders import BaseFolder
+from exchangelib.items import Message
 from exchangelib.protocol import BaseProtocol
 from exchangelib.services import GetStreamingEvents
 
@@ -99,7 +101,20 @@ _ARRIVALS = ("NewMailEvent", "CreatedEvent")
 INTERRUPT_WAIT_S = 2.0
 #: GetItem properties: the MIME for the shared parser, the receive time for the watermark, and the
 #: read state (published as the \\Seen flag, like the IMAP source does).
-_FETCH_FIELDS = ["mime_content", "datetime_received", "is_read", "categories"]
+_FETCH_FIELDS = ["mime_content", "datetime_received", "is_read", "categories", "flag_status"]
+
+
+class FlagStatus(ExtendedProperty):  # type: ignore[misc]  # exchangelib is untyped
+    """``PidTagFlagStatus`` (0x1090), Outlook's follow-up flag: 2 flagged, 1 complete.
+    exchangelib 5.6 has no field for it (``Flag`` is Exchange 2013+ and not in its models)."""
+
+    property_tag = 0x1090
+    property_type = "Integer"
+
+
+FLAGGED = 2
+if "flag_status" not in {f.name for f in Message.FIELDS}:  # a re-import must not register twice
+    Message.register("flag_status", FlagStatus)
 
 #: The Account attribute of each distinguished folder name we accept in the config.
 _FOLDER_ATTRIBUTES = {
@@ -156,6 +171,7 @@ class FetchedItem:
     received: dt.datetime
     is_read: bool = False
     categories: tuple[str, ...] = ()
+    flagged: bool = False
 
 
 class ChangeKind(enum.Enum):
@@ -377,6 +393,7 @@ class EwsConnection:
                         received=_to_utc(answer.datetime_received),
                         is_read=bool(getattr(answer, "is_read", False)),
                         categories=tuple(getattr(answer, "categories", None) or ()),
+                        flagged=getattr(answer, "flag_status", None) == FLAGGED,
                     )
                 )
         return fetched

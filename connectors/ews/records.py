@@ -49,9 +49,11 @@ class BuiltItem:
 
 
 def flags_of(item: FetchedItem) -> list[str]:
-    """The event's ``flags``: ``\\Seen`` for a read item (as the IMAP source says it), then the
-    item's categories, as they are named in Exchange (Outlook's coloured categories)."""
-    return (["\\Seen"] if item.is_read else []) + list(item.categories)
+    """The event's ``flags`` as the IMAP source says them: ``\\Seen`` for a read item,
+    ``\\Flagged`` for a follow-up flag (what Exchange's own IMAP server shows), then the item's
+    categories, as they are named in Exchange (Outlook's coloured categories)."""
+    system = [f for f, on in (("\\Seen", item.is_read), ("\\Flagged", item.flagged)) if on]
+    return system + list(item.categories)
 
 
 class EwsRecordBuilder:

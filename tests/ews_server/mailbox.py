@@ -66,6 +66,8 @@ class Item:
     sent: datetime | None
     is_read: bool = False
     categories: list[str] = field(default_factory=list)
+    #: PidTagFlagStatus (0x1090): 0 none, 1 complete, 2 flagged (Outlook's follow-up flag).
+    flag_status: int = 0
 
     @property
     def size(self) -> int:
@@ -248,6 +250,7 @@ class ExchangeStore:
         *,
         is_read: bool | None = None,
         categories: list[str] | None = None,
+        flag_status: int | None = None,
         notify: bool = True,
     ) -> Item:
         """``UpdateItem``: a new ChangeKey; ``ModifiedEvent`` for the item (and for its folder when
@@ -260,6 +263,8 @@ class ExchangeStore:
                 item.is_read = is_read
             if categories is not None:
                 item.categories = list(categories)
+            if flag_status is not None:
+                item.flag_status = flag_status
             item.change_key = self._change_key()
             folder = mailbox.folders[item.folder_id]
             if notify:
@@ -318,6 +323,7 @@ class ExchangeStore:
                 sent=original.sent,
                 is_read=original.is_read,
                 categories=list(original.categories),
+                flag_status=original.flag_status,
             )
             mailbox.items[copy.item_id] = copy
             if notify:

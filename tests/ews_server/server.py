@@ -203,11 +203,18 @@ class EwsTestServer:
         *,
         is_read: bool | None = None,
         categories: list[str] | None = None,
+        flag_status: int | None = None,
         notify: bool = True,
     ) -> Item:
-        """A client marks the item read/unread or sets its categories (``UpdateItem``)."""
+        """A client marks the item read/unread, sets its categories or its follow-up flag
+        (``flag_status``: PidTagFlagStatus, 2 flagged, 1 complete, 0 none) (``UpdateItem``)."""
         return self.store.update_item(
-            address, item_id, is_read=is_read, categories=categories, notify=notify
+            address,
+            item_id,
+            is_read=is_read,
+            categories=categories,
+            flag_status=flag_status,
+            notify=notify,
         )
 
     def move_item(self, address: str, item_id: str, folder: str, *, notify: bool = True) -> Item:

@@ -64,7 +64,7 @@ def summary(records: list[dict[str, Any] | None]) -> list[tuple[str, str, list[s
     ]
 
 
-def test_read_state_and_categories_become_updated_events(
+def test_read_state_categories_and_follow_up_flag_become_updated_events(
     ews: EwsTestServer, source: EwsSource, kafka: KafkaSettings
 ) -> None:
     item = ews.deliver(USER, mime(1))
@@ -73,6 +73,8 @@ def test_read_state_and_categories_become_updated_events(
     assert ews.wait_until(lambda: published(source) == 2, WAIT_S)
     ews.update_item(USER, item.item_id, categories=["Red category", "Invoices"])
     assert ews.wait_until(lambda: published(source) == 3, WAIT_S)
+    ews.update_item(USER, item.item_id, flag_status=2)  # Outlook's follow-up flag
+    assert ews.wait_until(lambda: published(source) == 4, WAIT_S)
     source.stop()
 
     events = history(kafka)
@@ -82,10 +84,11 @@ def test_read_state_and_categories_become_updated_events(
         ("ADDED", "inbox", []),
         ("UPDATED", "inbox", ["\\Seen"]),
         ("UPDATED", "inbox", ["\\Seen", "Red category", "Invoices"]),
+        ("UPDATED", "inbox", ["\\Seen", "\\Flagged", "Red category", "Invoices"]),
     ]
     change_keys = [r["source"]["change_key"] for r in records if r is not None]
     assert change_keys[-1] == ews.store.mailbox(USER).items[item.item_id].change_key
-    assert len(set(change_keys)) == 3
+    assert len(set(change_keys)) == 4
     assert "SyncFolderItems" not in ews.operations()
 
 
