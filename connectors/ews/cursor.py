@@ -53,8 +53,8 @@ MAX_RECENT = 2_000
 #: Bytes of the ``items`` map (JSON) at most: with ``recent`` the record stays under Kafka's
 #: default 1 MB (~6,000 items with keys of ~40 characters). Beyond it the oldest are forgotten.
 MAX_ITEMS_BYTES = 500_000
-#: JSON bytes of one ``items`` entry besides its key.
-_ENTRY_OVERHEAD = 45
+#: Bytes of one ``items`` entry besides its key in the offsets record (compact JSON: 46).
+_ENTRY_OVERHEAD = 48
 
 
 def item_digest(item_id: str) -> str:
@@ -125,14 +125,14 @@ class EwsCursor:
                 change_digest(change_key), key, int(received.timestamp())
             )
         complete = self.complete
-        size = sum(len(t.key) + _ENTRY_OVERHEAD for t in items.values())
+        size = sum(len(t.key.encode()) + _ENTRY_OVERHEAD for t in items.values())
         if size > MAX_ITEMS_BYTES:
             complete = False
             for digest, entry in sorted(items.items(), key=lambda e: e[1].received):
                 if size <= MAX_ITEMS_BYTES:
                     break
                 del items[digest]
-                size -= len(entry.key) + _ENTRY_OVERHEAD
+                size -= len(entry.key.encode()) + _ENTRY_OVERHEAD
         return EwsCursor(self.subscription_id, self.watermark, self.recent, items, complete)
 
     def advanced(self, items: Iterable[tuple[str, dt.datetime]], margin: dt.timedelta) -> EwsCursor:

@@ -461,7 +461,8 @@ class EwsFolderWorker:
                 # Forgotten for room, or published before the cursor kept items: no key, and
                 # never a wrong tombstone (connectors/ews/README.md, "Limits").
                 log.info(
-                    "ews %s/%s: an item the cursor does not know left the folder: no tombstone",
+                    "ews %s/%s: an item the cursor does not know (handled already, or "
+                    "forgotten for room) left the folder: no tombstone",
                     self.account.name,
                     self.folder,
                 )

@@ -125,16 +125,34 @@ def test_moves_copies_and_deletions_follow_the_every_watched_folder_rule(
     draft = ews.deliver(USER, mime(4), folder="drafts")
     ews.copy_item(USER, draft.item_id, "inbox")
     assert ews.wait_until(lambda: published(source) == 9, WAIT_S)
+    # A mail without a Message-ID (a fingerprint key) is found in the other folder by its
+    # receive time and its content: the same rule.
+    bare = ews.deliver(USER, mime(5, message_id=False))
+    assert ews.wait_until(lambda: published(source) == 10, WAIT_S)
+    bare_copy = ews.copy_item(USER, bare.item_id, "junkemail")
+    assert ews.wait_until(lambda: published(source) == 11, WAIT_S)
+    bare_id = bare.item_id
+    ews.delete_item(USER, bare_id)
+    assert ews.wait_until(
+        lambda: inbox.cursor is not None and inbox.cursor.tracked(bare_id) is None, WAIT_S
+    )
+    ews.delete_item(USER, bare_copy.item_id)
+    assert ews.wait_until(lambda: published(source) == 12, WAIT_S)
     source.stop()
 
     events = {key: summary(records) for key, records in history(kafka).items()}
     assert events == {
+        imap_key(mime(5, message_id=False)): [
+            ("ADDED", "inbox", []),
+            ("UPDATED", "junkemail", []),
+            None,
+        ],
         imap_key(mime(1)): [("ADDED", "inbox", []), ("UPDATED", "junkemail", []), None],
         imap_key(mime(2)): [("ADDED", "inbox", []), None],
         imap_key(mime(3)): [("ADDED", "inbox", []), ("UPDATED", "junkemail", []), None],
         imap_key(mime(4)): [("ADDED", "inbox", [])],
     }
-    assert sum(w.tombstones_published for w in source.workers) == 3
+    assert sum(w.tombstones_published for w in source.workers) == 4
     assert "SyncFolderItems" not in ews.operations()
 
 
