@@ -386,9 +386,7 @@ class EwsFolderWorker:
                     received = ref.received or dt.datetime.fromtimestamp(tracked.received, dt.UTC)
                     unpublished.append((ref.item_id, ref.change_key, "", received))
         gone = [(d, None) for d in self.cursor.items if d not in present]
-        if unpublished:
-            self.cursor = self.cursor.tracking(unpublished)  # committed with what follows
-        published = self._publish(conn, wanted, gone)
+        published = self._publish(conn, wanted, gone, unpublished)
         if wanted or gone:
             log.info(
                 "ews %s/%s: reconciled: %d items published again or new, %d gone",
@@ -404,11 +402,13 @@ class EwsFolderWorker:
         conn: EwsConnection,
         refs: Sequence[tuple[ItemRef, str]],
         gone: Sequence[tuple[str, str | None]] = (),
+        unpublished: Sequence[tuple[str, str, str, dt.datetime]] = (),
     ) -> int:
         """GetItem in batches; each batch's records and the advanced cursor in one transaction.
         ``refs`` carry their change (ADDED / UPDATED); ``gone`` are item digests that left the
         folder, with the watched folder they went to (None: deleted or out of every watched
-        folder); their tombstones go with the last batch."""
+        folder); their tombstones go with the last batch, and so do the new ChangeKeys of
+        ``unpublished`` items (seen, never published: nothing to publish for them)."""
         count = 0
         size = self.settings.batch_size
         chunks = [refs[start : start + size] for start in range(0, len(refs), size)] or [[]]
@@ -418,7 +418,7 @@ class EwsFolderWorker:
                 [f for f in conn.fetch([ref for ref, _ in chunk]) if f is not None] if chunk else []
             )
             last = number == len(chunks)
-            if not fetched and not (last and gone):
+            if not fetched and not (last and (gone or unpublished)):
                 continue
             assert self.cursor is not None
             with self.builder.staged_blobs() as blobs:
@@ -433,6 +433,8 @@ class EwsFolderWorker:
                     for f, b in zip(fetched, built, strict=True)
                 )
                 tombstones: list[SourceRecord] = []
+                if last and unpublished:
+                    progress = progress.tracking(unpublished)
                 if last and gone:
                     progress, tombstones = self._departures(conn, progress, gone)
                 if blobs is not None:
