@@ -143,3 +143,22 @@ def test_vanished_lines_parse_and_junk_is_refused() -> None:
 def test_an_unsettled_check_merged_with_a_later_one_waits_for_the_later_ticket() -> None:
     merged = ExpungeCheck(10, 3, found_gone=True).merged(ExpungeCheck(12, 7, found_gone=False))
     assert merged == ExpungeCheck(12, 7, found_gone=True)
+
+
+def test_without_qresync_too_a_failed_tombstone_commit_is_decided_again() -> None:
+    """The listing path had the same loss: the index forgot the key before the commit, so the
+    retry's listing found nothing gone (until a restart rebuilt the index)."""
+    server, index = filled(4), AccountIndex("a")
+    stop = CountingStop()
+    first, writer, _ = make_worker(server, stop=stop)
+    first.index = index
+    first.run()
+    del server.folders["INBOX"][3]
+    again = RecordingWriter()
+    again.fail_next = TransactionAborted("broker said abort")
+    second, _, _ = make_worker(
+        server, stored=Cursor.from_json(dict(writer.last_offset)), writer=again
+    )
+    second.index = index
+    second.run()
+    assert [r.value for r in again.records] == [None]
