@@ -4,7 +4,7 @@ Stored in the offsets topic under the source partition ``{"source":"imap","accou
 and written in the same Kafka transaction as the events it covers. Wire sample (the value)::
 
     {"epoch":2,"fresh":[[43,19]],"highestmodseq":17,"last_uid":42,"pending":null,
-     "floor_uid":0,"rescan_until":0,"uidvalidity":1700000000}
+     "floor_uid":0,"rescan_until":0,"uidvalidity":1700000000,"vanished_modseq":15}
 
 Meaning (the invariant every write keeps):
 
