@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from connectors.core.faults import EXIT_CODE
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.qresync import QresyncRequest
@@ -19,8 +20,17 @@ from tests.integration.imap.imap_harness import ImapHarness, running, wait_for
 QUIET = {"catchup_poll_seconds": 600, "uidvalidity_check_seconds": 600}
 
 
+@pytest.fixture
+def imap(imap: ImapHarness) -> ImapHarness:
+    """The harness under an account name of this test's own: tests running at the same time
+    under one name share transactional ids and fence each other (imap_harness.py)."""
+    imap.account_name = f"qr-{imap.unique}"
+    return imap
+
+
 def _checks(source: Any, method: str, folder: str = "INBOX") -> float:
-    labels = {"source": "imap", "account": "acct", "folder": folder, "method": method}
+    account = source.workers[0].account.name
+    labels = {"source": "imap", "account": account, "folder": folder, "method": method}
     return source.metrics.registry.get_sample_value("mailtap_expunge_checks_total", labels) or 0
 
 
@@ -71,7 +81,7 @@ def test_a_restart_learns_expunges_moves_and_flags_of_the_outage_with_or_without
         assert (qresync, listing) == (0, 1)
     # The same events either way: 6 ADDED, the move and the flag as UPDATED, 2 tombstones.
     events = Counter((r.key, r.value["change"] if r.value else None) for r in imap.events())
-    keys = [f"acct/mid:{m}" for m in ids]
+    keys = [f"{imap.account_name}/mid:{m}" for m in ids]
     assert events == Counter(
         [(k, "ADDED") for k in keys]
         + [(keys[0], "UPDATED"), (keys[1], None), (keys[2], None), (keys[4], "UPDATED")]
@@ -136,3 +146,41 @@ def test_a_qresync_parameter_the_server_refuses_falls_back_to_a_plain_select(
         assert conn.uids_from(1) == [1, 2]  # the folder is selected and usable
     finally:
         conn.logout()
+
+
+def test_a_kill_before_the_tombstone_commits_leaves_the_watermark_behind_it(
+    imap: ImapHarness,
+) -> None:
+    """The expunge watermark is not the flag watermark, and it moves in the tombstone's own
+    transaction: a source killed with that transaction open, after it committed the flag
+    change made later than the expunge, restarts from the old watermark and QRESYNC names
+    the mail again."""
+    ids = imap.append_numbered(4)
+    with running(imap, **QUIET):
+        wait_for(lambda: (imap.cursor() or {}).get("vanished_modseq", 0) > 0, "a watermark")
+    before = imap.cursor()
+    assert before is not None
+    client = imap.client()
+    client.delete_messages([2])
+    client.expunge()
+    client.add_flags([4], [b"\\Flagged"])  # after the expunge: a higher MODSEQ
+    client.logout()
+    # The restart's transactions: the UPDATED event, the end of the change sync, then the
+    # tombstone, killed after it is produced and before it commits.
+    config = imap.write_config(**QUIET)
+    crashed = imap.spawn(
+        config, env={"MAILTAP_TEST_CRASH_AT": "in_transaction:3"}, log_name="crash"
+    )
+    assert crashed.wait(180) == EXIT_CODE, imap.log("crash")
+    crashed_at = imap.cursor()
+    assert crashed_at is not None and crashed_at["highestmodseq"] > before["vanished_modseq"]
+    assert crashed_at["vanished_modseq"] == before["vanished_modseq"]
+    assert not any(r.value is None for r in imap.events())
+    with running(imap, **QUIET) as source:
+        wait_for(lambda: any(r.value is None for r in imap.events()), "the tombstone")
+        assert _checks(source, "qresync") == 1 and _checks(source, "listing") == 0
+    tombstones = [r.key for r in imap.events() if r.value is None]
+    assert tombstones == [f"{imap.account_name}/mid:{ids[1]}"]
+    assert [r.value["change"] for r in imap.events() if r.value].count("UPDATED") == 1
+    after = imap.cursor()
+    assert after is not None and after["vanished_modseq"] > before["vanished_modseq"]
