@@ -351,6 +351,8 @@ class MailboxWorker:
         if decision.rescan:
             self.metrics.uidvalidity_changes.labels(*self._labels).inc()
             self.index.forget_folder(self.folder)
+            # An expunge check of the old epoch speaks of MODSEQs the new one does not share.
+            self._unsettled_check = None
             log.warning(
                 "imap %s/%s: UIDVALIDITY changed %s -> %s: new epoch %d, full rescan",
                 self.account.name,
