@@ -73,6 +73,13 @@ class SourceMetrics:
         self.transaction_aborts = Counter(
             f"{prefix}_transaction_aborts", "Aborted Kafka transactions", labels, registry=r
         )
+        self.expunge_checks = Counter(
+            f"{prefix}_expunge_checks",
+            "Looks for mails that left a folder, by method: listing (every UID) or qresync "
+            "(IMAP VANISHED since the cursor, no listing)",
+            (*labels, "method"),
+            registry=r,
+        )
         self.last_sync = Gauge(
             f"{prefix}_last_successful_sync_timestamp_seconds",
             "Unix time of the last successful sync",

@@ -201,6 +201,12 @@ class ImapSourceSettings(_Strict):
         default=300.0, gt=0, description="full re-sync (incl. expunges) at least this often"
     )
     poll_interval_seconds: float = Field(default=30.0, gt=0, description="mode: poll")
+    #: RFC 7162 QRESYNC: a reconnect asks SELECT what vanished since the cursor instead of
+    #: listing every UID of the folder. ``off`` always lists (servers whose QRESYNC is broken).
+    qresync: Literal["auto", "off"] = Field(
+        default="auto",
+        description="auto: use QRESYNC on reconnect where the server offers it; off: list the folder",
+    )
     backoff_initial_seconds: float = Field(
         default=1.0, gt=0, description="first reconnect delay (exponential, full jitter)"
     )

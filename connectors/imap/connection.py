@@ -49,6 +49,7 @@ from connectors.imap.errors import (
     ImapProtocolError,
 )
 from connectors.imap.fetchparse import FetchResponse, parse_fetch
+from connectors.imap.qresync import QresyncRequest, parse_vanished
 from connectors.imap.uidset import UidSet, parse_esearch
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,9 @@ class FolderStatus:
     uidnext: int
     highestmodseq: int | None
     exists: int
+    #: What vanished since the MODSEQ a QRESYNC SELECT asked about; None when the SELECT was
+    #: not a QRESYNC one or the server did not answer it as one (another UIDVALIDITY, NOMODSEQ).
+    vanished: UidSet | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ class ImapConnection:
         self._client: IMAPClient | None = None
         self._capabilities: frozenset[bytes] = frozenset()
         self.condstore = False
+        self.qresync = False
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -270,14 +275,20 @@ class ImapConnection:
                 raise AuthenticationError(f"login as {a.username} refused: {exc}") from exc
             self._capabilities = frozenset(self.client.capabilities())
 
-    def enable_condstore(self) -> bool:
-        """ENABLE CONDSTORE when offered (RFC 7162). Returns whether MODSEQs are available.
+    def enable_condstore(self, qresync: bool = False) -> bool:
+        """ENABLE CONDSTORE when offered (RFC 7162), or QRESYNC (which implies it) when
+        ``qresync`` and offered. Returns whether MODSEQs are available.
 
-        QRESYNC is deliberately not enabled: it turns EXPUNGE into VANISHED responses, which
-        imapclient 4.1 does not parse; expunges are found by UID SEARCH instead (source.py).
+        With QRESYNC on, the server reports expunges as ``* VANISHED uid-set`` instead of
+        ``* n EXPUNGE`` (section 3.2.10); :meth:`_classify` reads both.
         """
-        self.condstore = False
-        if b"CONDSTORE" in self._capabilities:
+        self.condstore = self.qresync = False
+        if qresync and b"QRESYNC" in self._capabilities:
+            with _wire("enable"):
+                enabled = self.client.enable("QRESYNC")
+            # ENABLE answers with what it enabled (RFC 5161); a refusal leaves CONDSTORE.
+            self.condstore = self.qresync = b"QRESYNC" in [e.upper() for e in enabled]
+        if not self.condstore and b"CONDSTORE" in self._capabilities:
             with _wire("enable"):
                 self.client.enable("CONDSTORE")
             self.condstore = True
@@ -305,23 +316,81 @@ class ImapConnection:
 
     # --- folder ------------------------------------------------------------------------------
 
-    def select(self, folder: str, readonly: bool = False) -> FolderStatus:
+    def select(
+        self, folder: str, readonly: bool = False, qresync: QresyncRequest | None = None
+    ) -> FolderStatus:
         """SELECT (or EXAMINE) ``folder``; :class:`FolderMissing` when the server has no such
-        folder (deleted, renamed, or never created), as LIST says, not the NO's wording."""
+        folder (deleted, renamed, or never created), as LIST says, not the NO's wording.
+
+        With ``qresync`` (and QRESYNC enabled) the SELECT carries the QRESYNC parameter and
+        the status says what vanished since ``qresync.modseq`` (:mod:`qresync`)."""
+        use_qresync = qresync is not None and self.qresync
+        info: dict[bytes, Any] | None = None
+        if use_qresync:
+            assert qresync is not None
+            try:
+                with _wire(f"select {folder} (qresync)"):
+                    info = self._select_qresync(folder, readonly, qresync)
+            except ImapProtocolError as exc:
+                # A refused parameter must not refuse the folder: a plain SELECT decides that,
+                # and the check lists the folder as without QRESYNC.
+                log.warning("imap %s: %s; selecting without QRESYNC", self.account.name, exc)
+                use_qresync = False
         try:
-            with _wire(f"select {folder}"):
-                info = self.client.select_folder(folder, readonly=readonly)
+            if info is None:
+                with _wire(f"select {folder}"):
+                    info = self.client.select_folder(folder, readonly=readonly)
         except ImapProtocolError as exc:
             if not self.folder_exists(folder):
                 raise FolderMissing(f"folder {folder} does not exist on the server") from exc
             raise
         hms = info.get(b"HIGHESTMODSEQ")
+        uidvalidity = int(info[b"UIDVALIDITY"])
+        vanished = None
+        # RFC 7162 3.2.5: another UIDVALIDITY makes the server ignore the parameter, and a
+        # NOMODSEQ folder has no history: neither answer says "nothing vanished".
+        if use_qresync and qresync is not None and qresync.uidvalidity == uidvalidity and hms:
+            try:
+                vanished = parse_vanished(info.get(b"VANISHED", []))
+            except ValueError as exc:
+                raise ImapProtocolError(f"select {folder}: {exc}") from exc
         return FolderStatus(
-            uidvalidity=int(info[b"UIDVALIDITY"]),
+            uidvalidity=uidvalidity,
             uidnext=int(info.get(b"UIDNEXT", 0)),
             highestmodseq=int(hms) if hms is not None and self.condstore else None,
             exists=int(info.get(b"EXISTS", 0)),
+            vanished=vanished,
         )
+
+    def _select_qresync(
+        self, folder: str, readonly: bool, qresync: QresyncRequest
+    ) -> dict[bytes, Any]:
+        """``SELECT folder (QRESYNC (...))``: imaplib's ``select()`` with the parameter added,
+        which neither imaplib nor imapclient 4.1 can send (both take a mailbox name only).
+
+        It goes through the same private imaplib calls as ``imaplib.IMAP4.select`` (Python
+        3.11-3.13) and imapclient's ``_process_select_response``; pyproject pins imapclient
+        ``>=4.1,<4.2``: recheck when moving the pin.
+        """
+        client = self.client
+        imap = client._imap
+        imap.untagged_responses = {}  # as select() does: the answer is read from them
+        imap.is_readonly = readonly
+        typ, data = imap._simple_command(
+            "EXAMINE" if readonly else "SELECT",
+            client._normalise_folder(folder),
+            qresync.parameter(),
+        )
+        if typ != "OK":
+            imap.state = "AUTH"
+            raise imap_exc.IMAPClientError(f"select failed: {_text(data[-1] or b'')}")
+        imap.state = "SELECTED"
+        info: dict[bytes, Any] = client._process_select_response(imap.untagged_responses)
+        # The FETCH and VANISHED lines must not stay behind: the next UID FETCH takes every
+        # filed FETCH line as part of its own answer (imaplib's _untagged_response).
+        for name in ("FETCH", "VANISHED"):
+            imap.untagged_responses.pop(name, None)
+        return info
 
     def status(self, folder: str) -> FolderStatus:
         """STATUS of a folder (also the selected one: Dovecot answers with current values)."""
@@ -535,8 +604,8 @@ class ImapConnection:
                 raise ConnectionLost(f"server said BYE: {response[1:]!r}")
             if kind == b"EXISTS":
                 new_mail = True
-            elif kind == b"EXPUNGE":
-                expunged = True
+            elif kind == b"EXPUNGE" or head == b"VANISHED":
+                expunged = True  # VANISHED: the expunge with QRESYNC enabled (RFC 7162 3.2.10)
             elif kind == b"FETCH":
                 flags_changed = True
             elif head == b"OK" and _uidvalidity_code(response):
@@ -544,7 +613,7 @@ class ImapConnection:
             elif kind == b"RECENT" or head == b"OK":
                 continue  # "* OK Still here" keep-alives and RECENT counters
             else:
-                other = True  # e.g. VANISHED: a full re-sync is the safe answer
+                other = True  # anything unknown: a full re-sync is the safe answer
         return IdleOutcome(new_mail, expunged, flags_changed, other)
 
     def noop(self) -> IdleOutcome:

@@ -4,7 +4,7 @@ Stored in the offsets topic under the source partition ``{"source":"imap","accou
 and written in the same Kafka transaction as the events it covers. Wire sample (the value)::
 
     {"epoch":2,"fresh":[[43,19]],"highestmodseq":17,"last_uid":42,"pending":null,
-     "floor_uid":0,"rescan_until":0,"uidvalidity":1700000000}
+     "floor_uid":0,"rescan_until":0,"uidvalidity":1700000000,"vanished_modseq":15}
 
 Meaning (the invariant every write keeps):
 
@@ -14,6 +14,10 @@ Meaning (the invariant every write keeps):
   while the sync ran); the next CHANGEDSINCE pass skips them unless their MODSEQ moved again, so a
   restart never re-publishes an unchanged mail;
 - ``epoch`` counts UIDVALIDITY changes seen (a new epoch = a full rescan);
+- ``vanished_modseq``: every mail expunged from the folder at a MODSEQ up to it has its key
+  out of the folder in Kafka (a tombstone, or the event of the folder it went to) or was
+  decided not to need one; a reconnect asks QRESYNC only for what vanished after it
+  (qresync.py). 0: unknown, the next start lists the folder;
 - ``pending`` is an after-commit side effect not yet confirmed done: ``{"action": "seen" |
   "move:<folder>", "uids": [...]}`` (state MOVING); ``null`` once it is done (MOVED).
 """
@@ -71,6 +75,8 @@ class Cursor:
     #: each published change instead made the cursor grow with a mass flag change, past the
     #: broker's record size at ~60,000 mails.)
     changes_done: tuple[int, int] | None = None
+    #: Expunges up to this MODSEQ are handled and durable (see the module docstring); 0: unknown.
+    vanished_modseq: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -83,6 +89,7 @@ class Cursor:
             "rescan_until": self.rescan_until,
             "floor_uid": self.floor_uid,
             "changes_done": list(self.changes_done) if self.changes_done else None,
+            "vanished_modseq": self.vanished_modseq,
         }
 
     @classmethod
@@ -106,6 +113,7 @@ class Cursor:
             rescan_until=int(data.get("rescan_until") or 0),
             floor_uid=int(data.get("floor_uid") or 0),
             changes_done=_pair(data.get("changes_done")),
+            vanished_modseq=int(data.get("vanished_modseq") or 0),
         )
 
     def advanced(self, last_uid: int, fresh: tuple[tuple[int, int], ...] = ()) -> Cursor:

@@ -15,7 +15,8 @@ this thread)::
     sync()
       1. flag changes of published mails (CONDSTORE: UID SEARCH MODSEQ) -> UPDATED events
       2. new mails (UID SEARCH last_uid+1:*), in batches -> ADDED (RESCANNED after an epoch change)
-      3. expunges (on start, on catch-up polls, after an EXPUNGE) -> tombstones when gone everywhere
+      3. expunges (on start, on catch-up polls, after an EXPUNGE) -> tombstones when gone everywhere;
+         on a reconnect with QRESYNC (RFC 7162) the SELECT's VANISHED answer replaces the listing
       every batch = one Kafka transaction: its events + DLQ records + the new cursor.
 
 Crash points for tests (:mod:`connectors.core.faults`): besides the shared ``before_write`` and
@@ -55,8 +56,10 @@ from connectors.imap.cursor import (
 )
 from connectors.imap.errors import ConnectionLost, FolderMissing, ImapProtocolError
 from connectors.imap.index import AccountIndex
+from connectors.imap.qresync import ExpungeCheck, QresyncRequest, vanished_candidates
 from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, Placement, RecordBuilder
 from connectors.imap.state import StateMachine, WorkerState
+from connectors.imap.uidset import UidSet
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +191,11 @@ class MailboxWorker:
         self._settled = False
         #: The folder was found missing and said so; cleared once it exists again.
         self._missing_reported = False
+        #: What the session's QRESYNC SELECT said vanished (with the HIGHESTMODSEQ it spoke
+        #: at): the first sync's expunge check, instead of listing the folder.
+        self._vanished: tuple[UidSet, int] | None = None
+        #: The expunge checks not settled yet: ``vanished_modseq`` moves once they are.
+        self._unsettled_check: ExpungeCheck | None = None
         self._labels = (SOURCE_KIND, account.name, folder)
 
     # --- thread body ---------------------------------------------------------------------------
@@ -266,7 +274,7 @@ class MailboxWorker:
         self.metrics.connects.labels(*self._labels).inc()
         self.machine.to(S.AUTHENTICATING)
         conn.login()
-        conn.enable_condstore()
+        conn.enable_condstore(qresync=self.settings.qresync == "auto")
         self.machine.to(S.SELECTING)
         try:
             self._select(conn)
@@ -322,11 +330,12 @@ class MailboxWorker:
 
     def _select(self, conn: ImapConnection) -> None:
         readonly = self.account.after_commit == "none"
-        status = conn.select(self.folder, readonly=readonly)
         if self._reload_cursor or self.cursor is None:
             stored = self._read_offsets().get(self._partition_key)
             self.cursor = Cursor.from_json(dict(stored)) if stored else None
             self._reload_cursor = False
+        status = conn.select(self.folder, readonly=readonly, qresync=self._qresync_request())
+        self._vanished = None
         first_since = None
         if self.cursor is None and self.account.start_since is not None:
             found = conn.uids_since(self.account.start_since)
@@ -342,6 +351,8 @@ class MailboxWorker:
         if decision.rescan:
             self.metrics.uidvalidity_changes.labels(*self._labels).inc()
             self.index.forget_folder(self.folder)
+            # An expunge check of the old epoch speaks of MODSEQs the new one does not share.
+            self._unsettled_check = None
             log.warning(
                 "imap %s/%s: UIDVALIDITY changed %s -> %s: new epoch %d, full rescan",
                 self.account.name,
@@ -350,6 +361,8 @@ class MailboxWorker:
                 status.uidvalidity,
                 decision.cursor.epoch,
             )
+        if status.vanished is not None and status.highestmodseq and not decision.rescan:
+            self._vanished = (status.vanished, status.highestmodseq)
         if decision.new or decision.rescan:
             # Pin the start position (and the new epoch) so a restart continues from here.
             self._commit([], decision.cursor)
@@ -363,6 +376,14 @@ class MailboxWorker:
                 len(self.cursor.pending.uids),
             )
             self._finish_side_effect(conn, self.cursor.pending, {})
+
+    def _qresync_request(self) -> QresyncRequest | None:
+        """The QRESYNC parameter of this session's SELECT, when the cursor knows up to which
+        MODSEQ every expunge is handled (``vanished_modseq``)."""
+        cursor = self.cursor
+        if cursor is None or cursor.vanished_modseq <= 0:
+            return None
+        return QresyncRequest(cursor.uidvalidity, cursor.vanished_modseq, cursor.last_uid)
 
     def _wait(self, conn: ImapConnection) -> bool:
         """Wait for a change; returns True when the next sync must also look for expunges."""
@@ -422,7 +443,9 @@ class MailboxWorker:
         if status.uidnext - 1 > self.cursor.last_uid:
             mails += self._sync_new(conn, hms)
         if reconcile:
-            self._reconcile(conn)
+            # The HIGHESTMODSEQ of the check only matters to a later QRESYNC SELECT: without
+            # QRESYNC no watermark is kept (nor committed).
+            self._reconcile(conn, hms if conn.qresync else None)
         self.index.rounds.done(self.folder, ticket)
         self._settle_expunged(conn)
         return mails
@@ -797,25 +820,46 @@ class MailboxWorker:
 
     # --- expunges --------------------------------------------------------------------------------
 
-    def _reconcile(self, conn: ImapConnection) -> None:
+    def _reconcile(self, conn: ImapConnection, hms: int | None) -> None:
         """Mails that left this folder and are in none of the index's other places wait for a
         decision (:meth:`_settle_expunged`): moved to a watched folder whose worker has not
-        seen them yet, or deleted."""
+        seen them yet, or deleted.
+
+        What left is what the session's QRESYNC SELECT reported vanished, or else what a
+        listing of every UID (``hms``: the HIGHESTMODSEQ before it) lacks."""
         assert self.cursor is not None
-        known = self.index.uids(self.folder, self.cursor.uidvalidity)
-        if not known:
-            return
-        present = conn.all_uids()  # ranges: membership by bisection, not a set of ints
-        # Taken after the SEARCH answer: a sync of another folder that begins later sees any
-        # copy the server made before expunging here.
+        vanished, self._vanished = self._vanished, None
+        last_uid, uidvalidity = self.cursor.last_uid, self.cursor.uidvalidity
+        if vanished is not None:
+            gone_here, hms = vanished
+            gone = vanished_candidates(
+                gone_here, last_uid, lambda: self.index.uids(self.folder, uidvalidity)
+            )
+            method = "qresync"
+        else:
+            known = self.index.uids(self.folder, uidvalidity)
+            if not known:
+                # Nothing published here: nothing can leave, and nothing did up to ``hms``.
+                if hms is not None:
+                    self._checked(ExpungeCheck(hms, self.index.rounds.now(), found_gone=False))
+                return
+            present = conn.all_uids()  # ranges: membership by bisection, not a set of ints
+            gone = [u for u in known if u not in present and u <= last_uid]
+            del known, present
+            method = "listing"
+        self.metrics.expunge_checks.labels(*self._labels, method).inc()
+        # Taken after the SEARCH (or SELECT) answer: a sync of another folder that begins
+        # later sees any copy the server made before expunging here.
         seen_at = self.index.rounds.now()
-        gone = [u for u in known if u not in present and u <= self.cursor.last_uid]
-        del known, present
         waiting = len(self._expunged)
+        found_gone = False
         for uid in gone:
-            removed = self.index.remove(self.folder, uid)
+            removed = self.index.remove(self.folder, uid)  # None: a UID we never published
+            found_gone = found_gone or removed is not None
             if removed is not None and not removed[1]:
                 self._expunged.setdefault(removed[0], seen_at)
+        if hms is not None:
+            self._checked(ExpungeCheck(hms, seen_at, found_gone=found_gone))
         if len(self._expunged) > waiting and self._watched_others:
             log.info(
                 "imap %s/%s: %d mails gone from this folder; they become tombstones only if "
@@ -828,16 +872,36 @@ class MailboxWorker:
         if self._expunged:
             self.index.rounds.wait_for_others(self.folder, self._watched_others)
 
+    def _checked(self, check: ExpungeCheck) -> None:
+        pending = self._unsettled_check
+        self._unsettled_check = check if pending is None else pending.merged(check)
+
+    def _vanished_settled(self) -> Cursor | None:
+        """The cursor with ``vanished_modseq`` moved up to the last expunge check, when every
+        mail that check (and those before it) found gone is decided and durable: tombstoned
+        in the same transaction, or its key placed elsewhere by a sync of that folder that
+        began after the check (so committed). None while that is not so: QRESYNC then asks
+        again from the older MODSEQ, which only repeats what is known."""
+        cursor = self.cursor
+        check = self._unsettled_check
+        assert cursor is not None
+        if check is None or self._expunged:
+            return None
+        if check.found_gone and not self.index.rounds.past(check.ticket, self._watched_others):
+            return None
+        return replace(cursor, vanished_modseq=max(cursor.vanished_modseq, check.modseq))
+
     def _settle_expunged(self, conn: ImapConnection) -> None:
         """Tombstone the expunged keys that are in no watched folder of the account, as known
         after every other watched folder has synced past the expunge (DESIGN.md), whatever
         the key kind. A key another folder published meanwhile was moved or copied there:
         its worker published the UPDATED event, and nothing is written here."""
         assert self.cursor is not None
-        if not self._expunged:
-            return
         rounds = self.index.rounds
         decided: list[str] = []
+        if not self._expunged:
+            self._commit_vanished_settled([])
+            return
         for key, seen_at in list(self._expunged.items()):
             # ``past`` before ``located``: once the others are past, their copies are indexed.
             past = rounds.past(seen_at, self._watched_others)
@@ -845,23 +909,40 @@ class MailboxWorker:
                 del self._expunged[key]
             elif past:
                 decided.append(key)
-        for key in decided:
-            del self._expunged[key]
-        if decided and self._unwatched_target:
-            decided = self._not_in_unwatched_target(conn, decided)
-        tombstones = [
-            self.builder.tombstone(key) for key in decided if self.index.forget_unless_located(key)
-        ]
-        if not self._expunged:
-            rounds.settled(self.folder)
-        if tombstones:
-            log.info(
-                "imap %s/%s: %d mails expunged from every watched folder: tombstones",
-                self.account.name,
-                self.folder,
-                len(tombstones),
-            )
-            self._commit(tombstones, self.cursor)
+        seen = {key: self._expunged.pop(key) for key in decided}
+        try:
+            if decided and self._unwatched_target:
+                decided = self._not_in_unwatched_target(conn, decided)
+            tombstones = [
+                self.builder.tombstone(key)
+                for key in decided
+                if self.index.forget_unless_located(key)
+            ]
+            if not self._expunged:
+                rounds.settled(self.folder)
+            if tombstones:
+                log.info(
+                    "imap %s/%s: %d mails expunged from every watched folder: tombstones",
+                    self.account.name,
+                    self.folder,
+                    len(tombstones),
+                )
+            self._commit_vanished_settled(tombstones)
+        except BaseException:
+            # Not committed: decide them again next time (the index forgot them, and a
+            # listing or VANISHED will not name their UIDs again in this process).
+            self._expunged.update(seen)
+            raise
+
+    def _commit_vanished_settled(self, tombstones: list[SourceRecord]) -> None:
+        """Commit ``tombstones``, with ``vanished_modseq`` moved when that is safe now."""
+        assert self.cursor is not None
+        settled = self._vanished_settled()
+        cursor = settled or self.cursor
+        if tombstones or cursor != self.cursor:
+            self._commit(tombstones, cursor)
+        if settled is not None:
+            self._unsettled_check = None  # only once committed: a failed commit keeps it
 
     def _not_in_unwatched_target(self, conn: ImapConnection, keys: list[str]) -> list[str]:
         """``keys`` without those whose Message-ID is in the move target no worker watches

@@ -60,3 +60,19 @@ def e2e(as_json: bool, mails: int) -> None:
     """APPEND into Dovecot -> reply received by the SMTP server: p50/p99 latency."""
     module = import_optional("mailtap.bench.e2e")
     _emit(module.bench_e2e(json_out=as_json, mails=mails), as_json)
+
+
+@bench.command("reconnect")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--mails", type=int, default=50_000, show_default=True, help="Mails in the folder.")
+@click.option(
+    "--expunged", type=int, default=100, show_default=True, help="Mails expunged (and flagged)."
+)
+@click.option("--rounds", type=click.IntRange(1), default=5, show_default=True)
+def reconnect(as_json: bool, mails: int, expunged: int, rounds: int) -> None:
+    """A reconnect's expunge check: listing the folder vs QRESYNC's VANISHED (time, bytes)."""
+    module = import_optional("mailtap.bench.reconnect")
+    _emit(
+        module.bench_reconnect(json_out=as_json, mails=mails, expunged=expunged, rounds=rounds),
+        as_json,
+    )

@@ -59,6 +59,8 @@ class FakeServer:
 
 class FakeConnection:
     condstore = True
+    #: A server without QRESYNC: every expunge check lists the folder.
+    qresync = False
     supports_idle = True
 
     def __init__(self, server: FakeServer, stop: threading.Event, idle_rounds: int = 1) -> None:
@@ -81,10 +83,10 @@ class FakeConnection:
     def login(self) -> None:
         self._fail("fail_login")
 
-    def enable_condstore(self) -> bool:
+    def enable_condstore(self, qresync: bool = False) -> bool:
         return True
 
-    def select(self, folder: str, readonly: bool = False) -> FolderStatus:
+    def select(self, folder: str, readonly: bool = False, qresync: object = None) -> FolderStatus:
         if not self.folder_exists(folder):
             raise FolderMissing(f"folder {folder} does not exist on the server")
         self.folder = folder

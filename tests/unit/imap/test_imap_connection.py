@@ -43,7 +43,8 @@ def test_library_errors_become_ours_and_classify_from_the_cause_chain(
         ([(2, b"EXPUNGE")], (False, True, False, False)),
         ([(1, b"FETCH", (b"FLAGS", (b"\\Seen",)))], (False, False, True, False)),
         ([(b"OK", b"Still here"), (4, b"RECENT")], (False, False, False, False)),
-        ([(b"VANISHED", 41)], (False, False, False, True)),
+        ([(b"VANISHED", 41)], (False, True, False, False)),  # RFC 7162: EXPUNGE under QRESYNC
+        ([(b"XUNKNOWN", 41)], (False, False, False, True)),
     ],
 )
 def test_idle_answers_are_classified(

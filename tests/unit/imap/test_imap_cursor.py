@@ -75,3 +75,14 @@ def test_batches_are_bounded_by_count_and_by_bytes() -> None:
     sizes = {1: 10, 2: 10, 3: 100, 4: 1}
     assert split_by_bytes([1, 2, 3, 4], sizes, 25) == [[1, 2], [3], [4]]
     assert split_by_bytes([], sizes, 25) == []
+
+
+def test_the_qresync_watermark_round_trips_and_a_new_epoch_drops_it() -> None:
+    cursor = Cursor(9, 42, 17, vanished_modseq=15)
+    assert cursor.to_json()["vanished_modseq"] == 15
+    assert Cursor.from_json(cursor.to_json()) == cursor
+    # A cursor written before QRESYNC has none: the next start lists the folder.
+    assert Cursor.from_json({"uidvalidity": 9, "last_uid": 42}).vanished_modseq == 0
+    # Old UIDs mean nothing under a new UIDVALIDITY: neither does their watermark.
+    assert on_select(cursor, 10, 50, 30, "all").cursor.vanished_modseq == 0
+    assert on_select(cursor, 9, 50, 30, "all").cursor.vanished_modseq == 15
