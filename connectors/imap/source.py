@@ -104,6 +104,7 @@ class ImapSource:
                     limits=limits,
                     claim_check=self.config.claim_check,
                     claim_check_threads=self.settings.claim_check_threads,
+                    index_changelog=indexes[account.name].changelog,
                 )
                 builder = make_builder(spec, store)
                 workers.append(
