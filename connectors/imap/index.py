@@ -47,7 +47,7 @@ from connectors.core.mail.identity import key_candidates, message_id_of_key
 from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
 from connectors.imap.cursor import SOURCE
-from connectors.imap.indexlog import ChangelogPartition, IndexChangelog, Row
+from connectors.imap.indexlog import READ_TO_END, ChangelogPartition, IndexChangelog, Row
 from connectors.imap.syncrounds import SyncRounds
 
 log = logging.getLogger(__name__)
@@ -533,9 +533,7 @@ def _scan_events(
     """Read the whole events topic (read_committed, to the end) into ``latest`` for
     ``accounts``; returns the records read."""
     topic = kafka.topics.events
-    consumer = Consumer(
-        consumer_config(kafka, group_id="mailtap-imap-index", enable_partition_eof=True)
-    )
+    consumer = Consumer(consumer_config(kafka, group_id="mailtap-imap-index", **READ_TO_END))
     started = time.monotonic()
     records = 0
     try:
@@ -550,7 +548,7 @@ def _scan_events(
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
             seen: list[_Latest] = []
-            for msg in consumer.consume(1000, 0.5):
+            for msg in consumer.consume(1000, 0.05):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

@@ -56,11 +56,21 @@ INDEX_PARTITIONS = 32
 #: The key suffix of an account's marker; no event key has it (``mid:``/``fp:``, KEYS.md).
 MARKER = "index:v1"
 
+#: A read to the end ends on the fetch that finds nothing more, which the broker holds for
+#: ``fetch.wait.max.ms`` (500 ms by default) hoping for new records: there is no point in
+#: waiting for those at start-up, so the fetch answers at once.
+READ_TO_END = {"fetch_wait_max_ms": 10, "enable_partition_eof": True}
+
 #: Waiting for the leaders of a topic created just now.
 LEADERS_TIMEOUT_S = 15.0
 
 Row = tuple[str, str, str | None, int | None, int | None, str | None]
 """``(key, account, folder, uidvalidity, uid, fingerprint)``; folder None: a tombstone."""
+
+
+def topic_spec(kafka: KafkaSettings) -> TopicSpec:
+    """The changelog as the source (or ``mailtap topics ensure``) creates it."""
+    return TopicSpec(kafka.topics.imap_index, INDEX_PARTITIONS, COMPACTED)
 
 
 def partition_of(account: str, partitions: int) -> int:
@@ -127,9 +137,11 @@ class IndexChangelog:
         """Create the topic when missing (compacted, :data:`INDEX_PARTITIONS`) and learn its
         partition count: an existing topic keeps its own."""
         topic = kafka.topics.imap_index
-        ensure_topic_specs(kafka, [TopicSpec(topic, INDEX_PARTITIONS, COMPACTED)], timeout)
         consumer = Consumer(consumer_config(kafka, group_id="mailtap-imap-index"))
         try:
+            meta = cluster_metadata(consumer, kafka, timeout, topic).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                ensure_topic_specs(kafka, [topic_spec(kafka)], timeout)
             deadline = time.monotonic() + LEADERS_TIMEOUT_S
             while True:
                 meta = cluster_metadata(consumer, kafka, timeout, topic).topics.get(topic)
@@ -157,7 +169,7 @@ class IndexChangelog:
         marked: set[str] = set()
         wanted = {partition_of(a, self.partitions) for a in names}
         consumer = Consumer(
-            consumer_config(self.kafka, group_id="mailtap-imap-index", enable_partition_eof=True)
+            consumer_config(self.kafka, group_id="mailtap-imap-index", **READ_TO_END)
         )
         started = time.monotonic()
         try:
@@ -170,7 +182,7 @@ class IndexChangelog:
                         f"reading {self.topic} did not reach its end within {timeout:.0f}s"
                     )
                 rows: list[Row] = []
-                for msg in consumer.consume(1000, 0.5):
+                for msg in consumer.consume(1000, 0.05):
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:

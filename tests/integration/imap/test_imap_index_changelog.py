@@ -17,12 +17,14 @@ import uuid
 from collections import Counter
 from typing import Any
 
+from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from connectors.core.kafka import consumer_config, producer_config
 from connectors.core.mail import parse_mail
 from connectors.imap.index import AccountIndex, load_indexes
-from connectors.imap.indexlog import IndexChangelog, marker_key, partition_of
+from connectors.imap.indexlog import INDEX_PARTITIONS, IndexChangelog, marker_key, partition_of
+from mailtap.cli import main
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, running, wait_for
 
 OTHER_EVENTS = 200_000
@@ -252,3 +254,14 @@ def _uidvalidity(imap: ImapHarness) -> int:
     cursor = imap.cursor()
     assert cursor is not None
     return int(cursor["uidvalidity"])
+
+
+def test_topics_ensure_creates_the_changelog_when_an_imap_source_is_configured(
+    imap: ImapHarness,
+) -> None:
+    """Where the source's principal may not create topics, the admin's `topics ensure` does."""
+    config = imap.write_config()
+    result = CliRunner().invoke(main, ["topics", "ensure", "-c", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)[imap.kafka.topics.imap_index] == "created"
+    assert IndexChangelog.open(imap.kafka).partitions == INDEX_PARTITIONS
