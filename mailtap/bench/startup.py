@@ -228,15 +228,17 @@ def _timed_start(
             deadline = time.monotonic() + START_TIMEOUT_S
             while fetched is None:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"the source exited early; see {log_path}")
+                    raise RuntimeError(f"the source exited early:\n{_tail(log_path)}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"no FETCH within {START_TIMEOUT_S:.0f}s; see {log_path}")
+                    raise RuntimeError(
+                        f"no FETCH within {START_TIMEOUT_S:.0f}s:\n{_tail(log_path)}"
+                    )
                 time.sleep(0.05)
                 fetched = _backfill_started(log_path)
             key = canonical_json(source_partition(account, "INBOX"))
             while (OffsetStore(kafka).read_all().get(key) or {}).get("last_uid", 0) < mails:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the mails were not committed; see {log_path}")
+                    raise RuntimeError(f"the mails were not committed:\n{_tail(log_path)}")
                 time.sleep(0.2)
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -246,10 +248,32 @@ def _timed_start(
                 proc.kill()
                 proc.wait(10)
     run: dict[str, Any] = {"start_to_first_fetch_s": round(fetched - spawned, 3)}
-    load = _LOAD_LINE.search(log_path.read_text(errors="replace"))
-    if load is not None:
+    lines = log_path.read_text(errors="replace").splitlines()
+    for line in lines:
+        load = _LOAD_LINE.search(line)
+        loaded = _stamp(line) if load is not None else None
+        if load is None or loaded is None:
+            continue
         run["changelog_records_read"] = int(load.group(1))
         run["changelog_records_of_account"] = int(load.group(3))
         run["events_scanned"] = int(load.group(4))
         run["index_load_s"] = float(load.group(5))
+        # Where the rest of the time goes: before the load (interpreter, imports, topics
+        # check, registry) and after it (transactional producer, IMAP login, SELECT, cursor).
+        run["before_index_load_s"] = round(loaded - run["index_load_s"] - spawned, 3)
+        run["after_index_load_s"] = round(fetched - loaded, 3)
     return run
+
+
+def _stamp(line: str) -> float | None:
+    """Epoch seconds of a log line's ``%Y-%m-%d %H:%M:%S,mmm`` (local time) prefix."""
+    try:
+        stamp, millis = line[:23].split(",")
+        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1e3
+    except ValueError:
+        return None
+
+
+def _tail(log_path: Path, lines: int = 30) -> str:
+    """The end of a source's log, for the error (the work folder is deleted afterwards)."""
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -17,6 +17,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import yaml
 from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
@@ -260,8 +261,15 @@ def test_topics_ensure_creates_the_changelog_when_an_imap_source_is_configured(
     imap: ImapHarness,
 ) -> None:
     """Where the source's principal may not create topics, the admin's `topics ensure` does."""
-    config = imap.write_config()
-    result = CliRunner().invoke(main, ["topics", "ensure", "-c", str(config), "--json"])
+    topic = f"mailtap.imap-index.{imap.unique}.ensured"
+    config = imap.config_dict()
+    config["kafka"]["topics"]["imap_index"] = topic
+    path = imap.tmp / "ensure.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(main, ["topics", "ensure", "-c", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)[imap.kafka.topics.imap_index] == "created"
-    assert IndexChangelog.open(imap.kafka).partitions == INDEX_PARTITIONS
+    assert json.loads(result.output)[topic] == "created"
+    kafka = imap.kafka.model_copy(
+        update={"topics": imap.kafka.topics.model_copy(update={"imap_index": topic})}
+    )
+    assert IndexChangelog.open(kafka).partitions == INDEX_PARTITIONS
