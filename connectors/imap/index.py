@@ -465,9 +465,9 @@ def load_indexes(
         if rebuild:
             latest.drop(rebuild)  # what the changelog has of them is not the whole account
             scanned = _scan_events(kafka, serde, set(rebuild), latest, timeout)
-        for account in unmarked:
-            written = changelog.write_snapshot(account, latest.rows(account))
-            if account in published:
+        if unmarked:
+            written = changelog.write_snapshots({a: latest.rows(a) for a in unmarked})
+            for account in rebuild:
                 log.info(
                     "imap index: %s had no complete key index on %s: rebuilt from %d records "
                     "of %s, %d keys written",
@@ -475,7 +475,7 @@ def load_indexes(
                     changelog.topic,
                     scanned,
                     kafka.topics.events,
-                    written,
+                    written[account],
                 )
         for account, batch in latest.batches(LOAD_BATCH):
             indexes[account].place_many(batch, resolve=False)

@@ -211,36 +211,41 @@ class IndexChangelog:
         found.marked = frozenset(marked)
         return found
 
-    def write_snapshot(self, account: str, rows: Iterable[Row]) -> int:
-        """Write an account's live rows, then its marker; returns the rows written.
+    def write_snapshots(self, accounts: Mapping[str, Iterable[Row]]) -> dict[str, int]:
+        """Write each account's live rows, then the accounts' markers; returns the rows
+        written per account. One producer for all of them: a first start of a deployment
+        marks every account at once.
 
-        A plain idempotent producer is enough: the rows and the marker share one partition, so
-        the marker is never visible before them, and a crash before the marker makes the next
-        start rebuild again (the same values, overwriting).
+        A plain idempotent producer is enough: an account's rows and its marker share one
+        partition, so the marker is never visible before them, and a crash before the marker
+        makes the next start rebuild again (the same values, overwriting).
         """
-        target = self.partition_for(account)
         producer = Producer(producer_config(self.kafka))
         failed: list[KafkaError] = []
-        count = 0
+        written: dict[str, int] = {}
         try:
-            for key, _, folder, uidvalidity, uid, fingerprint in rows:
-                if folder is None:
-                    continue
-                record = target.location(key, folder, uidvalidity, uid, fingerprint)
-                _produce(producer, record, failed)
-                count += 1
+            for account, rows in accounts.items():
+                target = self.partition_for(account)
+                written[account] = 0
+                for key, _, folder, uidvalidity, uid, fingerprint in rows:
+                    if folder is None:
+                        continue
+                    record = target.location(key, folder, uidvalidity, uid, fingerprint)
+                    _produce(producer, record, failed)
+                    written[account] += 1
             _flush(producer, self.topic, failed)
-            marker = SourceRecord(
-                self.topic,
-                marker_key(account).encode(),
-                _json({"account": account, "version": 1}),
-                partition=target.partition,
-            )
-            _produce(producer, marker, failed)
+            for account in accounts:
+                marker = SourceRecord(
+                    self.topic,
+                    marker_key(account).encode(),
+                    _json({"account": account, "version": 1}),
+                    partition=self.partition_for(account).partition,
+                )
+                _produce(producer, marker, failed)
             _flush(producer, self.topic, failed)
         finally:
             producer.flush(5)
-        return count
+        return written
 
 
 def _json(value: Mapping[str, object]) -> bytes:
