@@ -74,6 +74,11 @@ class TopicNames(StrictModel):
         description="the IMAP source's key index changelog, compacted, partitioned by account "
         "(created by the IMAP source; connectors/imap/KEYS.md)",
     )
+    suppressions: str = Field(
+        default="mail.suppressions",
+        description="the suppression list: Suppression records, compacted, key = normalized "
+        "address; read continuously by the SMTP sink",
+    )
 
 
 class TracingSettings(StrictModel):

@@ -241,6 +241,7 @@ def topic_specs(
         # the same with its offset.storage.topic).
         TopicSpec(t.offsets, 1, COMPACTED),
         TopicSpec(t.workflow, n, COMPACTED),
+        TopicSpec(t.suppressions, n, COMPACTED),
     ]
     specs += [TopicSpec(f"{t.retry_prefix}.{tier}", n, DELETED) for tier in retry_tiers]
     return specs
