@@ -69,6 +69,11 @@ class TopicNames(StrictModel):
     delivery: str = Field(default="mail.delivery", description="DeliveryEvents, compacted")
     offsets: str = Field(default="mailtap.offsets", description="source offsets, compacted")
     workflow: str = Field(default="mail.workflow", description="WorkflowEvents, compacted")
+    imap_index: str = Field(
+        default="mailtap.imap-index",
+        description="the IMAP source's key index changelog, compacted, partitioned by account "
+        "(created by the IMAP source; connectors/imap/KEYS.md)",
+    )
     suppressions: str = Field(
         default="mail.suppressions",
         description="the suppression list: Suppression records, compacted, key = normalized "

@@ -53,12 +53,15 @@ class TransactionAborted(MailtapError):
 
 @dataclass(frozen=True)
 class SourceRecord:
-    """One record of a batch. ``value=None`` is a tombstone."""
+    """One record of a batch. ``value=None`` is a tombstone. ``partition`` None: the
+    producer's partitioner decides (by key); a number: that partition (a changelog
+    partitioned by something other than the key, e.g. the IMAP key index by account)."""
 
     topic: str
     key: bytes
     value: bytes | None
     headers: Sequence[tuple[str, bytes]] = field(default_factory=tuple)
+    partition: int | None = None
 
 
 def transactional_id(prefix: str, partition: SourcePartition) -> str:
@@ -114,7 +117,7 @@ class TransactionalSourceWriter:
                 headers = record.headers
                 if record.topic == self._traced_topic and record.value is not None:
                     headers = [*headers, *tracing.child_headers("mail.received")]
-                self._produce(record.topic, record.key, record.value, headers)
+                self._produce(record.topic, record.key, record.value, headers, record.partition)
             for key, offset in items:
                 self._produce(self._kafka.topics.offsets, key, canonical_json(offset), ())
             if before_commit is not None:
@@ -132,12 +135,21 @@ class TransactionalSourceWriter:
             raise error from exc
 
     def _produce(
-        self, topic: str, key: bytes, value: bytes | None, headers: Sequence[tuple[str, bytes]]
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes]],
+        partition: int | None = None,
     ) -> None:
         wire_headers: list[tuple[str, str | bytes | None]] | None = list(headers) or None
+        # -1 is librdkafka's RD_KAFKA_PARTITION_UA: "let the partitioner decide".
+        where = -1 if partition is None else partition
         while True:
             try:
-                self._producer.produce(topic, key=key, value=value, headers=wire_headers)
+                self._producer.produce(
+                    topic, key=key, value=value, headers=wire_headers, partition=where
+                )
                 return
             except BufferError:
                 # The local queue is full: serve delivery reports until there is room again.

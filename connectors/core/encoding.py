@@ -88,7 +88,11 @@ def topic_encodings(
     """The framings found in the newest committed records of each existing topic."""
     consumer = Consumer(
         consumer_config(
-            kafka, f"mailtap-encoding-check-{uuid.uuid4().hex}", enable_partition_eof=True
+            kafka,
+            f"mailtap-encoding-check-{uuid.uuid4().hex}",
+            enable_partition_eof=True,
+            # Read to the end: the last fetch answered at once, not after fetch.wait.max.ms.
+            fetch_wait_max_ms=10,
         )
     )
     found: dict[str, set[Encoding]] = {}

@@ -124,6 +124,9 @@ class OffsetStore:
                 self._kafka,
                 group_id="mailtap-offsets-reader",
                 enable_partition_eof=True,
+                # The end is the fetch that finds nothing more: answered at once, not held
+                # by the broker for fetch.wait.max.ms (500 ms) hoping for new records.
+                fetch_wait_max_ms=10,
             )
         )
         offsets: dict[bytes, dict[str, Any]] = {}

@@ -3,14 +3,18 @@
 An expunged mail becomes a tombstone only when its key is gone from *every* watched folder of the
 account (DESIGN.md); a move is an UPDATED event with the new folder. IMAP has no "moved" signal:
 the source folder sees an EXPUNGE, the target an EXISTS, in any order. So each account keeps one
-index ``key -> {folder: uid}`` shared by its folder workers, rebuilt at start from the compacted
-``mail.events`` topic (the newest event per key says where the mail was last seen) and kept up to
-date as mails are published.
+index ``key -> {folder: uid}`` shared by its folder workers, rebuilt at start and kept up to date
+as mails are published. It is rebuilt from the index changelog (:mod:`connectors.imap.indexlog`):
+each event is written with a record saying where its key is, in the same transaction, on a
+compacted topic partitioned by account, so a start reads only its own accounts' partitions, not
+the whole of ``mail.events`` (issue 12). An account that has published events but has no
+complete changelog yet (an upgrade) is rebuilt once from ``mail.events``, the newest event per key
+saying where the mail was last seen, and written to the changelog.
 
 The index is the one structure of the source that grows with the mailbox, so it lives in a
 private temporary SQLite database (on disk, deleted when closed) behind a small page cache: the
 connector's memory stays flat however large the mailbox is (issue #3). It is a cache of the
-events topic, so nothing about it needs to be durable.
+changelog, so nothing about it needs to be durable.
 
 It also decides the key of a mail whose Message-ID another mail of the account has already
 (:func:`~connectors.core.mail.identity.key_candidates`): each key is stored with the content
@@ -22,13 +26,16 @@ Thread-safe: the folder workers of an account run on their own threads.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -37,7 +44,10 @@ from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
 from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
 from connectors.core.mail.identity import key_candidates, message_id_of_key
+from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
+from connectors.imap.cursor import SOURCE
+from connectors.imap.indexlog import READ_TO_END, ChangelogPartition, IndexChangelog, Row
 from connectors.imap.syncrounds import SyncRounds
 
 log = logging.getLogger(__name__)
@@ -118,6 +128,11 @@ class AccountIndex:
         self._lock = threading.Lock()
         #: When each folder of the account last synced: decides when an expunge is a tombstone.
         self.rounds = SyncRounds()
+        #: Where the account's records of the index changelog go (set by `load_indexes`; None:
+        #: an index built without one, e.g. in unit tests).
+        self.changelog: ChangelogPartition | None = None
+        #: How `load_indexes` built it.
+        self.load: IndexLoad | None = None
 
     # --- publishing ------------------------------------------------------------------------------
 
@@ -399,23 +414,133 @@ def _choose(candidates: tuple[str, ...], fingerprint: str, rows: dict[str, list[
     return candidates[-1]  # every prefix taken by another mail: only the whole digest is left
 
 
+#: ``1``: rebuild every named account's index from ``mail.events`` (the path before the
+#: changelog) and write it to the changelog again: a repair, and the baseline of
+#: ``mailtap bench startup``.
+ENV_REBUILD = "MAILTAP_IMAP_INDEX_REBUILD"
+
+
+@dataclass(frozen=True)
+class IndexLoad:
+    """How an account's index was loaded (logged; read by tests and ``mailtap bench startup``)."""
+
+    #: Changelog records read by the load (the records of the accounts sharing the partitions
+    #: included; one read serves every account of the load).
+    changelog_records_read: int
+    #: Of those, the records of the accounts of the load.
+    changelog_records_kept: int
+    #: Records of ``mail.events`` read to rebuild this account (0: restored from the changelog).
+    events_scanned: int
+    #: Rebuilt from ``mail.events`` (no marker on the changelog yet, or ENV_REBUILD).
+    rebuilt: bool
+
+
 def load_indexes(
     kafka: KafkaSettings, serde: AvroSerde, accounts: Iterable[str], timeout: float = LOAD_TIMEOUT_S
 ) -> dict[str, AccountIndex]:
-    """Rebuild every account's index from the compacted events topic (read_committed, to the end)."""
-    indexes = {name: AccountIndex(name) for name in accounts}
-    topic = kafka.topics.events
-    consumer = Consumer(
-        consumer_config(kafka, group_id="mailtap-imap-index", enable_partition_eof=True)
+    """Rebuild the named accounts' indexes, at a cost that follows those accounts only.
+
+    From the changelog (:mod:`connectors.imap.indexlog`): the partitions of these accounts,
+    read_committed, to the end. An account without its marker there that has a cursor
+    published events before the changelog existed: it is rebuilt once from ``mail.events``
+    (read whole, as before) and written to the changelog with its marker; an account with
+    neither is new and gets its marker.
+    """
+    names = list(dict.fromkeys(accounts))
+    indexes = {name: AccountIndex(name) for name in names}
+    if not names:
+        return indexes
+    started = time.monotonic()
+    changelog = IndexChangelog.open(kafka)
+    for index in indexes.values():
+        index.changelog = changelog.partition_for(index.account)
+    latest = _LatestLocations()
+    scanned = 0
+    try:
+        restored = changelog.restore(names, latest.record, timeout)
+        forced = os.environ.get(ENV_REBUILD) == "1"
+        unmarked = [n for n in names if forced or n not in restored.marked]
+        published = set(unmarked) if forced else _with_cursor(kafka, unmarked)
+        rebuild = [n for n in unmarked if n in published]
+        if rebuild:
+            latest.drop(rebuild)  # what the changelog has of them is not the whole account
+            scanned = _scan_events(kafka, serde, set(rebuild), latest, timeout)
+        if unmarked:
+            written = changelog.write_snapshots({a: latest.rows(a) for a in unmarked})
+            for account in rebuild:
+                log.info(
+                    "imap index: %s had no complete key index on %s: rebuilt from %d records "
+                    "of %s, %d keys written",
+                    account,
+                    changelog.topic,
+                    scanned,
+                    kafka.topics.events,
+                    written[account],
+                )
+        for account, batch in latest.batches(LOAD_BATCH):
+            indexes[account].place_many(batch, resolve=False)
+    finally:
+        latest.close()
+    for name, index in indexes.items():
+        index.load = IndexLoad(
+            changelog_records_read=restored.records_read,
+            changelog_records_kept=restored.records_kept,
+            events_scanned=scanned if name in rebuild else 0,
+            rebuilt=name in rebuild,
+        )
+    log.info(
+        "imap index: %d records read from %s (partitions %s; %d of these accounts), "
+        "%d of %s for a rebuild, in %.2fs (%s)",
+        restored.records_read,
+        changelog.topic,
+        ",".join(
+            str(p) for p in sorted({i.changelog.partition for i in indexes.values() if i.changelog})
+        ),
+        restored.records_kept,
+        scanned,
+        kafka.topics.events,
+        time.monotonic() - started,
+        ", ".join(f"{n}={len(i)} keys" for n, i in indexes.items()),
     )
+    return indexes
+
+
+def _with_cursor(kafka: KafkaSettings, accounts: Sequence[str]) -> set[str]:
+    """The ``accounts`` that have an IMAP cursor: they published events."""
+    if not accounts:
+        return set()
+    wanted = set(accounts)
+    found: set[str] = set()
+    for key in OffsetStore(kafka).read_all():
+        try:
+            partition = json.loads(key)
+        except ValueError:
+            continue
+        if isinstance(partition, dict) and partition.get("source") == SOURCE:
+            account = partition.get("account")
+            if account in wanted:
+                found.add(account)
+    return found
+
+
+def _scan_events(
+    kafka: KafkaSettings,
+    serde: AvroSerde,
+    accounts: set[str],
+    latest: _LatestLocations,
+    timeout: float,
+) -> int:
+    """Read the whole events topic (read_committed, to the end) into ``latest`` for
+    ``accounts``; returns the records read."""
+    topic = kafka.topics.events
+    consumer = Consumer(consumer_config(kafka, group_id="mailtap-imap-index", **READ_TO_END))
     started = time.monotonic()
     records = 0
-    latest = _LatestLocations()
     try:
         metadata = cluster_metadata(consumer, kafka, 10, topic)
         partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
         if not partitions or metadata.topics[topic].error is not None:
-            return indexes
+            return 0
         pending = set(partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
         while pending:
@@ -423,7 +548,7 @@ def load_indexes(
             if time.monotonic() - started > timeout:
                 raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
             seen: list[_Latest] = []
-            for msg in consumer.consume(1000, 0.5):
+            for msg in consumer.consume(1000, 0.05):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
@@ -431,27 +556,17 @@ def load_indexes(
                         continue
                     raise RuntimeError(f"reading {topic}: {err}")
                 records += 1
-                where = _location_of(msg.key(), msg.value(), indexes, serde)
+                where = _location_of(msg.key(), msg.value(), accounts, serde)
                 if where is not None:
                     seen.append(where)
             latest.record(seen)
-        for account, batch in latest.batches(LOAD_BATCH):
-            indexes[account].place_many(batch, resolve=False)
     finally:
         consumer.close()
-        latest.close()
-    log.info(
-        "imap index: %d events read from %s in %.1fs (%s)",
-        records,
-        topic,
-        time.monotonic() - started,
-        ", ".join(f"{n}={len(i)} keys" for n, i in indexes.items()),
-    )
-    return indexes
+    return records
 
 
-_Latest = tuple[str, str, str | None, int | None, int | None, str | None]
-"""``(key, account, folder, uidvalidity, uid, fingerprint)`` of the newest event of a key."""
+#: ``(key, account, folder, uidvalidity, uid, fingerprint)`` of the newest event of a key.
+_Latest = Row
 
 
 class _LatestLocations:
@@ -499,6 +614,20 @@ class _LatestLocations:
             if batch:
                 yield account, batch
 
+    def drop(self, accounts: Sequence[str]) -> None:
+        """Forget what was recorded of ``accounts``."""
+        self._db.execute(
+            f"DELETE FROM latest WHERE account IN ({_marks(len(accounts))})", tuple(accounts)
+        )
+
+    def rows(self, account: str) -> Iterator[_Latest]:
+        """The live rows of one account, in the order their keys were first seen."""
+        yield from self._db.execute(
+            "SELECT key, account, folder, uidvalidity, uid, fingerprint FROM latest"
+            " WHERE account = ? AND folder IS NOT NULL ORDER BY rowid",
+            (account,),
+        )
+
     def close(self) -> None:
         self._db.close()
 
@@ -506,7 +635,7 @@ class _LatestLocations:
 def _location_of(
     key: bytes | None,
     value: bytes | None,
-    indexes: dict[str, AccountIndex],
+    accounts: set[str],
     serde: AvroSerde,
 ) -> _Latest | None:
     """``(key, account, folder, uidvalidity, uid, fingerprint)`` of one event of a watched
@@ -516,7 +645,7 @@ def _location_of(
         return None
     text = key.decode("utf-8", "replace")
     account = text.split("/", 1)[0]
-    if account not in indexes:
+    if account not in accounts:
         return None
     if value is None:
         return text, account, None, None, None, None

@@ -44,6 +44,7 @@ from connectors.core.config import ClaimCheckSettings, KafkaSettings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.serde import AvroSerde
 from connectors.imap.connection import FetchedMail
+from connectors.imap.indexlog import ChangelogPartition
 from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class BuilderSpec:
     limits: ParseLimits
     claim_check: ClaimCheckSettings
     claim_check_threads: int
+    #: The account's key index changelog partition (indexlog.py); None: no index records.
+    index_changelog: ChangelogPartition | None = None
 
     def cache_key(self) -> tuple[str, str]:
         return (self.account, self.folder)
@@ -77,6 +80,7 @@ def make_builder(spec: BuilderSpec, store: ClaimCheckStore | None) -> RecordBuil
         dlq_topic=spec.dlq_topic,
         max_record_bytes=spec.max_record_bytes,
         claim_check=store,
+        index_changelog=spec.index_changelog,
     )
 
 

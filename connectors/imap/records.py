@@ -32,6 +32,7 @@ from connectors.core.contract import SourceRecord
 from connectors.core.records import MailEventRecords
 from connectors.core.serde import AvroSerde
 from connectors.imap.connection import FetchedMail
+from connectors.imap.indexlog import ChangelogPartition
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,7 @@ class RecordBuilder:
         dlq_topic: str,
         max_record_bytes: int,
         claim_check: ClaimCheckStore | None = None,
+        index_changelog: ChangelogPartition | None = None,
     ) -> None:
         self.account = account
         self.folder = folder
@@ -108,6 +110,9 @@ class RecordBuilder:
         )
         #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
         self._claim_check = claim_check
+        #: Each event goes with its key index record, in the same transaction (indexlog.py);
+        #: None: no changelog (builders of unit tests).
+        self._changelog = index_changelog
 
     @property
     def dlq_topic(self) -> str:
@@ -221,6 +226,13 @@ class RecordBuilder:
             dlq = self._records.dlq(fallback_key, mail.raw, "unparseable", repr(exc), None, located)
             return BuiltMail(mail.uid, None, None, (dlq,), dlq=True)
         records = self._records.event_records(key, event, value, mail.raw, located)
+        if self._changelog is not None:
+            source = event["source"]
+            records.append(
+                self._changelog.location(
+                    key, source["folder"], source.get("uidvalidity"), source.get("uid"), fingerprint
+                )
+            )
         error = bool(event.get("parse_error"))
         return BuiltMail(
             mail.uid,
@@ -231,5 +243,9 @@ class RecordBuilder:
             fingerprint=fingerprint,
         )
 
-    def tombstone(self, key: str) -> SourceRecord:
-        return self._records.tombstone(key)
+    def tombstones(self, key: str) -> list[SourceRecord]:
+        """The event's tombstone, with its key index record's."""
+        records = [self._records.tombstone(key)]
+        if self._changelog is not None:
+            records.append(self._changelog.tombstone(key))
+        return records

@@ -14,6 +14,7 @@ import functools
 import logging
 import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from connectors.core.claimcheck import ClaimCheckStore, close_store, open_configured
@@ -79,15 +80,20 @@ class ImapSource:
         )
 
     def build_workers(self) -> list[MailboxWorker]:
-        ensure_topics(self.kafka)
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
-        # A registry that refuses the schema stops the source here, with the sentence, not at
-        # its first transaction (connectors.core.schemaregistry).
-        serde.prepare(self.kafka.topics.events)
-        store = open_configured(self.config.claim_check, self.settings.claim_check_threads)
-        self._claim_check = store
+        names = [a.name for a in self.settings.accounts]
+        # The key indexes load while the topics and the registry are checked: both are mostly
+        # waits on the network (in librdkafka's threads), so start-up pays the longer one only.
+        with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
+            loading = loader.submit(load_indexes, self.kafka, serde, names)
+            ensure_topics(self.kafka)
+            # A registry that refuses the schema stops the source here, with the sentence, not
+            # at its first transaction (connectors.core.schemaregistry).
+            serde.prepare(self.kafka.topics.events)
+            store = open_configured(self.config.claim_check, self.settings.claim_check_threads)
+            self._claim_check = store
+            indexes = loading.result()
         limits = ParseLimits(**self.settings.limits.overrides())
-        indexes = load_indexes(self.kafka, serde, [a.name for a in self.settings.accounts])
         self._indexes = list(indexes.values())
         dlq_topic = self.settings.dlq_topic or self.kafka.topics.dlq
         if self.settings.parse_workers > 0:
@@ -104,6 +110,7 @@ class ImapSource:
                     limits=limits,
                     claim_check=self.config.claim_check,
                     claim_check_threads=self.settings.claim_check_threads,
+                    index_changelog=indexes[account.name].changelog,
                 )
                 builder = make_builder(spec, store)
                 workers.append(

@@ -767,7 +767,7 @@ class MailboxWorker:
         """
         assert self.cursor is not None
         uids = list(pending.uids)
-        records: dict[bytes, SourceRecord] = {}
+        records: dict[tuple[str, bytes], SourceRecord] = {}
         if pending.action == "seen":
             conn.add_flags(uids, [SEEN])
             self._changed_by_us = True
@@ -800,7 +800,7 @@ class MailboxWorker:
         self,
         mail: FetchedMail,
         target: str,
-        records: dict[bytes, SourceRecord],
+        records: dict[tuple[str, bytes], SourceRecord],
         location: tuple[int, int] | None,
     ) -> None:
         """The UPDATED event of a mail we moved to ``target``, at ``location`` (uidvalidity,
@@ -816,7 +816,8 @@ class MailboxWorker:
         )
         for record in built.records:
             if record.topic != self.builder.dlq_topic:
-                records[record.key] = record
+                # By topic too: the event and its index record share the key.
+                records[(record.topic, record.key)] = record
 
     # --- expunges --------------------------------------------------------------------------------
 
@@ -913,11 +914,8 @@ class MailboxWorker:
         try:
             if decided and self._unwatched_target:
                 decided = self._not_in_unwatched_target(conn, decided)
-            tombstones = [
-                self.builder.tombstone(key)
-                for key in decided
-                if self.index.forget_unless_located(key)
-            ]
+            forgotten = [key for key in decided if self.index.forget_unless_located(key)]
+            tombstones = [r for key in forgotten for r in self.builder.tombstones(key)]
             if not self._expunged:
                 rounds.settled(self.folder)
             if tombstones:
@@ -925,7 +923,7 @@ class MailboxWorker:
                     "imap %s/%s: %d mails expunged from every watched folder: tombstones",
                     self.account.name,
                     self.folder,
-                    len(tombstones),
+                    len(forgotten),
                 )
             self._commit_vanished_settled(tombstones)
         except BaseException:

@@ -76,3 +76,25 @@ def reconnect(as_json: bool, mails: int, expunged: int, rounds: int) -> None:
         module.bench_reconnect(json_out=as_json, mails=mails, expunged=expunged, rounds=rounds),
         as_json,
     )
+
+
+@bench.command("startup")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option(
+    "--other-events",
+    type=click.IntRange(0),
+    default=1_000_000,
+    show_default=True,
+    help="Events of other accounts put on mail.events first.",
+)
+@click.option("--other-accounts", type=click.IntRange(1), default=1000, show_default=True)
+@click.option(
+    "--rounds", type=click.IntRange(1), default=3, show_default=True, help="Restarts of each kind."
+)
+def startup(as_json: bool, other_events: int, other_accounts: int, rounds: int) -> None:
+    """IMAP source: process start -> first FETCH, key index from its changelog vs mail.events."""
+    module = import_optional("mailtap.bench.startup")
+    figures = module.bench_startup(
+        json_out=as_json, other_events=other_events, other_accounts=other_accounts, rounds=rounds
+    )
+    _emit(figures, as_json)

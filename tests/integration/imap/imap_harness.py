@@ -24,7 +24,13 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
-from connectors.core.kafka import consumer_config, ensure_topics
+from connectors.core.kafka import (
+    COMPACTED,
+    TopicSpec,
+    consumer_config,
+    ensure_topic_specs,
+    ensure_topics,
+)
 from connectors.core.offsets import OffsetStore, canonical_json
 from connectors.core.serde import AvroSerde
 from connectors.imap.cursor import source_partition
@@ -93,6 +99,9 @@ class ImapHarness:
             topics=TopicNames(**names),
         )
         ensure_topics(self.kafka, retry_tiers=["1m"])
+        # The key index changelog with 4 partitions instead of the source's 32: the shared test
+        # broker holds the topics of every test; the source uses the count it finds.
+        ensure_topic_specs(self.kafka, [TopicSpec(self.kafka.topics.imap_index, 4, COMPACTED)])
         self.serde = AvroSerde.for_schema("MailEvent", self.kafka)
 
     # --- configuration -------------------------------------------------------------------------

@@ -1,0 +1,298 @@
+"""The key index's changelog: a compacted topic, partitioned by account, that a source restores
+its accounts' key indexes from without reading ``mail.events`` (issue 12).
+
+Rebuilding the index from ``mail.events`` means reading every account's events: start-up grows
+with the topic, and every instance reads all of it. So each event the IMAP source publishes is
+accompanied, **in the same Kafka transaction**, by a record on this topic saying where that key
+now is (or a tombstone when the key is tombstoned): the changelog is exactly as consistent as
+the events. Its records go to the partition of their *account* (a stable hash, not the key's
+partitioner), so an instance reads only the partitions of the accounts it owns and keeps only
+their records; compaction by key keeps one record per published key.
+
+Wire sample (``connectors/imap/KEYS.md``)::
+
+    partition  partition_of("alice", 32)       (sha256 of the account name, modulo the count)
+    key        alice/mid:abc@example.com        (the event's key)
+    value      {"fingerprint":"9f2c…","folder":"INBOX","uid":42,"uidvalidity":17}
+    key        alice/index:v1                   (the account's marker, written once)
+    value      {"account":"alice","version":1}
+
+The marker says "every key of this account is on the changelog". An account without it that
+already has a cursor published events before the changelog existed (an upgrade, or a change of
+the topic's partition count): its index is rebuilt once from ``mail.events`` and written here,
+then the marker (:func:`connectors.imap.index.load_indexes`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from connectors.core.config import KafkaSettings
+from connectors.core.contract import SourceRecord
+from connectors.core.kafka import (
+    COMPACTED,
+    TopicSpec,
+    cluster_metadata,
+    consumer_config,
+    ensure_topic_specs,
+    producer_config,
+    raise_if_stopping,
+)
+
+log = logging.getLogger(__name__)
+
+#: Partitions of the changelog when the source creates it. An instance reads the partitions of
+#: its accounts, so it reads about 1/32 of the other accounts' records; more partitions cut that
+#: further at a small cost per partition on the brokers (pre-create the topic to choose).
+INDEX_PARTITIONS = 32
+
+#: The key suffix of an account's marker; no event key has it (``mid:``/``fp:``, KEYS.md).
+MARKER = "index:v1"
+
+#: A read to the end ends on the fetch that finds nothing more, which the broker holds for
+#: ``fetch.wait.max.ms`` (500 ms by default) hoping for new records: there is no point in
+#: waiting for those at start-up, so the fetch answers at once.
+READ_TO_END = {"fetch_wait_max_ms": 10, "enable_partition_eof": True}
+
+#: Waiting for the leaders of a topic created just now.
+LEADERS_TIMEOUT_S = 15.0
+
+Row = tuple[str, str, str | None, int | None, int | None, str | None]
+"""``(key, account, folder, uidvalidity, uid, fingerprint)``; folder None: a tombstone."""
+
+
+def topic_spec(kafka: KafkaSettings) -> TopicSpec:
+    """The changelog as the source (or ``mailtap topics ensure``) creates it."""
+    return TopicSpec(kafka.topics.imap_index, INDEX_PARTITIONS, COMPACTED)
+
+
+def partition_of(account: str, partitions: int) -> int:
+    """The changelog partition of an account: stable across processes and versions (Python's
+    ``hash`` is salted per process, so it cannot be used)."""
+    digest = hashlib.sha256(account.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % partitions
+
+
+def marker_key(account: str) -> str:
+    return f"{account}/{MARKER}"
+
+
+@dataclass(frozen=True)
+class ChangelogPartition:
+    """Where one account's index records go; picklable (the parse processes build records)."""
+
+    topic: str
+    partition: int
+
+    def location(
+        self,
+        key: str,
+        folder: str,
+        uidvalidity: int | None,
+        uid: int | None,
+        fingerprint: str | None,
+    ) -> SourceRecord:
+        """The record saying ``key`` was last published at this place."""
+        value = {
+            "folder": folder,
+            "uidvalidity": uidvalidity,
+            "uid": uid,
+            "fingerprint": fingerprint,
+        }
+        return SourceRecord(self.topic, key.encode(), _json(value), partition=self.partition)
+
+    def tombstone(self, key: str) -> SourceRecord:
+        return SourceRecord(self.topic, key.encode(), None, partition=self.partition)
+
+
+@dataclass
+class Restored:
+    """What reading the changelog for some accounts found."""
+
+    #: Records read from the partitions (those of other accounts sharing them included).
+    records_read: int = 0
+    #: Records of the named accounts among them (markers included).
+    records_kept: int = 0
+    #: The named accounts whose marker is on the changelog.
+    marked: frozenset[str] = frozenset()
+
+
+class IndexChangelog:
+    """The changelog topic of a cluster: its partition count, reading and writing accounts."""
+
+    def __init__(self, kafka: KafkaSettings, partitions: int) -> None:
+        self.kafka = kafka
+        self.topic = kafka.topics.imap_index
+        self.partitions = partitions
+
+    @classmethod
+    def open(cls, kafka: KafkaSettings, timeout: float = 30.0) -> IndexChangelog:
+        """Create the topic when missing (compacted, :data:`INDEX_PARTITIONS`) and learn its
+        partition count: an existing topic keeps its own."""
+        topic = kafka.topics.imap_index
+        consumer = Consumer(consumer_config(kafka, group_id="mailtap-imap-index"))
+        try:
+            meta = cluster_metadata(consumer, kafka, timeout, topic).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                ensure_topic_specs(kafka, [topic_spec(kafka)], timeout)
+            deadline = time.monotonic() + LEADERS_TIMEOUT_S
+            while True:
+                meta = cluster_metadata(consumer, kafka, timeout, topic).topics.get(topic)
+                parts = meta.partitions if meta is not None and meta.error is None else {}
+                if parts and all(p.leader >= 0 for p in parts.values()):
+                    return cls(kafka, len(parts))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"topic {topic} has no leader for every partition yet")
+                time.sleep(0.1)
+        finally:
+            consumer.close()
+
+    def partition_for(self, account: str) -> ChangelogPartition:
+        return ChangelogPartition(self.topic, partition_of(account, self.partitions))
+
+    def restore(
+        self, accounts: Iterable[str], sink: Callable[[list[Row]], None], timeout: float
+    ) -> Restored:
+        """Read the partitions of ``accounts`` to their end (read_committed) and hand the rows
+        of those accounts to ``sink`` in partition order; the rest is skipped undecoded."""
+        names = set(accounts)
+        found = Restored()
+        if not names:
+            return found
+        marked: set[str] = set()
+        wanted = {partition_of(a, self.partitions) for a in names}
+        consumer = Consumer(
+            consumer_config(self.kafka, group_id="mailtap-imap-index", **READ_TO_END)
+        )
+        started = time.monotonic()
+        try:
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in sorted(wanted)])
+            pending = set(wanted)
+            while pending:
+                raise_if_stopping()
+                if time.monotonic() - started > timeout:
+                    raise TimeoutError(
+                        f"reading {self.topic} did not reach its end within {timeout:.0f}s"
+                    )
+                rows: list[Row] = []
+                for msg in consumer.consume(1000, 0.05):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            pending.discard(msg.partition())
+                            continue
+                        raise RuntimeError(f"reading {self.topic}: {err}")
+                    found.records_read += 1
+                    key = msg.key()
+                    if key is None:
+                        continue
+                    text = key.decode("utf-8", "replace")
+                    account = text.split("/", 1)[0]
+                    if account not in names:
+                        continue
+                    found.records_kept += 1
+                    if text == marker_key(account):
+                        marked.add(account)
+                        continue
+                    row = _row(text, account, msg.value())
+                    if row is not None:
+                        rows.append(row)
+                if rows:
+                    sink(rows)
+        finally:
+            consumer.close()
+        found.marked = frozenset(marked)
+        return found
+
+    def write_snapshots(self, accounts: Mapping[str, Iterable[Row]]) -> dict[str, int]:
+        """Write each account's live rows, then the accounts' markers; returns the rows
+        written per account. One producer for all of them: a first start of a deployment
+        marks every account at once.
+
+        A plain idempotent producer is enough: an account's rows and its marker share one
+        partition, so the marker is never visible before them, and a crash before the marker
+        makes the next start rebuild again (the same values, overwriting).
+        """
+        producer = Producer(producer_config(self.kafka))
+        failed: list[KafkaError] = []
+        written: dict[str, int] = {}
+        try:
+            for account, rows in accounts.items():
+                target = self.partition_for(account)
+                written[account] = 0
+                for key, _, folder, uidvalidity, uid, fingerprint in rows:
+                    if folder is None:
+                        continue
+                    record = target.location(key, folder, uidvalidity, uid, fingerprint)
+                    _produce(producer, record, failed)
+                    written[account] += 1
+            _flush(producer, self.topic, failed)
+            for account in accounts:
+                marker = SourceRecord(
+                    self.topic,
+                    marker_key(account).encode(),
+                    _json({"account": account, "version": 1}),
+                    partition=self.partition_for(account).partition,
+                )
+                _produce(producer, marker, failed)
+            _flush(producer, self.topic, failed)
+        finally:
+            producer.flush(5)
+        return written
+
+
+def _json(value: Mapping[str, object]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _row(key: str, account: str, value: bytes | None) -> Row | None:
+    if value is None:
+        return key, account, None, None, None, None
+    try:
+        where = json.loads(value)
+        return (
+            key,
+            account,
+            str(where["folder"]),
+            where.get("uidvalidity"),
+            where.get("uid"),
+            where.get("fingerprint"),
+        )
+    except (ValueError, KeyError, TypeError):
+        log.warning("imap index: unreadable changelog record for %s skipped", key)
+        return None
+
+
+def _produce(producer: Producer, record: SourceRecord, failed: list[KafkaError]) -> None:
+    partition = -1 if record.partition is None else record.partition
+
+    def delivered(err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            failed.append(err)
+
+    while True:
+        try:
+            producer.produce(
+                record.topic,
+                key=record.key,
+                value=record.value,
+                partition=partition,
+                on_delivery=delivered,
+            )
+            return
+        except BufferError:
+            producer.poll(0.1)
+
+
+def _flush(producer: Producer, topic: str, failed: list[KafkaError]) -> None:
+    if producer.flush(60) > 0:
+        raise RuntimeError(f"writing the key index to {topic} did not complete within 60s")
+    if failed:
+        raise RuntimeError(f"writing the key index to {topic} failed: {failed[0].str()}")
