@@ -69,6 +69,10 @@ class TopicNames(StrictModel):
     delivery: str = Field(default="mail.delivery", description="DeliveryEvents, compacted")
     offsets: str = Field(default="mailtap.offsets", description="source offsets, compacted")
     workflow: str = Field(default="mail.workflow", description="WorkflowEvents, compacted")
+    mailboxes: str = Field(
+        default="mailtap.mailboxes",
+        description="folders added or removed at runtime (`mailtap mailboxes`), compacted",
+    )
 
 
 class TracingSettings(StrictModel):
