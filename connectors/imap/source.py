@@ -79,7 +79,9 @@ class ImapSource:
         return TransactionalSourceWriter(self.kafka, txn_id)
 
     def _read_offsets(self) -> Mapping[bytes, Mapping[str, Any]]:
-        return OffsetStore(self.kafka).read_all()
+        # Settled: a mailbox that moved here was committed by another process moments ago,
+        # maybe behind another mailbox's open transaction, which a read_committed read stops at.
+        return OffsetStore(self.kafka).read_all(settled=True)
 
     def _connection(self, account: ImapAccountSettings) -> ImapConnection:
         return ImapConnection(
