@@ -32,6 +32,7 @@ from connectors.core.kafka import (
     consumer_config,
     ensure_topic_specs,
     producer_config,
+    raise_if_stopping,
 )
 from connectors.core.offsets import canonical_json
 
@@ -185,6 +186,7 @@ class MailboxWatcher:
         self._consumer.assign([TopicPartition(self._topic, p, 0) for p in pending])
         waited = 0.0
         while pending:
+            raise_if_stopping()
             if waited > timeout:
                 raise TimeoutError(f"reading {self._topic} did not reach its end in {timeout}s")
             msg = self._consumer.poll(0.5)
@@ -218,6 +220,9 @@ class MailboxWatcher:
             except Exception:  # keep following; a failed start of a unit is logged by it
                 log.exception("mailboxes topic: applying a change failed")
         self._consumer.close()
+
+    def request_stop(self) -> None:
+        self._stop.set()
 
     def close(self) -> None:
         self._stop.set()

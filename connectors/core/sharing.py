@@ -40,7 +40,9 @@ class Sharing:
 
     def close(self) -> None:
         # Stop the mailboxes first, then leave: the next owners start them only once they
-        # stopped here (a graceful hand-over, no fencing needed).
+        # stopped here (a graceful hand-over, no fencing needed). The threads' poll loops are
+        # told to end first so that their last poll overlaps the workers' stop.
+        self.watcher.request_stop()
         self.assignment.close()
         if self.membership is not None:
             self.membership.stop()
