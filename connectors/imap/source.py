@@ -66,6 +66,7 @@ class ImapSource:
         #: account name -> its running workers (the accounts this instance owns now).
         self._runs: dict[str, _AccountRun] = {}
         self._sharing: Sharing | None = None
+        self._fenced_at_end: bool | None = None
 
     @classmethod
     def from_config(cls, config: MailtapConfig) -> ImapSource:
@@ -274,7 +275,11 @@ class ImapSource:
 
     @property
     def all_fenced(self) -> bool:
-        return bool(self.workers) and all(w.fenced for w in self.workers)
+        """Every owned mailbox was fenced (as it was when run() ended, once it has)."""
+        if self._fenced_at_end is not None:
+            return self._fenced_at_end
+        workers = self.workers
+        return bool(workers) and all(w.fenced for w in workers)
 
     def run(self) -> None:
         self.start()
@@ -285,6 +290,7 @@ class ImapSource:
                 if self.settings.group is None and self.wait(timeout=0):
                     break
         finally:
+            self._fenced_at_end = self.all_fenced  # close() forgets the mailboxes
             self.close()
 
 
