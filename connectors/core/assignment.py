@@ -330,6 +330,7 @@ class Assignment:
         self._partitions: frozenset[int] = frozenset()
         self.owned: frozenset[WorkUnit] = frozenset()
         self._closed = False
+        self._failed = False
 
     def partitions_changed(self, partitions: frozenset[int]) -> None:
         with self._lock:
@@ -359,11 +360,25 @@ class Assignment:
             )
         self._set_owned(owned)
 
+    def retry(self) -> None:
+        """Apply again after a failed apply (called about every second by the sharing)."""
+        if self._failed:
+            with self._lock:
+                self._refresh_locked()
+
     def _set_owned(self, owned: frozenset[WorkUnit]) -> None:
-        if owned == self.owned:
+        if owned == self.owned and not self._failed:
             return
         gained, lost = sorted(owned - self.owned), sorted(self.owned - owned)
-        self._apply(owned)
+        try:
+            self._apply(owned)
+        except Exception:
+            # E.g. the key index of a newly owned account could not be read (Kafka busy): what
+            # did start runs; the rest is started by retry(), the rebalance is not held up.
+            self._failed = True
+            log.exception("starting or stopping mailboxes failed; retrying")
+            return
+        self._failed = False
         self.owned = owned
         log.info(
             "mailboxes owned: %d (+%s, -%s)",

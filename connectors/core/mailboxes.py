@@ -156,7 +156,7 @@ class MailboxWatcher:
     """Follows the mailboxes topic: reads it whole at start, then each new record as it comes.
 
     ``record(unit, state) -> changed`` is the catalog's; ``on_change()`` runs (on the watcher
-    thread) after records that changed it.
+    thread) after records that changed it, ``on_idle()`` whenever a poll brought nothing.
     """
 
     def __init__(
@@ -164,11 +164,13 @@ class MailboxWatcher:
         kafka: KafkaSettings,
         record: Callable[[WorkUnit, str | None], bool],
         on_change: Callable[[], None],
+        on_idle: Callable[[], None] = lambda: None,
     ) -> None:
         self._kafka = kafka
         self._topic = kafka.topics.mailboxes
         self._record = record
         self._on_change = on_change
+        self._on_idle = on_idle
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # Assigned, not subscribed: every instance reads every record (no group).
@@ -213,7 +215,10 @@ class MailboxWatcher:
         while not self._stop.is_set():
             try:
                 msg = self._consumer.poll(0.5)
-                if msg is None or msg.error() is not None:
+                if msg is None:
+                    self._on_idle()
+                    continue
+                if msg.error() is not None:
                     continue
                 if self._take(msg.key(), msg.value()):
                     self._on_change()

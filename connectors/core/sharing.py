@@ -64,7 +64,12 @@ def start_sharing(
     ensure_topic_specs(kafka, [topic_spec(kafka)])
     catalog = MailboxCatalog(source, configured)
     assignment_box: list[Assignment] = []
-    watcher = MailboxWatcher(kafka, catalog.record, on_change=lambda: assignment_box[0].refresh())
+    watcher = MailboxWatcher(
+        kafka,
+        catalog.record,
+        on_change=lambda: assignment_box[0].refresh(),
+        on_idle=lambda: assignment_box[0].retry(),  # a failed start is tried again
+    )
     watcher.read_to_end()
     membership: GroupMembership | None = None
     if group is not None:

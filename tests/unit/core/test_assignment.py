@@ -173,3 +173,21 @@ def test_group_settings_refuse_bad_values(field: str, value: Any, fragment: str)
 def test_work_topic_defaults_per_source() -> None:
     assert GroupSettings(id="g").topic("imap") == "mailtap.imap-work"
     assert GroupSettings(id="g", work_topic="w").topic("ews") == "w"
+
+
+def test_a_failed_apply_is_retried_and_does_not_escape_into_the_rebalance() -> None:
+    calls: list[frozenset[WorkUnit]] = []
+
+    def apply(owned: frozenset[WorkUnit]) -> None:
+        calls.append(owned)
+        if len(calls) == 1:
+            raise TimeoutError("the key index could not be read")
+
+    membership = cast(GroupMembership, _Membership())
+    assignment = Assignment(lambda: frozenset(UNITS), by_account, apply, membership)
+    assignment.partitions_changed(frozenset({0, 1}))  # raises inside: logged, not propagated
+    assert assignment.owned == frozenset()
+    assignment.retry()
+    assert assignment.owned == owned_units(UNITS, {0, 1}, 8, by_account)
+    assignment.retry()  # nothing failed since: not applied again
+    assert len(calls) == 2
