@@ -221,7 +221,8 @@ class ImapSource:
             self._apply,
             self.metrics,
         )
-        log.info("imap source: %d mailboxes started", len(self.workers))
+        if self.settings.group is None:
+            log.info("imap source: %d mailboxes started", len(self.workers))
 
     def _warm_up(self) -> None:
         pool = self._pool
