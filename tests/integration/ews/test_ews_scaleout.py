@@ -1,6 +1,7 @@
 """Two Exchange source processes share six mailboxes through a consumer group (ews.group) on the
 protocol-faithful EWS test server: each owns some, each mailbox exactly one; after a kill -9 the
-survivor takes the orphaned ones over, and every mail is on mail.events exactly once."""
+survivor takes the orphaned ones over, a folder added with `mailtap mailboxes add` starts in it,
+and every mail is on mail.events exactly once."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import yaml
+from click.testing import CliRunner
+
 from connectors.core.assignment import WorkUnit, by_folder, partition_of
 from connectors.core.config import KafkaSettings
+from mailtap.cli import main
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import read_events, source_config
 from tests.support.scaleout import Instance, exactly_once, ownership, start_instance, stop_instances
@@ -107,6 +112,19 @@ def test_two_ews_instances_split_the_mailboxes_and_one_takes_over_after_a_kill(
         keys |= {f"{n}/mid:order-2-{n}@shop.example" for n in names}
         _wait(lambda: keys <= {k for k, _ in read_events(kafka)}, "the mails after the kill")
         print(f"kill -9 -> every mailbox published again: {time.monotonic() - killed_at:.1f}s")
+
+        # A folder added at runtime (the mailboxes topic) starts in the running survivor.
+        path = tmp_path / "cli.yaml"
+        path.write_text(yaml.safe_dump(config))
+        added = CliRunner().invoke(
+            main, ["mailboxes", "add", "ews", names[0], "junkemail", "-c", str(path)]
+        )
+        assert added.exit_code == 0, added.output
+        expected.add(f"ews/{names[0]}/junkemail")
+        _settled(instances, expected)
+        ews.deliver(f"{names[0]}@example.com", _mime(names[0], 3), folder="junkemail")
+        keys.add(f"{names[0]}/mid:order-3-{names[0]}@shop.example")
+        _wait(lambda: keys <= {k for k, _ in read_events(kafka)}, "the junk mail")
     finally:
         stop_instances(instances)
     counts = Counter(k for k, _ in read_events(kafka))
