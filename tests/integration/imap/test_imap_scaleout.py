@@ -185,6 +185,11 @@ def test_three_instances_share_thirty_mailboxes_through_a_kill_and_a_newcomer(
             assert owner is not None, unit
             assert str(unit) in owned[by_pid[owner.client_id.rsplit(":", 1)[1]]]
 
+        # Each instance's /healthz also says which work partitions the group gave it.
+        held = [set(i.health()["assignment"]["partitions"]) for i in instances]
+        assert set().union(*held) == set(range(PARTITIONS)), held
+        assert sum(len(h) for h in held) == PARTITIONS, held
+
         feeder.start()
         time.sleep(8)
 
