@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "mailtap.commands.mailboxes:mailboxes",
         "Add or remove mailbox folders of running sources; list them and their owners.",
     ),
+    "suppressions": (
+        "mailtap.commands.suppressions:suppressions",
+        "List, add and remove addresses on the suppression list.",
+    ),
 }
 
 #: Which extra provides what a command imports, for the error message.

@@ -1,29 +1,46 @@
-"""The faust-streaming app: ``mail.events`` -> guards -> routing -> workflows -> ``mail.commands``.
+"""The faust-streaming app: ``mail.events`` -> by conversation -> guards -> routing -> workflows
+-> ``mail.commands``.
 
-Lifecycle of one record (agent ``mail-events``, one at a time, in partition order):
+Two agents:
 
-1. decode the Avro ``MailEvent`` (tombstones, i.e. null values, are ignored);
-2. :class:`~streams.pipeline.Pipeline` admits it (routing, loop guards, dedupe), authenticates
-   the sender (in a thread when that needs DNS), runs the workflow;
-3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent
-   and **their acknowledgements awaited**;
-4. only then are the table writes applied (dedupe mark last), and faust commits the offset
-   later (``processing_guarantee="at_least_once"``).
+- ``mail-events`` reads ``mail.events`` (``read_committed``) and re-keys each record by its
+  conversation (:mod:`streams.conversation`: the thread root) onto the internal topic
+  ``<app_id>-mail-events-by-conversation``, value and headers unchanged, waiting for the
+  acknowledgement before its offset may be committed. Tombstones are not forwarded.
+- ``mail-conversations`` reads that topic; the lifecycle of one record (one at a time, in
+  partition order):
+
+  1. decode the Avro ``MailEvent``;
+  2. :class:`~streams.pipeline.Pipeline` admits it (routing, loop guards, dedupe), authenticates
+     the sender (in a thread when that needs DNS), runs the workflow;
+  3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent
+     and **their acknowledgements awaited**;
+  4. only then are the table writes applied (dedupe mark last), and faust commits the offset
+     later (``processing_guarantee="at_least_once"``).
 
 A crash anywhere before 4 replays the mail against the old tables and re-emits the same
-command ids, which the SMTP sink absorbs; after 4 the dedupe table stops the replay. faust's
-``exactly_once`` mode is not used (open rebalance bugs, PITFALLS.md).
+command ids (``sha256(event key, workflow, step)``: from the input only), which the SMTP sink
+absorbs; after 4 the dedupe table stops the replay. faust's ``exactly_once`` mode is not used
+(open rebalance bugs, PITFALLS.md).
 
 Tables (``memory://`` store, rebuilt from their changelog topics ``<app_id>-<name>-changelog``
-at start, which :mod:`streams.changelogs` creates before faust starts): ``runs`` (dedupe),
-``rates`` (reply windows per sender and per recipient, ``streams/README.md``), ``state``
-(workflow state).
-They use the producer's partitioner (``use_partitioner=True``) because workflow state is keyed
-by thread or approval id, not by the mail key, and because the reminder timer writes outside any
-stream event. Consequence: run **one worker per app id** (all partitions on one process); a
-second worker would see only part of the state. Scaling out needs a repartition by thread root.
+at start, which :mod:`streams.changelogs` creates before faust starts, with the conversation
+topic): ``runs`` (dedupe), ``rates`` (reply windows per sender and per recipient,
+``streams/README.md``), ``state`` (workflow state). ``runs`` and ``state`` are written to the
+partition of the conversation being handled (:mod:`streams.partitions`), so all state of one
+conversation lives on one partition, and faust's assignor gives partition N of the conversation
+topic and of every changelog to the same worker (equal partition counts, that of
+``mail.events``). So **any number of workers with the same app id, up to the partition count
+of mail.events, share the load with correct state**; a worker killed with -9 is replaced by the
+others after ``session_timeout_seconds``: they restore its partitions' state and re-read from
+the committed offsets. ``rates`` keep faust's key partitioner (a sender's window spans
+conversations): with N workers each counts the replies it sent, so a sender may get up to N
+times ``max_replies`` (``streams/README.md``).
 
-A single lock serialises the agent and the reminder timer, so a timer tick never overwrites a
+The timer runs time-driven steps (approval reminders) and, hourly, the retention sweep
+(``streams.state_retention_days``) **per partition this worker owns**, each partition's state
+written back to it: after a rebalance the new owner fires a due reminder, once, with the same
+command id. A single lock serialises the agents and the timer, so a tick never overwrites a
 decision the agent is committing.
 """
 
@@ -47,15 +64,26 @@ from connectors.core.errors import ConfigError, DataError
 from connectors.core.kafka import admin_client, cluster_metadata
 from connectors.core.serde import AvroSerde
 from streams.auth import DnsFunc, RawLoader
-from streams.changelogs import ensure_changelog_topics
+from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
+from streams.conversation import conversation_key
+from streams.partitions import PartitionedTable
 from streams.pipeline import SKIPPED, Outcome, Pipeline
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
 
 log = logging.getLogger(__name__)
 
-AGENT_NAME = "mail-events"
+AGENT_NAME = "mail-conversations"
+REPARTITION_AGENT_NAME = "mail-events"
 TABLE_NAMES = ("runs", "rates", "state")
+#: How often final workflow state older than ``streams.state_retention_days`` is deleted: the
+#: retention is counted in days, so an hour late costs nothing, and a sweep walks every key.
+SWEEP_INTERVAL_S = 3600.0
+
+
+def conversations_topic_name(app_id: str) -> str:
+    """The internal topic ``mail.events`` is re-keyed onto (:mod:`streams.conversation`)."""
+    return f"{app_id}-mail-events-by-conversation"
 
 
 class _ReadCommittedConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
@@ -89,6 +117,18 @@ class FaustTables:
     runs: MutableMapping[str, Any]
     rates: MutableMapping[str, Any]
     state: MutableMapping[str, Any]
+
+    def at(self, partition: int) -> FaustTables:
+        """The tables as the pipeline sees them for a conversation on ``partition``.
+
+        ``runs`` and ``state`` are per conversation (:mod:`streams.partitions`); ``rates`` are
+        per sender and recipient, across conversations, and keep faust's key partitioner.
+        """
+        return FaustTables(
+            PartitionedTable(self.runs, partition),
+            self.rates,
+            PartitionedTable(self.state, partition),
+        )
 
 
 def events_partitions(kafka: KafkaSettings, timeout: float = 15.0) -> int:
@@ -170,8 +210,12 @@ class StreamsWorker:
             broker_heartbeat_interval=settings.session_timeout_seconds / 3,
             key_serializer="raw",
             value_serializer="raw",
+            # The memory store drops a standby's copy at every recovery anyway, and a copy
+            # would be visible to the timer's walk over the local state (streams.partitions).
+            table_standby_replicas=0,
         )
         self.events_topic = self._topic(kafka.topics.events)
+        self.conversations_topic = self._topic(conversations_topic_name(settings.app_id))
         self.commands_topic = self._topic(kafka.topics.commands)
         self.workflow_topic = self._topic(kafka.topics.workflow)
         self.tables = FaustTables(
@@ -187,23 +231,61 @@ class StreamsWorker:
         )
         #: Called with each record's / tick's outcome and whether it came from a record (metrics).
         self.outcome_hooks: list[Callable[[Outcome, bool], None]] = []
-        self.agent = self.app.agent(self.events_topic, name=AGENT_NAME)(self._consume)
+        self.repartition_agent = self.app.agent(self.events_topic, name=REPARTITION_AGENT_NAME)(
+            self._repartition
+        )
+        self.agent = self.app.agent(self.conversations_topic, name=AGENT_NAME)(self._consume)
         self.app.timer(settings.tick_interval_seconds)(self._tick)
+        self._last_sweep: dt.datetime | None = None
 
     def _topic(self, name: str) -> Any:
         return self.app.topic(name, key_serializer="raw", value_serializer="raw")
 
+    async def _repartition(self, stream: Any) -> None:
+        async for event in stream.events():
+            await self.forward(event.key, event.value, event.headers)
+
+    async def forward(
+        self, key: bytes | None, value: bytes | None, headers: tracing.RecordHeaders = None
+    ) -> bytes | None:
+        """Re-key one ``mail.events`` record by its conversation onto the internal topic, the
+        value and headers unchanged; returns the new key (None: nothing forwarded).
+
+        The send is acknowledged before faust may commit the ``mail.events`` offset: a kill in
+        between forwards the record again, which the dedupe table absorbs downstream.
+        """
+        if value is None:
+            return None  # a tombstone: the mail left the mailbox, nothing to answer
+        try:
+            record = self.mail_serde.decode(value, self.kafka.topics.events)
+            conversation = conversation_key(record).encode()
+        except DataError:
+            conversation = key or b""  # reported by the conversation agent, under its own key
+        sent = await self.conversations_topic.send(
+            key=conversation, value=value, headers=headers or None
+        )
+        await sent
+        return conversation
+
     async def _consume(self, stream: Any) -> None:
         async for event in stream.events():
-            outcome = await self.on_record(event.key, event.value, event.headers)
+            outcome = await self.on_record(
+                event.key, event.value, event.headers, partition=event.message.partition
+            )
             for hook in self.outcome_hooks:
                 hook(outcome, True)
 
     async def on_record(
-        self, key: bytes | None, value: bytes | None, headers: tracing.RecordHeaders = None
+        self,
+        key: bytes | None,
+        value: bytes | None,
+        headers: tracing.RecordHeaders = None,
+        *,
+        partition: int = 0,
     ) -> Outcome:
-        """Handle one ``mail.events`` record end to end (also called by tests).
+        """Handle one record of the conversation topic end to end (also called by tests).
 
+        ``partition`` is the record's: the conversation's state is read and written there.
         ``headers`` are the record's: with tracing on, the commands it causes carry its trace on.
         """
         if value is None:
@@ -217,8 +299,9 @@ class StreamsWorker:
             outcome = Outcome(events=[_undecodable(text, exc)])
             await self.publish(outcome)
             return outcome
+        tables = self.tables.at(partition)
         async with self._lock:
-            admitted = self.pipeline.admit(record, self.tables)
+            admitted = self.pipeline.admit(record, tables)
             if isinstance(admitted, Outcome):
                 outcome = admitted
             else:
@@ -227,9 +310,9 @@ class StreamsWorker:
                     if admitted.needs_io
                     else self.pipeline.authenticate(admitted)
                 )
-                outcome = self.pipeline.run(admitted, verdict, self.tables)
+                outcome = self.pipeline.run(admitted, verdict, tables)
             await self.publish(outcome, headers if self.kafka.tracing.enabled else None)
-            Pipeline.apply(outcome, self.tables)
+            Pipeline.apply(outcome, tables)
         _log_outputs(outcome)
         return outcome
 
@@ -237,13 +320,27 @@ class StreamsWorker:
         if self.app.in_recovery or self.app.rebalancing:
             return  # the tables are incomplete; the next tick comes soon enough
         await self._reseek_after_rebalance()
-        outcome = await self.on_tick(dt.datetime.now(dt.UTC))
+        now = dt.datetime.now(dt.UTC)
+        outcome = await self.on_tick(now)
         for hook in self.outcome_hooks:
             hook(outcome, False)
+        if self._last_sweep is None or (now - self._last_sweep).total_seconds() >= SWEEP_INTERVAL_S:
+            await self.on_sweep(now)
+            self._last_sweep = now
+
+    def owned_partitions(self) -> set[int]:
+        """The partitions of the conversation topic this worker is the active owner of."""
+        topic = conversations_topic_name(self.settings.app_id)
+        try:
+            actives = self.app.assignor.assigned_actives()
+        except AttributeError:  # no assignment yet
+            return set()
+        return {tp.partition for tp in actives if tp.topic == topic}
 
     async def _reseek_after_rebalance(self) -> None:
-        """Once per consumer generation, one tick after it settled, rewind ``mail.events`` to
-        the committed offsets, or to the beginning where nothing was committed yet.
+        """Once per consumer generation, one tick after it settled, rewind ``mail.events`` and
+        the conversation topic to the committed offsets, or to the beginning where nothing was
+        committed yet.
 
         Why: during table recovery faust 0.15.3 fetches stream partitions and discards what
         it fetched, then relies on ``seek_to_committed`` to rewind; aiokafka's
@@ -263,27 +360,48 @@ class StreamsWorker:
         consumer: Any = self.app.consumer  # ConsumerT does not declare seek_to_committed
         async with self._lock:
             committed = await consumer.seek_to_committed()
-            streams = [tp for tp in committed if tp.topic == self.kafka.topics.events]
+            sources = (self.kafka.topics.events, conversations_topic_name(self.settings.app_id))
+            streams = [tp for tp in committed if tp.topic in sources]
             uncommitted = [tp for tp in streams if not committed[tp]]
             earliest = await consumer.earliest_offsets(*uncommitted) if uncommitted else {}
             for tp in streams:
                 await consumer.seek(tp, committed[tp] or earliest[tp])
         self._reseeked_generation = generation
         log.info(
-            "generation %s settled: %s re-read from %s",
+            "generation %s settled: re-read from %s",
             generation,
-            self.kafka.topics.events,
-            {tp.partition: committed[tp] or earliest[tp] for tp in streams},
+            {f"{tp.topic}/{tp.partition}": committed[tp] or earliest[tp] for tp in streams},
         )
 
     async def on_tick(self, now: dt.datetime) -> Outcome:
-        async with self._lock:
-            outcome = self.pipeline.tick(now, self.tables)
-            if outcome.commands or outcome.events:
-                await self.publish(outcome)
-            Pipeline.apply(outcome, self.tables)
-        _log_outputs(outcome)
-        return outcome
+        """Time-driven steps (reminders) for the conversations of every partition this worker
+        owns, each partition's state written back to that partition; returns them all."""
+        total = Outcome()
+        for partition in sorted(self.owned_partitions()):
+            tables = self.tables.at(partition)
+            async with self._lock:
+                outcome = self.pipeline.tick(now, tables)
+                if outcome.commands or outcome.events:
+                    await self.publish(outcome)
+                Pipeline.apply(outcome, tables)
+            _log_outputs(outcome)
+            total.commands += outcome.commands
+            total.events += outcome.events
+        return total
+
+    async def on_sweep(self, now: dt.datetime) -> int:
+        """Delete final state older than ``streams.state_retention_days`` in the partitions
+        this worker owns (tombstones on the changelog); returns how many keys went."""
+        removed = 0
+        for partition in sorted(self.owned_partitions()):
+            tables = self.tables.at(partition)
+            async with self._lock:
+                outcome = self.pipeline.sweep(now, tables)
+                Pipeline.apply(outcome, tables)
+            removed += len(outcome.runs) + len(outcome.state)
+        if removed:
+            log.info("retention sweep: %d expired table entries deleted", removed)
+        return removed
 
     async def publish(self, outcome: Outcome, trace_parent: tracing.RecordHeaders = None) -> None:
         """Send commands and events and wait until Kafka acknowledged every one of them.
@@ -334,7 +452,10 @@ class StreamsWorker:
         check_topic_encodings(self.kafka, [topics.commands, topics.workflow])
         self.command_serde.prepare(topics.commands)
         self.workflow_serde.prepare(topics.workflow)
-        ensure_changelog_topics(self.app, self.kafka)
+        conversations = repartition_spec(
+            conversations_topic_name(self.settings.app_id), self.app.conf.topic_partitions
+        )
+        ensure_changelog_topics(self.app, self.kafka, also=[conversations])
         worker = worker_class(
             self.app,
             loglevel=loglevel,

@@ -12,6 +12,11 @@ restarted by hand. Created here first, and waited for until the broker lists eve
 a leader, the topics are in the producer's metadata from its first request on, and faust's own
 declaration finds them in place.
 
+The internal topic ``mail.events`` is re-keyed onto (``<app_id>-mail-events-by-conversation``,
+:mod:`streams.conversation`) is created here too, for the same reason and with the same
+partition count: faust's assignor gives partition N of it and of every changelog to the same
+worker only when the counts are equal, which keeps a conversation and its state together.
+
 The topics get what faust would give them: a table's partition count (that of ``mail.events``,
 which its partitions mirror) and a compacted cleanup policy (plus ``delete`` and the retention
 for a windowed table). An existing changelog with another partition count is refused at start:
@@ -22,13 +27,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import faust
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import COMPACTED, TopicSpec, admin_client, ensure_topic_specs
+from connectors.core.kafka import COMPACTED, DELETED, TopicSpec, admin_client, ensure_topic_specs
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +64,21 @@ def changelog_specs(app: faust.App) -> list[TopicSpec]:
     return specs
 
 
+def repartition_spec(name: str, partitions: int) -> TopicSpec:
+    """The conversation topic: a plain delete topic (its records are consumed within seconds;
+    the broker's default retention covers a worker that is down for a while)."""
+    return TopicSpec(name, partitions, dict(DELETED))
+
+
 def ensure_changelog_topics(
-    app: faust.App, kafka: KafkaSettings, timeout: float = TOPICS_READY_TIMEOUT_S
+    app: faust.App,
+    kafka: KafkaSettings,
+    timeout: float = TOPICS_READY_TIMEOUT_S,
+    also: Sequence[TopicSpec] = (),
 ) -> list[TopicSpec]:
-    """Create the missing changelog topics, align their policy, wait until all are usable."""
-    specs = changelog_specs(app)
+    """Create the missing changelog topics (and ``also``), align their policy, wait until all
+    are usable."""
+    specs = [*changelog_specs(app), *also]
     states = ensure_topic_specs(kafka, specs, timeout)
     admin = admin_client(kafka)
     deadline = time.monotonic() + timeout
@@ -75,10 +91,10 @@ def ensure_changelog_topics(
                 continue
             if len(found.partitions) != spec.partitions:
                 raise ConfigError(
-                    f"changelog topic {name} has {len(found.partitions)} partitions, but the "
-                    f"table needs {spec.partitions} (those of {kafka.topics.events}): its state "
-                    f"would be restored into the wrong partitions. Use a new streams.app_id, or "
-                    f"delete {name} (losing that table's state) and start again"
+                    f"topic {name} has {len(found.partitions)} partitions, but the worker "
+                    f"needs {spec.partitions} (those of {kafka.topics.events}): state would be "
+                    f"restored into the wrong partitions. Use a new streams.app_id, or delete "
+                    f"{name} (losing what it holds) and start again"
                 )
             if all(p.leader >= 0 for p in found.partitions.values()):
                 del waiting[name]

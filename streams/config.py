@@ -5,8 +5,12 @@ Example (the rules are tried in order, the first match picks the workflow)::
     streams:
       app_id: mailtap-streams
       from_address: {name: Helpdesk, address: helpdesk@example.com}
-      auth_policy: authserv            # none | authserv | dkim; per workflow below
-      authserv_id: mx.example.com      # whose Authentication-Results we trust
+      require: trusted-ar              # none | trusted-ar | dkim-aligned | dmarc-pass; per workflow below
+      authserv_id: mx.example.com      # whose Authentication-Results we trust (trusted-ar)
+      auth:                            # our own checks (dkim-aligned, dmarc-pass)
+        trusted_received_by: mx.example.com   # our border MTA: SPF uses the IP it recorded
+        nameserver: 127.0.0.1:53              # default: the system resolver
+        trusted_arc_sealers: [lists.example.org]
       rate_limit: {max_replies: 5, window_seconds: 3600, exempt_recipients: [boss@example.com]}
       reply_to_allow: ["*@tickets.partner.example"]   # Reply-To honoured outside the From domain
       rules:
@@ -19,10 +23,13 @@ Example (the rules are tried in order, the first match picks the workflow)::
         approval:
           options: {approver: boss@example.com, approver_dkim_domains: [example.com]}
         ticket_intake:
-          auth_policy: none
+          require: none
 
 Validated at start-up (:func:`streams.workflow.bind_workflows`): a rule naming an unknown
 workflow or workflow options of the wrong shape stop the worker with the key path to fix.
+
+``require`` was called ``auth_policy`` (values ``authserv`` and ``dkim``) before; both the old
+key and the old values are still read, as ``trusted-ar`` and ``dkim-aligned``.
 """
 
 from __future__ import annotations
@@ -30,9 +37,49 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-AuthPolicy = Literal["none", "authserv", "dkim"]
+#: What a mail must prove before a workflow runs (:mod:`streams.auth`).
+AuthPolicy = Literal["none", "trusted-ar", "dkim-aligned", "dmarc-pass"]
+#: The names of 0.x configurations, read as the new ones.
+LEGACY_POLICIES: dict[str, AuthPolicy] = {"authserv": "trusted-ar", "dkim": "dkim-aligned"}
+#: Workflows that act on a reply (money, access): by default the strictest policy.
+STRICT_WORKFLOWS = frozenset({"approval"})
+
+
+def _read_legacy_require(data: Any) -> Any:
+    """``auth_policy: authserv`` -> ``require: trusted-ar``; both keys at once is an error."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    if "auth_policy" in data:
+        if "require" in data:
+            raise ValueError(
+                "set either require or auth_policy (its old name), not both: keep require"
+            )
+        data["require"] = data.pop("auth_policy")
+    if isinstance(data.get("require"), str):
+        data["require"] = LEGACY_POLICIES.get(data["require"], data["require"])
+    return data
+
+
+def parse_nameserver(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:5353"`` -> ``("127.0.0.1", 5353)``; ``"[::1]:53"`` and a bare host (port 53).
+
+    >>> parse_nameserver("127.0.0.1:5353"), parse_nameserver("[::1]:5300"), parse_nameserver("10.0.0.1")
+    (('127.0.0.1', 5353), ('::1', 5300), ('10.0.0.1', 53))
+    """
+    value = value.strip()
+    if value.startswith("["):
+        host, _, rest = value[1:].partition("]")
+        port = rest.lstrip(":") or "53"
+    elif value.count(":") == 1:
+        host, _, port = value.partition(":")
+    else:
+        host, port = value, "53"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:53)")
+    return host, int(port)
 
 
 class _Strict(BaseModel):
@@ -106,9 +153,50 @@ class RoutingRule(_Strict):
     workflow: str = Field(description="registered workflow name, e.g. ticket_intake")
 
 
+class AuthSettings(_Strict):
+    """Our own sender checks (policies ``dkim-aligned`` and ``dmarc-pass``, :mod:`streams.auth`)."""
+
+    trusted_received_by: str | None = Field(
+        default=None,
+        description=(
+            "host name your border MTA writes after 'by' in its Received header; SPF is checked "
+            "against the client IP of the topmost Received header of that host. Unset: SPF is "
+            "not evaluated and dmarc-pass rests on aligned DKIM (or a trusted ARC sealer) alone"
+        ),
+    )
+    trusted_arc_sealers: list[str] = Field(
+        default_factory=list,
+        description=(
+            "domains (ARC-Seal d=) whose validated ARC chain vouches for forwarded mail under "
+            "dmarc-pass: their ARC-Authentication-Results count as our own MTA's would"
+        ),
+    )
+    nameserver: str | None = Field(
+        default=None,
+        description="DNS server as host:port for SPF, DKIM, DMARC and ARC lookups; unset: the system resolver",
+    )
+    dns_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="timeout of one DNS query; a timeout is a temperror, never a pass",
+    )
+    dns_cache_size: int = Field(
+        default=10_000, ge=0, description="DNS answers kept (each for its TTL at most)"
+    )
+
+    @field_validator("nameserver")
+    @classmethod
+    def _nameserver_is_host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_nameserver(value)
+        return value
+
+
 class WorkflowSettings(_Strict):
-    auth_policy: AuthPolicy | None = Field(
-        default=None, description="overrides streams.auth_policy for this workflow"
+    require: AuthPolicy | None = Field(
+        default=None,
+        description=("overrides streams.require for this workflow (old name: auth_policy)"),
     )
     from_address: AddressSettings | None = Field(
         default=None, description="overrides streams.from_address for this workflow"
@@ -116,6 +204,11 @@ class WorkflowSettings(_Strict):
     options: dict[str, Any] = Field(
         default_factory=dict, description="validated by the workflow's own options model"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_auth_policy(cls, data: Any) -> Any:
+        return _read_legacy_require(data)
 
 
 class StreamsSettings(_Strict):
@@ -128,12 +221,21 @@ class StreamsSettings(_Strict):
         default_factory=list,
         description="further addresses of ours; mail from them is never answered (loop guard)",
     )
-    auth_policy: AuthPolicy = Field(
-        default="authserv", description="sender authentication required before a workflow runs"
+    require: AuthPolicy | None = Field(
+        default=None,
+        description=(
+            "sender authentication required before a workflow runs: none, trusted-ar (our "
+            "MTA's Authentication-Results), dkim-aligned (our own DKIM check), dmarc-pass (our "
+            "own DMARC evaluation). Unset: dmarc-pass for approval, and for other workflows "
+            "trusted-ar when authserv_id is set, else dmarc-pass (old name: auth_policy)"
+        ),
     )
     authserv_id: str | None = Field(
         default=None,
         description="the authserv-id of our border MTA; only its Authentication-Results count",
+    )
+    auth: AuthSettings = Field(
+        default=AuthSettings(), description="our own SPF/DKIM/DMARC/ARC checks and their DNS"
     )
     rate_limit: RateLimitSettings = Field(
         default=RateLimitSettings(),
@@ -163,6 +265,15 @@ class StreamsSettings(_Strict):
         gt=0,
         description="how often time-driven steps (approval reminders) are checked",
     )
+    state_retention_days: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "workflow state that reached its final state (a decided approval, a ticket without "
+            "mail) and dedupe marks older than this are deleted, so the tables stop growing; a "
+            "mail replayed after that is treated as new"
+        ),
+    )
     data_dir: str = Field(default=".state/streams", description="faust's local data directory")
     session_timeout_seconds: float = Field(
         default=10.0,
@@ -175,9 +286,24 @@ class StreamsSettings(_Strict):
         ),
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_auth_policy(cls, data: Any) -> Any:
+        return _read_legacy_require(data)
+
     def policy_for(self, workflow: str) -> AuthPolicy:
+        """The workflow's own ``require``, else ``streams.require``, else the default: the
+        strictest policy the deployment can evaluate for approvals (``dmarc-pass``: it only
+        needs DNS and the raw mail), and for the others what 0.x did (``trusted-ar``) when the
+        MTA's id is known."""
         own = self.workflows.get(workflow)
-        return own.auth_policy if own and own.auth_policy else self.auth_policy
+        if own and own.require:
+            return own.require
+        if self.require:
+            return self.require
+        if workflow in STRICT_WORKFLOWS or not self.authserv_id:
+            return "dmarc-pass"
+        return "trusted-ar"
 
     def from_address_for(self, workflow: str) -> AddressSettings:
         own = self.workflows.get(workflow)
@@ -191,12 +317,12 @@ class StreamsSettings(_Strict):
 
     @model_validator(mode="after")
     def _authserv_id_when_needed(self) -> StreamsSettings:
-        needs = [w for w in self._workflow_names() if self.policy_for(w) == "authserv"]
+        needs = [w for w in self._workflow_names() if self.policy_for(w) == "trusted-ar"]
         if needs and not self.authserv_id:
             raise ValueError(
-                f"auth_policy 'authserv' (workflows: {', '.join(needs)}) needs authserv_id, the "
+                f"require 'trusted-ar' (workflows: {', '.join(needs)}) needs authserv_id, the "
                 f"authserv-id your border MTA writes into Authentication-Results; or set "
-                f"auth_policy to 'dkim' or 'none'"
+                f"require to 'dmarc-pass', 'dkim-aligned' or 'none'"
             )
         return self
 

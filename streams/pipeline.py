@@ -31,7 +31,14 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
-from streams.auth import Authenticated, DnsFunc, RawLoader, needs_io, sender_authentication
+from streams.auth import (
+    Authenticated,
+    DnsFunc,
+    OwnChecks,
+    RawLoader,
+    needs_io,
+    sender_authentication,
+)
 from streams.config import AuthPolicy, StreamsSettings
 from streams.guards import (
     LOOP_GUARDS,
@@ -112,6 +119,7 @@ class Pipeline:
         self.workflows = dict(workflows)
         self._load_raw = load_raw
         self._dnsfunc = dnsfunc
+        self._checks = OwnChecks.from_settings(settings.auth)  # one DNS cache per worker
         self._own = settings.own_address_set
         self._exempt_patterns = tuple(settings.rate_limit.exempt_recipients)
 
@@ -141,6 +149,7 @@ class Pipeline:
             authserv_id=self.settings.authserv_id,
             load_raw=self._load_raw,
             dnsfunc=self._dnsfunc,
+            checks=self._checks,
         )
 
     def run(self, admission: Admission, auth: Verdict, tables: Tables) -> Outcome:
@@ -188,7 +197,10 @@ class Pipeline:
                 return Outcome(events=[_skipped(mail, bound.name, limited)])
             keys.append(key)
         outcome = Outcome(commands=ctx.commands, events=ctx.events, state=state.writes)
-        outcome.runs[dedupe_key(mail.key, bound.name)] = [c["command_id"] for c in ctx.commands]
+        outcome.runs[dedupe_key(mail.key, bound.name)] = {
+            "commands": [c["command_id"] for c in ctx.commands],
+            "at": mail.observed_at.timestamp(),
+        }
         for key in keys:
             outcome.rates[key] = record_reply(tables.rates.get(key), at, limit)
         return outcome
@@ -232,6 +244,30 @@ class Pipeline:
             outcome.state.update(state.writes)
         return outcome
 
+    def sweep(self, now: dt.datetime, tables: Tables) -> Outcome:
+        """Deletions of everything final since before ``now`` minus the retention: dedupe marks
+        of mails observed before it, and what each workflow's ``expire`` names.
+
+        A dedupe mark written before marks carried their time (a bare list) is kept.
+        """
+        before = now - dt.timedelta(days=self.settings.state_retention_days)
+        cutoff = before.timestamp()
+        outcome = Outcome()
+        for key, run in list(tables.runs.items()):
+            if isinstance(run, dict) and float(run.get("at", cutoff)) < cutoff:
+                outcome.runs[key] = None
+        for bound in self.workflows.values():
+            if bound.registered.expire is None:
+                continue
+            state = WorkflowState(bound.name, tables.state)
+            try:
+                bound.registered.expire(state, before)
+            except Exception:
+                log.exception("workflow %s failed in its retention sweep", bound.name)
+                continue
+            outcome.state.update(state.writes)
+        return outcome
+
     @staticmethod
     def apply(outcome: Outcome, tables: Tables) -> None:
         """Write the outcome's table changes (after its outputs were acknowledged)."""
@@ -244,7 +280,10 @@ class Pipeline:
             tables.rates[key] = window
         # Last: once a run is marked, a replay skips the mail, so everything else must be durable.
         for key, value in outcome.runs.items():
-            tables.runs[key] = value
+            if value is None:
+                tables.runs.pop(key, None)
+            else:
+                tables.runs[key] = value
 
 
 def _recipients(command: Record) -> set[str]:

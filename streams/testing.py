@@ -138,6 +138,10 @@ class WorkflowHarness:
     def tick(self, now: dt.datetime) -> Outcome:
         return self._commit(self.pipeline.tick(now, self.tables))
 
+    def sweep(self, now: dt.datetime) -> Outcome:
+        """The retention sweep at ``now`` (``streams.state_retention_days``)."""
+        return self._commit(self.pipeline.sweep(now, self.tables))
+
     def _commit(self, outcome: Outcome) -> Outcome:
         self.commands += outcome.commands
         self.events += outcome.events

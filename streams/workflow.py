@@ -33,6 +33,12 @@ Rules the runtime relies on:
   written to the changelog-backed table only after the commands and events were acknowledged by
   Kafka, so a crash in between replays the mail against the old state.
 - **State values are JSON** (dicts, lists, strings, numbers, booleans, None).
+- **State is per conversation** (:mod:`streams.conversation`): a mail sees the state written
+  by the mails of its own thread (same thread root); with several workers, state of another
+  conversation may live on another worker. Key state by what the thread carries (Message-IDs).
+- **State ends**: an ``expire(state, before)`` hook deletes entries whose final state is older
+  than ``before`` (``streams.state_retention_days``); a replay inside the retention still meets
+  them, later it is treated as new mail.
 - **Answers go where** :func:`streams.mail.answer_address` **says** (``mail.reply_address``):
   Reply-To only within the sender's own domain or ``streams.reply_to_allow``, else From. Use
   ``ctx.reply()`` rather than building recipients from ``mail.reply_to``.
@@ -454,6 +460,9 @@ def workflow_event(
 
 MailHandler = Callable[[MailView, WorkflowContext], None]
 TickHandler = Callable[[WorkflowContext], None]
+#: ``(state, before)``: delete (``state.delete``) the entries whose final state was reached
+#: before ``before`` (the retention sweep; ``streams.state_retention_days``).
+ExpireHandler = Callable[[WorkflowState, dt.datetime], None]
 
 
 @dataclass(frozen=True)
@@ -462,6 +471,7 @@ class RegisteredWorkflow:
     on_mail: MailHandler
     on_tick: TickHandler | None
     options_model: type[BaseModel] | None
+    expire: ExpireHandler | None = None
 
 
 @dataclass(frozen=True)
@@ -480,19 +490,30 @@ class BoundWorkflow:
 _REGISTRY: dict[str, RegisteredWorkflow] = {}
 
 
-def workflow(name: str, *, options: type[BaseModel] | None = None) -> Callable[[Any], Any]:
+def workflow(
+    name: str,
+    *,
+    options: type[BaseModel] | None = None,
+    expire: ExpireHandler | None = None,
+) -> Callable[[Any], Any]:
     """Register a function ``(mail, ctx) -> None`` or a class with ``on_mail(mail, ctx)`` and
-    optionally ``on_tick(ctx)`` under ``name``. ``options`` validates
-    ``streams.workflows.<name>.options``; the instance is ``ctx.options``."""
+    optionally ``on_tick(ctx)`` and ``expire(state, before)`` under ``name``. ``options``
+    validates ``streams.workflows.<name>.options``; the instance is ``ctx.options``.
+    ``expire`` (for a function workflow) deletes state whose final state is older than the
+    retention; without it a workflow's state is never swept."""
 
     def register(target: Any) -> Any:
         if inspect.isclass(target):
             instance: Any = target()
             entry = RegisteredWorkflow(
-                name, instance.on_mail, getattr(instance, "on_tick", None), options
+                name,
+                instance.on_mail,
+                getattr(instance, "on_tick", None),
+                options,
+                getattr(instance, "expire", None),
             )
         else:
-            entry = RegisteredWorkflow(name, target, None, options)
+            entry = RegisteredWorkflow(name, target, None, options, expire)
         existing = _REGISTRY.get(name)
         if existing is not None and existing.on_mail.__qualname__ != entry.on_mail.__qualname__:
             raise ValueError(f"workflow {name!r} is already registered")

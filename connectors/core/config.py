@@ -69,6 +69,11 @@ class TopicNames(StrictModel):
     delivery: str = Field(default="mail.delivery", description="DeliveryEvents, compacted")
     offsets: str = Field(default="mailtap.offsets", description="source offsets, compacted")
     workflow: str = Field(default="mail.workflow", description="WorkflowEvents, compacted")
+    suppressions: str = Field(
+        default="mail.suppressions",
+        description="the suppression list: Suppression records, compacted, key = normalized "
+        "address; read continuously by the SMTP sink",
+    )
     mailboxes: str = Field(
         default="mailtap.mailboxes",
         description="folders added or removed at runtime (`mailtap mailboxes`), compacted",

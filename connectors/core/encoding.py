@@ -79,7 +79,7 @@ def avro_topics(kafka: KafkaSettings, retry_tiers: Iterable[str] = ()) -> list[s
     """The topics whose values are mailtap's Avro records (not the DLQ nor the offsets)."""
     t = kafka.topics
     tiers = [f"{t.retry_prefix}.{tier}" for tier in retry_tiers]
-    return [t.events, t.commands, t.delivery, t.workflow, *tiers]
+    return [t.events, t.commands, t.delivery, t.workflow, t.suppressions, *tiers]
 
 
 def topic_encodings(

@@ -241,6 +241,7 @@ def topic_specs(
         # the same with its offset.storage.topic).
         TopicSpec(t.offsets, 1, COMPACTED),
         TopicSpec(t.workflow, n, COMPACTED),
+        TopicSpec(t.suppressions, n, COMPACTED),
         # One partition: small, read whole by every source instance, changes kept in order
         # (connectors.core.mailboxes).
         TopicSpec(t.mailboxes, 1, COMPACTED),

@@ -30,7 +30,7 @@ from typing import Any, Literal, get_args
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-SchemaName = Literal["MailEvent", "ReplyCommand", "DeliveryEvent", "WorkflowEvent"]
+SchemaName = Literal["MailEvent", "ReplyCommand", "DeliveryEvent", "WorkflowEvent", "Suppression"]
 #: The topic schemas, in the order tools list them.
 TOPIC_SCHEMAS: tuple[str, ...] = get_args(SchemaName)
 NAMESPACE = "io.mailtap.v1"

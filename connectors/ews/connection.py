@@ -11,7 +11,11 @@ Requests this module makes (exchangelib 5.6, Exchange2016 dialect)::
     Subscribe <m:StreamingSubscriptionRequest>                               subscribe()
     GetStreamingEvents <m:ConnectionTimeout>N</m:ConnectionTimeout>          stream()
     GetItem item:MimeContent item:DateTimeReceived message:IsRead           fetch()
+            item:Categories, extended property 0x1090 (PidTagFlagStatus)
     FindItem item:DateTimeReceived >= since, ascending, one page             find_since()
+    FindItem IdOnly + DateTimeReceived, the whole folder, by pages           list_folder()
+    FindItem over every watched folder: InternetMessageId = <id>             holders()
+             OR DateTimeReceived in [t, t + 1 s)
 
 Pitfalls handled here (PITFALLS.md, exchangelib 5.6):
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import enum
 import logging
 import socket
 import ssl
@@ -55,9 +60,12 @@ from exchangelib import (
     Identity,
     OAuth2AuthorizationCodeCredentials,
     OAuth2Credentials,
+    Q,
 )
 from exchangelib import errors as ews_errors
+from exchangelib.extended_properties import ExtendedProperty
 from exchangelib.folders import BaseFolder
+from exchangelib.items import Message
 from exchangelib.protocol import BaseProtocol
 from exchangelib.services import GetStreamingEvents
 
@@ -78,15 +86,35 @@ log = logging.getLogger(__name__)
 redact_headers("exchangelib.util")
 quiet_token_libraries()
 
-#: Events that put an item into the watched folder. Moved/Copied count only when their
-#: ParentFolderId is the watched folder (a move *out* of it is reported to its subscription too).
-EVENT_TYPES = ("NewMailEvent", "CreatedEvent", "MovedEvent", "CopiedEvent")
+#: The item events we subscribe to. Moved/Copied are arrivals when their ParentFolderId is the
+#: watched folder; a move *out* of it (OldParentFolderId) is reported to its subscription too.
+EVENT_TYPES = (
+    "NewMailEvent",
+    "CreatedEvent",
+    "MovedEvent",
+    "CopiedEvent",
+    "ModifiedEvent",
+    "DeletedEvent",
+)
 _ARRIVALS = ("NewMailEvent", "CreatedEvent")
 #: interrupt() waits at most this long for a stream that is starting to have its socket.
 INTERRUPT_WAIT_S = 2.0
 #: GetItem properties: the MIME for the shared parser, the receive time for the watermark, and the
 #: read state (published as the \\Seen flag, like the IMAP source does).
-_FETCH_FIELDS = ["mime_content", "datetime_received", "is_read"]
+_FETCH_FIELDS = ["mime_content", "datetime_received", "is_read", "categories", "flag_status"]
+
+
+class FlagStatus(ExtendedProperty):  # type: ignore[misc]  # exchangelib is untyped
+    """``PidTagFlagStatus`` (0x1090), Outlook's follow-up flag: 2 flagged, 1 complete.
+    exchangelib 5.6 has no field for it (``Flag`` is Exchange 2013+ and not in its models)."""
+
+    property_tag = 0x1090
+    property_type = "Integer"
+
+
+FLAGGED = 2
+if "flag_status" not in {f.name for f in Message.FIELDS}:  # a re-import must not register twice
+    Message.register("flag_status", FlagStatus)
 
 #: The Account attribute of each distinguished folder name we accept in the config.
 _FOLDER_ATTRIBUTES = {
@@ -142,6 +170,29 @@ class FetchedItem:
     mime: bytes
     received: dt.datetime
     is_read: bool = False
+    categories: tuple[str, ...] = ()
+    flagged: bool = False
+
+
+class ChangeKind(enum.Enum):
+    ARRIVED = "arrived"  # new mail, created, or moved/copied into the watched folder
+    MODIFIED = "modified"  # read state, categories ... changed (a new ChangeKey)
+    GONE = "gone"  # deleted, or moved out of the watched folder
+
+
+@dataclass(frozen=True)
+class Change:
+    """What one streaming event says about an item of the watched folder.
+
+    ``other_folder`` is the watched folder (configured name) at the other end of a move or copy:
+    where an ARRIVED item came from, where a GONE item went; ``None`` when that end is no
+    watched folder of the account (or for new mail, modifications and deletions).
+    """
+
+    kind: ChangeKind
+    item_id: str
+    change_key: str
+    other_folder: str | None = None
 
 
 class EwsConnection:
@@ -155,6 +206,8 @@ class EwsConnection:
         self._folder_name = folder
         self._account: Account | None = None
         self._folder: BaseFolder | None = None
+        #: folder id -> configured name, for every watched folder of the account (this one too).
+        self._watched: dict[str, str] = {}
         self._streaming: GetStreamingEvents | None = None
         self._interrupted = False
 
@@ -173,7 +226,13 @@ class EwsConnection:
             # Every request but the stream uses this timeout (exchangelib's default is 120 s).
             account.protocol.TIMEOUT = self._settings.request_timeout_seconds
             folder = getattr(account, _FOLDER_ATTRIBUTES[self._folder_name])
-        self._account, self._folder = account, folder
+            # The other watched folders of the account, to tell a move between watched folders
+            # (an UPDATED event in the target) from a move out of all of them (tombstone check).
+            watched = {
+                getattr(account, _FOLDER_ATTRIBUTES[name]).id: name
+                for name in self._account_settings.folders
+            }
+        self._account, self._folder, self._watched = account, folder, watched
         log.info(
             "ews connected",
             extra={"account": self._account_settings.name, "folder": self._folder_name},
@@ -195,8 +254,8 @@ class EwsConnection:
             subscription_id: str = folder.subscribe_to_streaming(event_types=EVENT_TYPES)
         return subscription_id
 
-    def stream(self, subscription_id: str) -> Generator[list[ItemRef], None, None]:
-        """Yield the new items of each notification until the server closes the stream.
+    def stream(self, subscription_id: str) -> Generator[list[Change], None, None]:
+        """Yield the item changes of each notification until the server closes the stream.
 
         Yields possibly empty lists (a notification about the folder itself). Returns when the
         server ends with ConnectionStatus=Closed; a stream that ends otherwise raises
@@ -222,7 +281,7 @@ class EwsConnection:
                     notification = next(notifications, None)
                 if notification is None:
                     break
-                yield _arrivals(notification, folder.id)
+                yield _changes(notification, folder.id, self._watched)
         finally:
             self._streaming = None
             notifications.close()
@@ -274,6 +333,44 @@ class EwsConnection:
             items = list(query[:limit])
         return [ItemRef(i.id, i.changekey, _to_utc(i.datetime_received)) for i in items]
 
+    def list_folder(self, page: int) -> Generator[ItemRef, None, None]:
+        """Every item of the folder (id, ChangeKey, DateTimeReceived), oldest first, ``page``
+        per FindItem: what a reconciliation compares with what was published."""
+        folder = self._require_folder()
+        query = (
+            folder.all().only("id", "changekey", "datetime_received").order_by("datetime_received")
+        )
+        query.page_size = page
+        with _translated(self._account_settings.service_endpoint):
+            for item in query:
+                if isinstance(item, Exception):
+                    raise EwsProtocolError(f"FindItem failed: {type(item).__name__}: {item}")
+                yield ItemRef(item.id, item.changekey, _to_utc(item.datetime_received))
+
+    def holders(self, message_id: str | None, received: dt.datetime) -> list[FetchedItem]:
+        """The items of every watched folder of the account that may be the mail with this
+        Message-ID (normalized, without brackets) or this DateTimeReceived (whole second),
+        fetched with their MIME so the caller can compare keys. A move or a copy keeps the
+        receive time, so a mail without a usable Message-ID is found by it too."""
+        start = EWSDateTime.fromtimestamp(int(received.timestamp()), tz=EWSTimeZone("UTC"))
+        query = Q(
+            datetime_received__gte=start, datetime_received__lt=start + dt.timedelta(seconds=1)
+        )
+        if message_id is not None:
+            query = query | Q(message_id=f"<{message_id}>")
+        # One FindItem per folder: what one request over several ParentFolderIds answers
+        # differs between servers (one result set, or one response message per folder).
+        found = []
+        with _translated(self._account_settings.service_endpoint):
+            for folder in self._watched_folders():
+                found += [
+                    i
+                    for i in folder.filter(query).only("id", "changekey")
+                    if not isinstance(i, Exception)
+                ]
+        refs = [ItemRef(i.id, i.changekey) for i in found]
+        return [f for f in self.fetch(refs) if f is not None] if refs else []
+
     def fetch(self, refs: Sequence[ItemRef]) -> list[FetchedItem | None]:
         """MIME and DateTimeReceived of each ref (GetItem); ``None`` where the item is gone."""
         account = self._require_account()
@@ -295,6 +392,8 @@ class EwsConnection:
                         mime=bytes(answer.mime_content or b""),
                         received=_to_utc(answer.datetime_received),
                         is_read=bool(getattr(answer, "is_read", False)),
+                        categories=tuple(getattr(answer, "categories", None) or ()),
+                        flagged=getattr(answer, "flag_status", None) == FLAGGED,
                     )
                 )
         return fetched
@@ -305,6 +404,12 @@ class EwsConnection:
         if self._account is None:
             raise ConnectionLost("not connected")
         return self._account
+
+    def _watched_folders(self) -> list[BaseFolder]:
+        account = self._require_account()
+        return [
+            getattr(account, _FOLDER_ATTRIBUTES[name]) for name in self._account_settings.folders
+        ]
 
     def _require_folder(self) -> BaseFolder:
         if self._folder is None:
@@ -344,18 +449,61 @@ class EwsConnection:
 
 
 def _arrivals(notification: Any, folder_id: str) -> list[ItemRef]:
+    """The items a notification puts into the folder (one ref per item id)."""
     refs: dict[str, ItemRef] = {}
+    for change in _changes(notification, folder_id, {}):
+        if change.kind is ChangeKind.ARRIVED:
+            refs.setdefault(change.item_id, ItemRef(change.item_id, change.change_key))
+    return list(refs.values())
+
+
+def _changes(notification: Any, folder_id: str, watched: dict[str, str]) -> list[Change]:
+    """The item changes of one notification for the folder ``folder_id``, in event order.
+
+    ``watched`` maps the folder ids of the account's watched folders to their names. Folder
+    events (a ``ModifiedEvent`` with ``FolderId`` and ``UnreadCount``) are not item changes.
+    NewMailEvent and CreatedEvent name the same new item: it arrives once.
+    """
+    changes: list[Change] = []
+    arrived: set[str] = set()
     for event in notification.events:
         kind = type(event).__name__
         item_id = getattr(event, "item_id", None)
         if item_id is None or kind not in EVENT_TYPES:
             continue
         parent = getattr(event, "parent_folder_id", None)
-        if kind not in _ARRIVALS and (parent is None or parent.id != folder_id):
+        parent_id = parent.id if parent is not None else None
+        if kind in _ARRIVALS:
+            if item_id.id not in arrived:
+                arrived.add(item_id.id)
+                changes.append(Change(ChangeKind.ARRIVED, item_id.id, item_id.changekey))
             continue
-        # NewMailEvent and CreatedEvent name the same item: one ref per item id.
-        refs.setdefault(item_id.id, ItemRef(item_id.id, item_id.changekey))
-    return list(refs.values())
+        if kind == "ModifiedEvent":
+            if parent_id == folder_id:
+                changes.append(Change(ChangeKind.MODIFIED, item_id.id, item_id.changekey))
+            continue
+        if kind == "DeletedEvent":
+            if parent_id == folder_id:
+                changes.append(Change(ChangeKind.GONE, item_id.id, item_id.changekey))
+            continue
+        # MovedEvent / CopiedEvent: ItemId + ParentFolderId is the item now, OldItemId +
+        # OldParentFolderId where it was (the original, for a copy).
+        old_parent = getattr(event, "old_parent_folder_id", None)
+        old_parent_id = old_parent.id if old_parent is not None else None
+        old_item = getattr(event, "old_item_id", None)
+        if parent_id == folder_id and item_id.id not in arrived:
+            arrived.add(item_id.id)
+            origin = watched.get(old_parent_id) if old_parent_id is not None else None
+            changes.append(Change(ChangeKind.ARRIVED, item_id.id, item_id.changekey, origin))
+        if (
+            kind == "MovedEvent"
+            and old_parent_id == folder_id
+            and parent_id != folder_id
+            and old_item is not None
+        ):
+            target = watched.get(parent_id) if parent_id is not None else None
+            changes.append(Change(ChangeKind.GONE, old_item.id, old_item.changekey, target))
+    return changes
 
 
 def _to_utc(value: Any) -> dt.datetime:

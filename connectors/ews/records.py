@@ -48,6 +48,14 @@ class BuiltItem:
     dlq: bool
 
 
+def flags_of(item: FetchedItem) -> list[str]:
+    """The event's ``flags`` as the IMAP source says them: ``\\Seen`` for a read item,
+    ``\\Flagged`` for a follow-up flag (what Exchange's own IMAP server shows), then the item's
+    categories, as they are named in Exchange (Outlook's coloured categories)."""
+    system = [f for f, on in (("\\Seen", item.is_read), ("\\Flagged", item.flagged)) if on]
+    return system + list(item.categories)
+
+
 class EwsRecordBuilder:
     """Builds the records of one mailbox folder (account, folder)."""
 
@@ -84,9 +92,15 @@ class EwsRecordBuilder:
         references it, and what it did not commit is discarded on the way out."""
         return staged_batch(self._claim_check)
 
-    def build(self, item: FetchedItem, blobs: ClaimCheckBatch | None = None) -> BuiltItem:
-        """The records of ``item``. Raises ClaimCheckError when the store fails: that is not a
-        bad mail, and the batch must be retried rather than published without its content."""
+    def build(
+        self,
+        item: FetchedItem,
+        blobs: ClaimCheckBatch | None = None,
+        change: str = "ADDED",
+    ) -> BuiltItem:
+        """The records of ``item`` as a ``change`` (ADDED / UPDATED). Raises ClaimCheckError
+        when the store fails: that is not a bad mail, and the batch must be retried rather than
+        published without its content."""
         source = {
             "kind": "EWS",
             "folder": self.folder,
@@ -104,9 +118,10 @@ class EwsRecordBuilder:
                 item.mime,
                 account=self.account,
                 source=source,
-                flags=["\\Seen"] if item.is_read else [],
+                flags=flags_of(item),
                 internal_date=item.received,
                 observed_at=dt.datetime.now(dt.UTC),
+                change=change,
                 **stores,
             )
             event: dict[str, Any] = dict(parsed.event)
@@ -126,3 +141,34 @@ class EwsRecordBuilder:
             return BuiltItem(item.item_id, None, (dlq,), dlq=True)
         records = self._records.event_records(key, event, value, item.mime, located)
         return BuiltItem(item.item_id, key, tuple(records), dlq=bool(event.get("parse_error")))
+
+    def key_of(self, item: FetchedItem) -> str | None:
+        """The key ``item`` is published under, without storing anything (the tombstone check
+        compares it with the key of a mail that left the folder)."""
+        source = {
+            "kind": "EWS",
+            "folder": self.folder,
+            "uidvalidity": None,
+            "uid": None,
+            "modseq": None,
+            "item_id": item.item_id,
+            "change_key": item.change_key,
+        }
+        try:
+            parsed = self._parse(
+                item.mime,
+                account=self.account,
+                source=source,
+                flags=[],
+                internal_date=item.received,
+                observed_at=dt.datetime.now(dt.UTC),
+                claim_check=None,
+            )
+            return str(parsed.key)
+        except Exception:
+            log.exception("ews %s/%s item %s: no key", self.account, self.folder, item.item_id)
+            return None
+
+    def tombstone(self, key: str) -> SourceRecord:
+        """The record that deletes ``key``: the mail is gone from every watched folder."""
+        return self._records.tombstone(key)

@@ -233,3 +233,8 @@ def _find_our_message_id(msg: Message) -> str | None:
             return match.group(1)
     match = _OUR_MESSAGE_ID.search(_all_text(msg))
     return match.group(1) if match else None
+
+
+def correlate(msg: Message, verp_domain: str | None) -> tuple[str | None, str | None]:
+    """``(command id, our Message-ID)`` of the message a report is about (see the module doc)."""
+    return _correlate(msg, verp_domain)

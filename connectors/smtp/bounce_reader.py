@@ -9,6 +9,13 @@ that :func:`~connectors.smtp.bounce.parse_bounce` correlates to a command (keyed
 Only ``change == "ADDED"`` events are considered: a RESCANNED event (new UIDVALIDITY) is a mail we
 have already read, and UPDATED ones are flag changes. Uncorrelated bounces (not ours, or the
 original Message-ID and the VERP address are both missing) are logged and skipped.
+
+Suppression list (:mod:`connectors.smtp.suppression`, with ``smtp.suppression.enabled``): in the
+same transaction the reader writes a ``Suppression`` record for a correlated hard bounce of the
+configured classes, for soft bounces (counted on the record until the limit suppresses), for a
+complaint about one of our messages (ARF, :mod:`connectors.smtp.arf`) and for the sender of a
+mail to ``smtp.suppression.unsubscribe_mailto``. It keeps its own :class:`SuppressionTable` to
+know an address's earlier soft bounces.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka import consumer_config, init_transactions, producer_config
 from connectors.core.serde import AvroSerde
+from connectors.smtp import suppression
+from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.bounce import Bounce, parse_bounce
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.metrics import SinkMetrics
@@ -78,7 +87,15 @@ class BounceReader:
         self.accounts = {a.lower() for a in settings.bounce_accounts}
         self.events_serde = AvroSerde.for_schema("MailEvent", config.kafka)
         self.delivery_serde = AvroSerde.for_schema("DeliveryEvent", config.kafka)
+        self.suppression_serde = AvroSerde.for_schema("Suppression", config.kafka)
+        self.suppressions = (
+            suppression.SuppressionTable(config.kafka, config.kafka.topics.suppressions)
+            if settings.suppression.enabled
+            else None
+        )
         self.published = 0
+        self.suppressed = 0
+        """Suppression records written (a soft-bounce count included)."""
         self.uncorrelated = 0
         instance = settings.instance_id or socket.gethostname()
         self._producer = Producer(
@@ -94,6 +111,8 @@ class BounceReader:
 
     def start(self) -> None:
         init_transactions(self._producer, self.config.kafka, 60)
+        if self.suppressions is not None:
+            self.suppressions.start()
         self._consumer.subscribe([self.config.kafka.topics.events])
         log.info("bounce reader started accounts=%s", sorted(self.accounts))
 
@@ -108,6 +127,8 @@ class BounceReader:
     def close(self) -> None:
         self._consumer.close()
         self._producer.flush(10)
+        if self.suppressions is not None:
+            self.suppressions.close()
 
     def poll_once(self) -> int:
         records = self._consumer.consume(200, timeout=POLL_TIMEOUT_S)
@@ -115,14 +136,16 @@ class BounceReader:
             return 0
         offsets: dict[tuple[str, int], int] = {}
         events: list[dict[str, Any]] = []
+        entries: dict[str, dict[str, Any]] = {}  # the batch's suppression records, last wins
         for record in records:
             if record.error():
                 continue
             topic, partition, offset = record.topic(), record.partition(), record.offset()
             assert topic is not None and partition is not None and offset is not None
             offsets[(topic, partition)] = offset + 1
-            events.extend(self._bounces_in(record))
+            events.extend(self._bounces_in(record, entries))
         delivery = self.config.kafka.topics.delivery
+        suppressions_topic = self.config.kafka.topics.suppressions
         self._producer.begin_transaction()
         for event in events:
             self._producer.produce(
@@ -130,17 +153,26 @@ class BounceReader:
                 key=str(event["command_id"]).encode(),
                 value=self.delivery_serde.encode(event, delivery),
             )
+        for key, entry in entries.items():
+            self._producer.produce(
+                suppressions_topic,
+                key=key.encode("utf-8"),
+                value=self.suppression_serde.encode(entry, suppressions_topic),
+            )
         self._producer.send_offsets_to_transaction(
             [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
             self._consumer.consumer_group_metadata(),
         )
         self._producer.commit_transaction()
         self.published += len(events)
+        self.suppressed += len(entries)
         if self.metrics is not None and events:
             self.metrics.outcomes.labels("BOUNCED").inc(len(events))
         return len(records)
 
-    def _bounces_in(self, record: Message) -> list[dict[str, Any]]:
+    def _bounces_in(
+        self, record: Message, entries: dict[str, dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         value = record.value()
         if value is None:
             return []
@@ -164,8 +196,15 @@ class BounceReader:
             log.warning("cannot fetch %s: %s", raw_ref["uri"], exc)
             return []
         now = self.clock()
+        if self.suppressions is not None and self._complaints_in(raw, now, entries):
+            return []  # an ARF report, not a bounce
+        bounces = parse_bounce(raw, verp_domain=self.settings.verp_domain)
+        if not bounces and self.suppressions is not None:
+            # Only what is not a bounce: a DSN sent to the unsubscribe address (it may be the
+            # return path too) must not suppress the mailer daemon.
+            self._unsubscribe_in(raw, now, entries)
         out = []
-        for bounce in parse_bounce(raw, verp_domain=self.settings.verp_domain):
+        for bounce in bounces:
             if bounce.command_id is None:
                 self.uncorrelated += 1
                 log.info(
@@ -180,4 +219,93 @@ class BounceReader:
                 bounce.status,
             )
             out.append(bounce_event(bounce, now))
+            if self.suppressions is not None:
+                self._suppress_bounce(bounce, now, entries)
         return out
+
+    def _current(self, address: str, entries: dict[str, dict[str, Any]]) -> Any:
+        assert self.suppressions is not None
+        return entries.get(suppression.normalize(address)) or self.suppressions.get(address)
+
+    def _keep(self, entry: dict[str, Any], entries: dict[str, dict[str, Any]]) -> None:
+        assert self.suppressions is not None
+        entries[entry["address"]] = entry
+        # Seen by the next batch before the table's consumer reads it back.
+        self.suppressions.put_local(entry["address"], entry)
+        log.info(
+            "suppression address=%s suppressed=%s reason=%s",
+            entry["address"],
+            entry["suppressed"],
+            entry["reason"],
+        )
+
+    def _suppress_bounce(
+        self, bounce: Bounce, now: datetime, entries: dict[str, dict[str, Any]]
+    ) -> None:
+        try:
+            entry = suppression.after_bounce(
+                self._current(bounce.recipient, entries),
+                bounce.recipient,
+                hard=bounce.bounce_type.value == "HARD",
+                status=bounce.status,
+                detail=bounce.diagnostic,
+                command_id=bounce.command_id,
+                now=now,
+                settings=self.settings.suppression,
+            )
+        except suppression.AddressError as exc:
+            log.warning("bounce of an unusable address: %s", exc)
+            return
+        if entry is not None:
+            self._keep(entry, entries)
+
+    def _complaints_in(self, raw: bytes, now: datetime, entries: dict[str, dict[str, Any]]) -> bool:
+        """Suppress the complainants of an ARF report; False when ``raw`` is not one."""
+        complaints = parse_complaints(raw, verp_domain=self.settings.verp_domain)
+        if complaints is None:
+            return False
+        for complaint in complaints:
+            self._suppress(
+                complaint.recipient,
+                "COMPLAINT",
+                f"feedback type {complaint.feedback_type}",
+                complaint.command_id,
+                now,
+                entries,
+            )
+        if not complaints:
+            log.info("feedback report about no message of ours, or not a complaint: skipped")
+        return True
+
+    def _unsubscribe_in(
+        self, raw: bytes, now: datetime, entries: dict[str, dict[str, Any]]
+    ) -> None:
+        mailto = self.settings.suppression.unsubscribe_mailto
+        sender = unsubscriber(raw, mailto) if mailto else None
+        if sender is not None:
+            self._suppress(sender, "UNSUBSCRIBE", f"mail to {mailto}", None, now, entries)
+
+    def _suppress(
+        self,
+        address: str,
+        reason: str,
+        detail: str,
+        command_id: str | None,
+        now: datetime,
+        entries: dict[str, dict[str, Any]],
+    ) -> None:
+        try:
+            entry = suppression.record(
+                address,
+                reason=reason,
+                now=now,
+                detail=detail,
+                source="bounce-reader",
+                command_id=command_id,
+            )
+        except suppression.AddressError as exc:
+            log.warning("cannot suppress an unusable address (%s): %s", reason, exc)
+            return
+        existing = self._current(entry["address"], entries)
+        if existing is None or not existing.get("suppressed"):
+            self._keep(entry, entries)

@@ -34,6 +34,7 @@ from connectors.smtp.errors import (
     SmtpTimeoutError,
     SmtpTlsError,
     SmtpTransportError,
+    SmtpUtf8UnsupportedError,
 )
 
 _ENHANCED = re.compile(r"^\s*([245]\.\d{1,3}\.\d{1,3})\b")
@@ -134,6 +135,16 @@ def classify_error(recipients: Sequence[str], exc: SmtpTransportError) -> list[R
     """Outcomes when the dialogue broke off with ``exc``; every recipient shares them."""
     if isinstance(exc, SmtpReplyError):
         return [_outcome(r, exc.code, exc.reply) for r in recipients]
+    if isinstance(exc, SmtpUtf8UnsupportedError):
+        # RFC 6531 3.2: without the extension the message must not be sent; 5.6.7 is the
+        # RFC 6531 status for "non-ASCII addresses not permitted". Never retried.
+        diagnostic = exc.message[:MAX_DIAGNOSTIC]
+        return [
+            RecipientOutcome(
+                r, DeliveryStatus.FAILED, enhanced_status="5.6.7", diagnostic=diagnostic
+            )
+            for r in recipients
+        ]
     if isinstance(exc, (SmtpDisconnectedError, SmtpTimeoutError)):
         if exc.stage is SmtpStage.AFTER_DATA:
             status = DeliveryStatus.UNKNOWN

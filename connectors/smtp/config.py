@@ -46,6 +46,88 @@ class RateLimit(BaseModel):
     burst: int | None = Field(default=None, ge=1, description="how many may go at once")
 
 
+class SuppressionSettings(BaseModel):
+    """The suppression list (connectors.smtp.suppression): who is added, what replies carry."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(
+        default=True,
+        description="read the suppression list (kafka.topics.suppressions) and do not send to a "
+        "suppressed address (SUPPRESSED event); the bounce reader adds hard bounces, repeated "
+        "soft bounces, complaints and unsubscribes",
+    )
+    hard_bounce_statuses: list[str] = Field(
+        default_factory=lambda: ["5.1"],
+        description="RFC 3463 status prefixes of a hard bounce that suppresses its recipient "
+        "(5.1 = 5.1.x, bad mailbox or domain); other hard bounces only count as soft ones",
+    )
+    soft_bounce_limit: int = Field(
+        default=5,
+        ge=0,
+        description="this many soft bounces of one address within soft_bounce_window suppress "
+        "it (0: never)",
+    )
+    soft_bounce_window: str = Field(default="7d", description="window of soft_bounce_limit")
+    unsubscribe_mailto: str | None = Field(
+        default=None,
+        description="when set, every reply carries List-Unsubscribe: <mailto:THIS?subject="
+        "unsubscribe> (RFC 2369); a mail to this address arriving at a bounce account "
+        "suppresses its sender (not automatic mail). Use an address delivered to the bounce "
+        "mailbox",
+    )
+    unsubscribe_url: str | None = Field(
+        default=None,
+        description="an https URL of an RFC 8058 one-click endpoint run elsewhere (mailtap has "
+        "none); when set, replies also carry it and List-Unsubscribe-Post: "
+        "List-Unsubscribe=One-Click (RFC 8058 requires an https URI for that header)",
+    )
+
+    @field_validator("hard_bounce_statuses")
+    @classmethod
+    def _status_prefixes(cls, value: list[str]) -> list[str]:
+        for prefix in value:
+            if not re.fullmatch(r"5(\.\d{1,3}){0,2}", prefix):
+                raise ValueError(
+                    f"{prefix!r} is not a permanent RFC 3463 status or prefix such as 5.1 or 5.1.1"
+                )
+        return value
+
+    @field_validator("soft_bounce_window")
+    @classmethod
+    def _window_is_duration(cls, value: str) -> str:
+        parse_duration(value)
+        return value
+
+    @field_validator("unsubscribe_mailto")
+    @classmethod
+    def _mailto_is_address(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[^@\s<>?]+@[A-Za-z0-9.-]+", value):
+            raise ValueError(f"{value!r} is not a plain address such as unsubscribe@example.com")
+        return value
+
+    @field_validator("unsubscribe_url")
+    @classmethod
+    def _url_is_https(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https://[^\s<>]+", value):
+            raise ValueError(f"{value!r} is not an https:// URL (RFC 8058 one-click needs https)")
+        return value
+
+    @property
+    def list_unsubscribe(self) -> tuple[str, ...]:
+        """The URIs of the List-Unsubscribe header (mailto first), empty when not configured."""
+        uris = []
+        if self.unsubscribe_mailto:
+            uris.append(f"mailto:{self.unsubscribe_mailto}?subject=unsubscribe")
+        if self.unsubscribe_url:
+            uris.append(self.unsubscribe_url)
+        return tuple(uris)
+
+    @property
+    def soft_bounce_window_seconds(self) -> float:
+        return parse_duration(self.soft_bounce_window)
+
+
 class SmtpSinkSettings(BaseModel):
     """Everything the sink needs besides Kafka (which comes from the ``kafka`` section)."""
 
@@ -78,7 +160,9 @@ class SmtpSinkSettings(BaseModel):
     instance_id: str | None = Field(
         default=None,
         description="stable name of this sink instance (default: host name); its transactional "
-        "id, so a restarted instance fences and aborts what its predecessor left open",
+        "id and static group member id, so a restarted instance fences and aborts what its "
+        "predecessor left open and gets its partitions back at once. Each replica needs its own "
+        "(a StatefulSet's pod names are stable ones)",
     )
     verp_domain: str | None = Field(
         default=None,
@@ -93,7 +177,14 @@ class SmtpSinkSettings(BaseModel):
     bounce_group_id: str = Field(default="mailtap-bounce-reader", description="its consumer group")
     state_topic: str = Field(
         default="mailtap.sink.state",
-        description="compacted topic of per-command intent/outcome, read whole at start",
+        description="compacted topic of per-command intent/outcome, as many partitions as "
+        "mail.commands; an instance reads back the partitions it is assigned",
+    )
+    state_retention: str = Field(
+        default="30d",
+        description="a DONE command state older than this becomes a tombstone on state_topic; "
+        "a command created longer ago than this (a replay) is not sent but answered FAILED. "
+        "Longer than max_lifetime",
     )
     retry_tiers: list[str] = Field(
         default_factory=lambda: ["5m", "15m", "1h", "4h"],
@@ -144,6 +235,10 @@ class SmtpSinkSettings(BaseModel):
     max_message_bytes: int = Field(
         default=25_000_000, ge=1000, description="larger rendered messages are FAILED unsent"
     )
+    suppression: SuppressionSettings = Field(
+        default_factory=SuppressionSettings,
+        description="the suppression list: see its keys",
+    )
 
     @field_validator("retry_tiers")
     @classmethod
@@ -153,7 +248,7 @@ class SmtpSinkSettings(BaseModel):
             raise ValueError("retry tiers must be in increasing order")
         return value
 
-    @field_validator("max_lifetime")
+    @field_validator("max_lifetime", "state_retention")
     @classmethod
     def _lifetime_is_duration(cls, value: str) -> str:
         parse_duration(value)
@@ -171,6 +266,12 @@ class SmtpSinkSettings(BaseModel):
                 f"max_lifetime {self.max_lifetime} is not longer than the first retry tier "
                 f"{first_tier[0]}: nothing would ever be retried; raise max_lifetime"
             )
+        if self.state_retention_seconds <= self.max_lifetime_seconds:
+            raise ValueError(
+                f"state_retention {self.state_retention} must be longer than max_lifetime "
+                f"{self.max_lifetime}: a command still being retried would be refused as too old; "
+                f"raise state_retention"
+            )
         return self
 
     @property
@@ -181,3 +282,7 @@ class SmtpSinkSettings(BaseModel):
     @property
     def max_lifetime_seconds(self) -> float:
         return parse_duration(self.max_lifetime)
+
+    @property
+    def state_retention_seconds(self) -> float:
+        return parse_duration(self.state_retention)

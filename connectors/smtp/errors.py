@@ -83,6 +83,10 @@ class SmtpTlsError(SmtpTransportError):
     """TLS could not be established or verified (STARTTLS must succeed; no downgrade)."""
 
 
+class SmtpUtf8UnsupportedError(SmtpTransportError):
+    """The message needs SMTPUTF8 (a non-ASCII local part) and the relay does not offer it."""
+
+
 class SmtpAuthError(SmtpTransportError, AuthenticationError):
     """The relay refused our credentials."""
 
@@ -101,7 +105,7 @@ def classify(exc: BaseException) -> Disposition:
     PERMANENT (say so loudly, back off to the cap), a 5xx for the whole session is PERMANENT for that
     message, anything else is RETRY.
     """
-    if isinstance(exc, RenderError):
+    if isinstance(exc, RenderError | SmtpUtf8UnsupportedError):
         return Disposition.DATA
     if isinstance(exc, SmtpAuthError):
         return Disposition.PERMANENT

@@ -5,7 +5,11 @@ The sink decides; this module records. Two kinds of transactions (see :mod:`conn
 - :meth:`DeliveryRecorder.write_intents`: one ``INTENT`` state record per command about to be sent;
 - :meth:`DeliveryRecorder.write_outcomes`: per command, one DeliveryEvent per recipient (keyed by
   command id on ``mail.delivery``), then either a retry record on the tier topic plus state
-  ``SCHEDULED``, or state ``DONE`` (with a dead-letter record when the command was given up).
+  ``SCHEDULED``, or state ``DONE`` (with a dead-letter record when the command was given up);
+- :meth:`DeliveryRecorder.write_tombstones`: DONE states past the retention.
+
+State and retry records go to the partition number of the command's record (the topics are
+co-partitioned, :mod:`connectors.smtp.state`): whoever owns the command owns its state.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.retry import GiveUp, Retry, RetryInfo, dlq_headers, plan_next
-from connectors.smtp.state import CommandState
+from connectors.smtp.state import CommandState, StateStore
 
 #: Attempts to commit a transaction that failed with a retriable error.
 COMMIT_RETRIES = 5
@@ -65,6 +69,8 @@ class Work:
     """True when this is an INTENT left by a dead process: no send, outcome UNKNOWN."""
     last_error: str | None = None
     """Diagnostic of the previous attempt (from the retry record's headers)."""
+    refused: str | None = None
+    """Why the command is not sent at all (older than the state retention): FAILED, no DLQ."""
     given_up: str | None = None
     """Why the command was given up before this attempt (max lifetime): FAILED + DLQ."""
     trace: list[tuple[str, bytes]] = field(default_factory=list)
@@ -96,7 +102,7 @@ class DeliveryRecorder:
         self.topics = topics
         self.delivery_serde = delivery_serde
         self.clock = clock
-        self.states: dict[str, CommandState] = {}
+        self.states = StateStore()
         self.events_total = 0
 
     def transaction(
@@ -129,15 +135,21 @@ class DeliveryRecorder:
                 producer.abort_transaction()
             raise
 
-    def put_state(self, cid: str, state: CommandState) -> None:
-        self._produce(self.settings.state_topic, cid, state.to_bytes(), None)
-        self.states[cid] = state
+    def put_state(self, item: Work, state: CommandState) -> None:
+        partition = item.record.partition() or 0
+        self._produce(self.settings.state_topic, item.command_id, state.to_bytes(), None, partition)
+        self.states.put(item.command_id, partition, state)
+
+    def write_tombstones(self, expired: Sequence[tuple[str, int]]) -> None:
+        for cid, partition in expired:
+            self._produce(self.settings.state_topic, cid, None, None, partition)
+            self.states.remove(cid)
 
     def write_intents(self, items: Sequence[Work]) -> None:
         now_ms = to_ms(self.clock())
         for item in items:
             state = CommandState("INTENT", item.attempt, item.message_id, item.recipients, now_ms)
-            self.put_state(item.command_id, state)
+            self.put_state(item, state)
 
     def write_outcomes(
         self, items: Sequence[Work], dead: Sequence[tuple[Message, str, str]], now: datetime
@@ -187,21 +199,24 @@ class DeliveryRecorder:
                         *RetryInfo(plan.attempt, to_ms(plan.due), pending, last_error).to_headers(),
                         *item.trace,
                     ],
+                    item.record.partition() or 0,
                 )
                 self.metrics.retries.labels(plan.tier).inc()
                 self.put_state(
-                    cid, CommandState("SCHEDULED", item.attempt, message_id, pending, to_ms(now))
+                    item, CommandState("SCHEDULED", item.attempt, message_id, pending, to_ms(now))
                 )
             else:
                 assert isinstance(plan, GiveUp)
                 outcomes = [self._given_up(o, plan.reason) for o in outcomes]
                 self.dead_letter(item.record, f"{plan.reason}; last: {last_error}", "GiveUp")
-                self.put_state(cid, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
-        else:
+                self.put_state(item, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
+        elif not item.refused:
+            # A refused command (older than the state retention) gets no state: it would only
+            # grow the topic again, and a later replay of it is refused by its age anyway.
             if item.given_up:
                 reason = f"{item.given_up}; last: {item.last_error}"
                 self.dead_letter(item.record, reason, "GiveUp")
-            self.put_state(cid, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
+            self.put_state(item, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
         for outcome in outcomes:
             self._emit(
                 item, outcome, message_id, next_at if not outcome.status.final else None, now
@@ -281,6 +296,7 @@ class DeliveryRecorder:
         key: str | None,
         value: bytes | None,
         headers: Sequence[tuple[str, bytes]] | None,
+        partition: int | None = None,
     ) -> None:
         while True:
             try:
@@ -289,6 +305,8 @@ class DeliveryRecorder:
                     key=key.encode() if key else None,
                     value=value,
                     headers=list(headers) if headers else None,
+                    # -1: librdkafka's partitioner picks (RD_KAFKA_PARTITION_UA).
+                    partition=partition if partition is not None else -1,
                 )
                 return
             except BufferError:

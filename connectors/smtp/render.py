@@ -18,8 +18,13 @@ Rules:
 - Every header value and address is checked *before* the message is built: any control character
   (CR, LF, NUL, the other C0 controls, DEL, U+0085, U+2028, U+2029 -- the email package and some
   MUAs treat the last three as line breaks) is refused, so no input can add a header
-  (CVE-2024-6923 class). Addresses must be plain ``local@domain`` addr-specs with an ASCII dot-atom
-  local part (we do not negotiate SMTPUTF8); a non-ASCII domain is IDNA-encoded.
+  (CVE-2024-6923 class). Addresses must be plain ``local@domain`` addr-specs with a dot-atom
+  local part. An ASCII local part gets its domain IDNA-encoded (A-labels): that goes through
+  any relay. A non-ASCII local part (``用户@例子.广告``, RFC 6531) can only be sent with
+  SMTPUTF8: such a message is rendered with UTF-8 headers (RFC 6532, no RFC 2047 encoded words)
+  and flagged ``smtputf8``; the transport sends it with ``MAIL FROM:<...> SMTPUTF8`` when the
+  relay offers the extension, and the outcome is FAILED (5.6.7) when it does not. Otherwise
+  non-ASCII display names and subjects are RFC 2047 encoded words.
 - ``Date`` is the command's ``created_at`` (RFC 5322 3.6.1: when the creator declared the message
   complete), so a resend renders byte-identical headers.
 - Attachments are fetched from the claim-check store and checked against their sha256 and size.
@@ -46,10 +51,15 @@ BlobFetcher = Callable[[str], bytes]
 
 _ATEXT = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
 _LOCAL_PART = re.compile(rf"{_ATEXT}(?:\.{_ATEXT})*")
+# RFC 6531 3.3: atext extended with UTF8-non-ascii (any non-ASCII character; controls and
+# line breaks are refused before this by check_header_text, spaces by the class below).
+_UTEXT = r"(?:[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]|[^\x00-\x7f\s])+"
+_UTF8_LOCAL_PART = re.compile(rf"{_UTEXT}(?:\.{_UTEXT})*")
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _MSG_ID = re.compile(r"[\x21-\x3b\x3d\x3f-\x7e]+@[\x21-\x3b\x3d\x3f-\x7e]+")
 _TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
 _MIME_TYPE = re.compile(rf"{_TOKEN.pattern}/{_TOKEN.pattern}")
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:[\x21-\x3b\x3d\x3f-\x7e]+")  # no space, < or >
 _LINE_BREAKS = {"\x85", "\u2028", "\u2029"}
 MAX_ADDRESS_LENGTH = 254  # RFC 5321 4.5.3.1.3 (path) minus the angle brackets
 MAX_HEADER_CHARS = 4000
@@ -73,6 +83,8 @@ class _CachedHeaderRegistry(HeaderRegistry):
 
 
 SMTP_POLICY = policy.SMTP.clone(max_line_length=78, header_factory=_CachedHeaderRegistry())
+#: RFC 6532 headers (raw UTF-8) for a message sent with SMTPUTF8.
+SMTPUTF8_POLICY = SMTP_POLICY.clone(utf8=True)
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,8 @@ class RenderedMessage:
     recipients: tuple[str, ...]
     """to + cc + bcc, deduplicated case-insensitively, in order."""
     data: bytes
+    smtputf8: bool = False
+    """An address has a non-ASCII local part: the relay must offer SMTPUTF8 (RFC 6531)."""
 
 
 def check_header_text(value: str, field: str) -> str:
@@ -100,18 +114,47 @@ def check_header_text(value: str, field: str) -> str:
     return value
 
 
-def normalize_address(address: str, field: str) -> str:
+def needs_smtputf8(address: str) -> bool:
+    """True when the local part is not ASCII: only SMTPUTF8 can carry the address as is."""
+    return not address.rpartition("@")[0].isascii()
+
+
+def normalize_address(address: str, field: str, *, utf8: bool = False) -> str:
     """Validate a bare addr-spec; returns it with an IDNA-encoded, lower-cased domain.
+
+    A non-ASCII local part is accepted only with ``utf8`` (the message goes with SMTPUTF8); the
+    address then keeps its domain in U-labels (NFC, lower-cased), as RFC 6531 sends it.
 
     >>> normalize_address("a.b@Bücher.example", "to")
     'a.b@xn--bcher-kva.example'
+    >>> normalize_address("用户@例子.广告", "to", utf8=True)
+    '用户@例子.广告'
     """
     check_header_text(address, field)
+    address = unicodedata.normalize("NFC", address)
     local, at, domain = address.rpartition("@")
     if not at or not local or not domain:
         raise RenderError(f"{field}: {address!r} is not an address of the form local@domain")
-    if not _LOCAL_PART.fullmatch(local):
-        raise RenderError(f"{field}: {address!r} has an invalid local part (ASCII dot-atom only)")
+    if local.isascii():
+        if not _LOCAL_PART.fullmatch(local):
+            raise RenderError(f"{field}: {address!r} has an invalid local part (not a dot-atom)")
+    elif not utf8:
+        raise RenderError(f"{field}: {address!r} has a non-ASCII local part: it needs SMTPUTF8")
+    elif not _UTF8_LOCAL_PART.fullmatch(local):
+        raise RenderError(f"{field}: {address!r} has an invalid local part (not a dot-atom)")
+    ascii_domain = ascii_domain_of(address, field)
+    if local.isascii():
+        result = f"{local}@{ascii_domain}"
+    else:
+        result = f"{local}@{ascii_domain.encode('ascii').decode('idna')}"
+    if len(result.encode("utf-8")) > MAX_ADDRESS_LENGTH:
+        raise RenderError(f"{field}: {address!r} is longer than {MAX_ADDRESS_LENGTH} octets")
+    return result
+
+
+def ascii_domain_of(address: str, field: str) -> str:
+    """The domain of ``address`` in A-labels, lower-cased (for Message-IDs and IDNA sending)."""
+    domain = address.rpartition("@")[2]
     try:
         ascii_domain = domain.encode("idna").decode("ascii").lower()
     except UnicodeError:
@@ -119,22 +162,19 @@ def normalize_address(address: str, field: str) -> str:
     labels = ascii_domain.split(".")
     if not all(_LABEL.fullmatch(label) for label in labels):
         raise RenderError(f"{field}: {address!r} has an invalid domain")
-    result = f"{local}@{ascii_domain}"
-    if len(result) > MAX_ADDRESS_LENGTH:
-        raise RenderError(f"{field}: {address!r} is longer than {MAX_ADDRESS_LENGTH} characters")
-    return result
+    return ascii_domain
 
 
-def _address(value: Mapping[str, Any], field: str) -> Address:
-    addr_spec = normalize_address(str(value.get("address", "")), f"{field}.address")
+def _address(value: Mapping[str, Any], field: str, utf8: bool) -> Address:
+    addr_spec = normalize_address(str(value.get("address", "")), f"{field}.address", utf8=utf8)
     name = value.get("name")
     display = check_header_text(str(name), f"{field}.name") if name else ""
     local, _, domain = addr_spec.rpartition("@")
     return Address(display_name=display, username=local, domain=domain)
 
 
-def _addresses(values: Sequence[Mapping[str, Any]], field: str) -> list[Address]:
-    return [_address(v, f"{field}[{i}]") for i, v in enumerate(values)]
+def _addresses(values: Sequence[Mapping[str, Any]], field: str, utf8: bool) -> list[Address]:
+    return [_address(v, f"{field}[{i}]", utf8) for i, v in enumerate(values)]
 
 
 def _message_id_ref(value: str, field: str) -> str:
@@ -197,6 +237,7 @@ def render(
     verp_domain: str | None = None,
     return_path: str | None = None,
     recipients: Sequence[str] | None = None,
+    unsubscribe: Sequence[str] = (),
 ) -> RenderedMessage:
     """Build the message for a ReplyCommand dict (as decoded by the Avro serde).
 
@@ -204,14 +245,27 @@ def render(
     (the relay account's address), else the From address.
     ``recipients`` restricts the envelope (a retry goes only to the recipients still pending);
     each must be one of the command's own recipients.
+    ``unsubscribe``: URIs for ``List-Unsubscribe`` (RFC 2369); when one is an https URL the
+    message also carries ``List-Unsubscribe-Post: List-Unsubscribe=One-Click`` (RFC 8058 3.1:
+    only with an HTTPS URI).
     Raises :class:`RenderError` for anything unsafe or invalid.
     """
     command_id = check_header_text(str(command["command_id"]), "command_id")
-    sender = _address(command["from"], "from")
-    to = _addresses(command.get("to") or [], "to")
-    cc = _addresses(command.get("cc") or [], "cc")
-    bcc = _addresses(command.get("bcc") or [], "bcc")
-    reply_to = _addresses(command.get("reply_to") or [], "reply_to")
+    utf8 = any(
+        needs_smtputf8(str(a.get("address", "")))
+        for a in (
+            command["from"],
+            *(command.get("to") or []),
+            *(command.get("cc") or []),
+            *(command.get("bcc") or []),
+            *(command.get("reply_to") or []),
+        )
+    )
+    sender = _address(command["from"], "from", utf8)
+    to = _addresses(command.get("to") or [], "to", utf8)
+    cc = _addresses(command.get("cc") or [], "cc", utf8)
+    bcc = _addresses(command.get("bcc") or [], "bcc", utf8)
+    reply_to = _addresses(command.get("reply_to") or [], "reply_to", utf8)
     subject = check_header_text(str(command.get("subject") or ""), "subject")
     all_rcpts: list[str] = []
     seen: set[str] = set()
@@ -220,7 +274,7 @@ def render(
             seen.add(addr.addr_spec.lower())
             all_rcpts.append(addr.addr_spec)
     if recipients is not None:
-        wanted = {normalize_address(r, "recipients").lower() for r in recipients}
+        wanted = {normalize_address(r, "recipients", utf8=utf8).lower() for r in recipients}
         if not wanted <= seen:
             raise RenderError(
                 f"recipients: {sorted(wanted - seen)} are not recipients of the command"
@@ -229,8 +283,9 @@ def render(
     if not all_rcpts:
         raise RenderError("to/cc/bcc: the command has no recipient")
 
-    message_id = message_id_for(command_id, sender.domain)
-    msg = EmailMessage(policy=SMTP_POLICY)
+    message_id = message_id_for(command_id, ascii_domain_of(sender.addr_spec, "from"))
+    header_policy = SMTPUTF8_POLICY if utf8 else SMTP_POLICY
+    msg = EmailMessage(policy=header_policy)
     msg["Message-ID"] = f"<{message_id}>"
     created = command.get("created_at")
     when = created if isinstance(created, datetime) else datetime.now(UTC)
@@ -259,6 +314,13 @@ def render(
         if not _TOKEN.fullmatch(str(auto)):
             raise RenderError(f"auto_submitted: {auto!r} is not a token (RFC 3834)")
         msg["Auto-Submitted"] = str(auto)
+    if unsubscribe:
+        uris = [check_header_text(u, "unsubscribe") for u in unsubscribe]
+        if any(not _URI.fullmatch(u) for u in uris):
+            raise RenderError(f"unsubscribe: {uris} are not all plain URIs")
+        msg["List-Unsubscribe"] = ", ".join(f"<{u}>" for u in uris)
+        if any(u.startswith("https://") for u in uris):
+            msg["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
     _body(msg, command.get("text_body"), command.get("html_body"))
     _attach(msg, command.get("attachments") or [], fetch_blob)
     if msg.is_multipart():
@@ -267,7 +329,7 @@ def render(
     if verp_domain:
         envelope_from = verp_address(command_id, verp_domain)
     elif return_path:
-        envelope_from = normalize_address(return_path, "return_path")
+        envelope_from = normalize_address(return_path, "return_path", utf8=utf8)
     else:
         envelope_from = sender.addr_spec
     return RenderedMessage(
@@ -275,5 +337,6 @@ def render(
         message_id=message_id,
         envelope_from=envelope_from,
         recipients=tuple(all_rcpts),
-        data=msg.as_bytes(policy=SMTP_POLICY),
+        data=msg.as_bytes(policy=header_policy),
+        smtputf8=utf8,
     )

@@ -2,10 +2,13 @@
 
 Lifecycle (one asyncio task; the transactions of step 2c run in a worker thread meanwhile):
 
-1. start: create the state topic if missing, ``init_transactions()`` (aborts whatever a previous
-   process with the same instance id left open), subscribe to
-   ``mail.commands`` and every retry tier topic (one consumer, group ``smtp.group_id``, static
-   membership); on every partition assignment the state topic is read back whole.
+1. start: create the state topic if missing, check that it and the retry tiers have as many
+   partitions as ``mail.commands`` (a command's state and retries live on its partition number),
+   ``init_transactions()`` (aborts whatever a previous process with the same instance id left
+   open), subscribe to ``mail.commands`` and every retry tier topic (one consumer, group
+   ``smtp.group_id``, static membership, range assignment so that partition P of every topic goes
+   to one instance); on every partition assignment the state partitions of the assigned partition
+   numbers are read back, and only those.
 2. per batch of records:
    a. retry records not yet due: pause their partition and seek back to them, to be resumed at
       due time -- other tiers and new commands keep flowing;
@@ -16,9 +19,24 @@ Lifecycle (one asyncio task; the transactions of step 2c run in a worker thread 
       it back when its outcome is committed -- DeliveryEvents (one per recipient), the new
       state, retry or DLQ records. Each round is one Kafka transaction holding the outcomes that
       came in since the last round and the intents of the commands taking the freed slots;
-      a RenderError is a FAILED outcome with its reason, and nothing is sent;
+      a RenderError is a FAILED outcome with its reason, and nothing is sent; a recipient on
+      the suppression list (``kafka.topics.suppressions``, followed while running by
+      :class:`~connectors.smtp.suppression.SuppressionTable`) is not sent to: SUPPRESSED;
    d. the last round also commits the consumer offsets of the batch (KIP-447 style, fenced by
       the consumer group generation).
+
+Rebalances: the rebalance callbacks run inside ``consume()``, which the loop calls only between
+batches, once every send of the batch has its outcome committed together with the batch's offsets
+(step d). So when a partition is revoked nothing of it is in flight, and the new owner reads back
+DONE/SCHEDULED states and the committed offsets: a clean rebalance (an instance added, or stopped
+with SIGTERM) sends nothing twice. The group waits for a busy instance to finish its batch
+(bounded by ``max.poll.interval.ms``) before it moves partitions; a batch starts no new send after
+half of that interval (``batch_budget_s``) and leaves the rest to the next batch, so it never
+outlives its membership and sends what a new owner sends too.
+
+Retention: between batches, DONE states older than ``smtp.state_retention`` become tombstones (one
+transaction); a command whose ``created_at`` is older than the retention and has no state is not
+sent but answered FAILED ("older than the state retention"), since its state may be pruned.
 
 A crash leaves at most ``pool_size`` commands in INTENT: on restart their records are consumed
 again (the batch's offsets were not committed), each such attempt is reported UNKNOWN and resent
@@ -39,7 +57,8 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import partial
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
@@ -65,9 +84,15 @@ from connectors.smtp.identity import message_id_for
 from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.ratelimit import SendRateLimiter
 from connectors.smtp.recorder import DeliveryRecorder, Work, all_recipients, now_utc, to_ms
-from connectors.smtp.render import BlobFetcher, normalize_address, render
+from connectors.smtp.render import BlobFetcher, ascii_domain_of, normalize_address, render
 from connectors.smtp.retry import DueGate, RetryInfo, expired
-from connectors.smtp.state import ensure_state_topic, read_state
+from connectors.smtp.state import (
+    check_copartitioned,
+    ensure_state_topic,
+    partition_counts,
+    read_state,
+)
+from connectors.smtp.suppression import SuppressionTable, screen
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
@@ -81,6 +106,14 @@ PRODUCER_COMPRESSION = "lz4"
 #: Cap of the wait for more replies before recording a round (it is the last commit's duration):
 #: a slow broker must not hold the outcomes, and their slots, for long.
 MAX_GROUP_WAIT_S = 0.05
+#: How often (by the sink's clock) the state is scanned for DONE states past the retention: the
+#: retention is days, so a scan every few minutes keeps the topic within it at little cost.
+PRUNE_INTERVAL_MS = 10 * 60 * 1000
+#: Tombstones per transaction, so a first prune of a large backlog does not make one huge one.
+PRUNE_CHUNK = 5000
+#: max.poll.interval.ms unless kafka.client_properties sets it: one SMTP round may take minutes
+#: when the relay is slow (data_timeout).
+MAX_POLL_INTERVAL_MS = 600_000
 
 
 class SmtpSink:
@@ -107,6 +140,11 @@ class SmtpSink:
         self.commands_serde = AvroSerde.for_schema("ReplyCommand", config.kafka)
         self.delivery_serde = AvroSerde.for_schema("DeliveryEvent", config.kafka)
         self.pool = SmtpConnectionPool(settings)
+        self.suppressions = (
+            SuppressionTable(config.kafka, config.kafka.topics.suppressions)
+            if settings.suppression.enabled
+            else None
+        )
         self.limiter = SendRateLimiter(settings.rate, settings.domain_rates)
         self.gate = DueGate()
         self.metrics = metrics or SinkMetrics()
@@ -120,6 +158,20 @@ class SmtpSink:
         self._recorder: DeliveryRecorder | None = None
         self._events_closed = 0
         self._consumer: Consumer | None = None
+        self._owned: set[tuple[str, int]] = set()
+        self._max_poll_interval_ms = int(
+            self.kafka.client_properties.get("max.poll.interval.ms", MAX_POLL_INTERVAL_MS)
+        )
+        self.batch_budget_s = self._max_poll_interval_ms / 1000 / 2
+        """A batch starts no new send after this long; the rest goes back to the next batch.
+
+        Half of max.poll.interval.ms, so the sends in flight can still finish inside it: past it
+        librdkafka leaves the group, the partitions move, and a batch that went on sending
+        would send what the new owner sends too."""
+        self._last_prune_ms: int | None = None
+        self._stop: asyncio.Event | None = None
+        self.pruned_total = 0
+        """State records turned into tombstones (past the retention)."""
 
     @property
     def recorder(self) -> DeliveryRecorder:
@@ -135,11 +187,19 @@ class SmtpSink:
 
     def start(self) -> None:
         ensure_topics(self.kafka, retry_tiers=self.settings.retry_tiers)
-        ensure_state_topic(self.kafka, self.settings.state_topic)
+        commands = self.topics.commands
+        counts = partition_counts(self.kafka, [commands])
+        ensure_state_topic(self.kafka, self.settings.state_topic, counts[commands])
+        check_copartitioned(
+            partition_counts(self.kafka, [commands, *self.retry_topics, self.settings.state_topic]),
+            commands,
+        )
         # A registry that refuses DeliveryEvent stops the sink here, with the sentence, not at its
         # first delivery event (connectors.core.schemaregistry). Retry topics carry the
         # commands' original bytes: nothing of ours to register there.
         self.delivery_serde.prepare(self.topics.delivery)
+        if self.suppressions is not None:
+            self.suppressions.start()  # read to its end: a restart honours every entry
         producer = Producer(
             producer_config(
                 self.kafka,
@@ -164,11 +224,13 @@ class SmtpSink:
             consumer_config(
                 self.kafka,
                 self.settings.group_id,
-                # One SMTP round may take minutes when the relay is slow (data_timeout).
-                max_poll_interval_ms=600_000,
+                max_poll_interval_ms=self._max_poll_interval_ms,
                 # Static membership: a restarted instance takes its partitions back at once
                 # instead of waiting for the dead member's session to time out.
                 group_instance_id=self.instance_id,
+                # Range gives partition P of every subscribed topic (same counts, checked
+                # above) to one member: the owner of a command owns its retries and its state.
+                partition_assignment_strategy="range",
             )
         )
         consumer.subscribe(
@@ -189,16 +251,33 @@ class SmtpSink:
         )
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Another instance may have finished commands of these partitions: read the state again.
-        self.recorder.states = read_state(self.kafka, self.settings.state_topic)
-        log.info("assigned %s", sorted((p.topic, p.partition) for p in partitions))
+        # Another instance may have finished commands of these partitions: read their state
+        # again (only theirs: the rest of the state topic belongs to the other instances).
+        before = {p for _, p in self._owned}
+        self._owned |= {(p.topic, p.partition) for p in partitions}
+        new = {p for _, p in self._owned} - before
+        loaded = read_state(self.kafka, self.settings.state_topic, new)
+        for cid, state in loaded.states.items():
+            self.recorder.states.put(cid, loaded.partitions[cid], state)
+        log.info(
+            "assigned %s; state of partitions %s read back: %d commands",
+            sorted((p.topic, p.partition) for p in partitions),
+            sorted(new),
+            len(loaded),
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Nothing of these partitions is in flight: see "Rebalances" in the module docstring.
         self.gate.forget([(p.topic, p.partition) for p in partitions])
+        before = {p for _, p in self._owned}
+        self._owned -= {(p.topic, p.partition) for p in partitions}
+        self.recorder.states.drop_partitions(before - {p for _, p in self._owned})
         log.info("revoked %s", sorted((p.topic, p.partition) for p in partitions))
 
     async def close(self) -> None:
         await self.pool.close()
+        if self.suppressions is not None:
+            self.suppressions.close()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
@@ -209,6 +288,7 @@ class SmtpSink:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; always closes."""
+        self._stop = stop
         self.start()
         try:
             while not stop.is_set():
@@ -225,6 +305,7 @@ class SmtpSink:
         records = self._consumer.consume(self.settings.batch_size, timeout=0)
         if not records:
             records = self._consumer.consume(self.settings.batch_size, timeout=POLL_TIMEOUT_S)
+        await self._prune()
         if records:
             await self._process(records)
             self.records_total += len(records)
@@ -235,6 +316,28 @@ class SmtpSink:
         self.metrics.observe_consumer(self._consumer)
         self.metrics.round_completed()
         return len(records)
+
+    async def _prune(self) -> None:
+        """Tombstones for the DONE states past ``smtp.state_retention`` (every PRUNE_INTERVAL_MS)."""
+        now_ms = to_ms(self.clock())
+        if self._last_prune_ms is not None and now_ms - self._last_prune_ms < PRUNE_INTERVAL_MS:
+            return
+        self._last_prune_ms = now_ms
+        retention_ms = int(self.settings.state_retention_seconds * 1000)
+        expired = self.recorder.states.expired(now_ms, retention_ms)
+        for start in range(0, len(expired), PRUNE_CHUNK):
+            chunk = expired[start : start + PRUNE_CHUNK]
+            await asyncio.to_thread(
+                self.recorder.transaction, partial(self.recorder.write_tombstones, chunk)
+            )
+            self.pruned_total += len(chunk)
+        if expired:
+            log.info(
+                "state pruned: %d DONE states older than %s, %d left",
+                len(expired),
+                self.settings.state_retention,
+                len(self.recorder.states),
+            )
 
     def _resume_due(self) -> None:
         assert self._consumer is not None
@@ -309,6 +412,12 @@ class SmtpSink:
         started = time.monotonic()
         try:
             while True:
+                stopping = self._stop is not None and self._stop.is_set()
+                if queue and (stopping or time.monotonic() - started > self.batch_budget_s):
+                    # A stop request (SIGTERM) ends the batch as soon as the sends in flight
+                    # have their outcomes: the rest is the next owner's, unsent here.
+                    self._put_back(queue, offsets, "stop requested" if stopping else "")
+                    queue.clear()
                 free = self.settings.pool_size - len(active)
                 starting = [queue.popleft() for _ in range(min(free, len(queue)))]
                 last = not queue and not active and not starting
@@ -339,6 +448,33 @@ class SmtpSink:
             for task in active:
                 task.cancel()
             await asyncio.gather(*active, return_exceptions=True)
+
+    def _put_back(
+        self, unstarted: Sequence[Work], offsets: dict[tuple[str, int], int], why: str
+    ) -> None:
+        """Leave ``unstarted`` (no INTENT yet) to the next batch: the batch's offsets stop before
+        the first of them on each partition, and the consumer goes back there. Records after it
+        that were handled without a send (skipped, recovered, dead-lettered) come again: the
+        state skips the first two; an undecodable one is dead-lettered a second time."""
+        assert self._consumer is not None
+        first: dict[tuple[str, int], int] = {}
+        for item in unstarted:
+            topic, partition, offset = (
+                item.record.topic(),
+                item.record.partition(),
+                item.record.offset(),
+            )
+            assert topic is not None and partition is not None and offset is not None
+            first[(topic, partition)] = min(first.get((topic, partition), offset), offset)
+        for (topic, partition), offset in first.items():
+            offsets[(topic, partition)] = min(offsets[(topic, partition)], offset)
+            self._consumer.seek(TopicPartition(topic, partition, offset))
+        log.log(
+            logging.INFO if why else logging.WARNING,
+            "%s: %d commands left to the next batch",
+            why or f"batch ran past {self.batch_budget_s:.0f}s (half of max.poll.interval.ms)",
+            len(unstarted),
+        )
 
     async def _record(
         self,
@@ -379,7 +515,14 @@ class SmtpSink:
             return None
         state = self.recorder.states.get(cid)
         attempt = info.attempt if info is not None else 1
-        if state is None:
+        if state is None and self._older_than_retention(command):
+            item = Work(record, command, attempt=attempt, recipients=None)
+            item.refused = (
+                f"not sent: created at {command['created_at']:%Y-%m-%dT%H:%M:%SZ}, longer ago than "
+                f"smtp.state_retention={self.settings.state_retention}: its state may have been "
+                f"pruned, so it may have been sent already (a replay of old commands?)"
+            )
+        elif state is None:
             # A retry record without state only happens when the state topic was lost: send.
             item = Work(
                 record,
@@ -416,12 +559,24 @@ class SmtpSink:
         claimed.add(cid)
         return item
 
+    def _older_than_retention(self, command: dict[str, object]) -> bool:
+        created = command.get("created_at")
+        retention = timedelta(seconds=self.settings.state_retention_seconds)
+        return isinstance(created, datetime) and created < self.clock() - retention
+
     def _prepare(self, item: Work, now: datetime) -> bool:
         """Cheap checks before the intent; False (with outcomes set) when nothing is to be sent.
 
         Rendering itself happens in :meth:`_send`, after the intent: it costs about a millisecond
         of CPU per message, which then overlaps with the relay's work on the other sessions.
         """
+        if item.refused:
+            log.warning("refused command_id=%s: %s", item.command_id, item.refused)
+            item.outcomes = [
+                RecipientOutcome(r, DeliveryStatus.FAILED, diagnostic=item.refused)
+                for r in all_recipients(item.command)
+            ]
+            return False
         created = item.command.get("created_at")
         if (
             item.attempt > 1
@@ -439,11 +594,14 @@ class SmtpSink:
             ]
             return False
         try:
-            sender = normalize_address(str(item.command["from"]["address"]), "from.address")
+            sender = normalize_address(
+                str(item.command["from"]["address"]), "from.address", utf8=True
+            )
+            domain = ascii_domain_of(sender, "from.address")  # A-labels, as render() uses
         except RenderError as exc:
             self._render_failed(item, exc)
             return False
-        item.message_id = message_id_for(item.command_id, sender.rpartition("@")[2])
+        item.message_id = message_id_for(item.command_id, domain)
         return True
 
     def _render_failed(self, item: Work, exc: RenderError) -> None:
@@ -467,16 +625,21 @@ class SmtpSink:
                 verp_domain=self.settings.verp_domain,
                 return_path=self.settings.from_address,
                 recipients=item.recipients,
+                unsubscribe=self.settings.suppression.list_unsubscribe,
             )
         except RenderError as exc:
             self._render_failed(item, exc)
+            return
+        # Suppressed recipients are not sent to: their outcome is SUPPRESSED, the others go on.
+        rendered, item.outcomes = screen(rendered, self.suppressions)
+        if not rendered.recipients:
             return
         if len(rendered.data) > self.settings.max_message_bytes:
             reason = (
                 f"message of {len(rendered.data)} bytes exceeds "
                 f"smtp.max_message_bytes={self.settings.max_message_bytes}"
             )
-            item.outcomes = [
+            item.outcomes += [
                 RecipientOutcome(r, DeliveryStatus.FAILED, diagnostic=reason)
                 for r in rendered.recipients
             ]
@@ -487,19 +650,19 @@ class SmtpSink:
                 f"smtp.max_rate_wait={self.settings.max_rate_wait:g}s of the batch's start "
                 f"(smtp.rate / smtp.domain_rates)"
             )
-            item.outcomes = [
+            item.outcomes += [
                 RecipientOutcome(r, DeliveryStatus.DEFERRED, diagnostic=reason)
                 for r in rendered.recipients
             ]
             return
         try:
             report = await self.pool.send(rendered)
-            item.outcomes = classify_report(rendered.recipients, report)
+            item.outcomes += classify_report(rendered.recipients, report)
             self.sent_total += 1
         except SmtpTransportError as exc:
             if isinstance(exc, SmtpAuthError | SmtpTlsError):
                 log.error("relay refused us (check smtp settings): %s", exc)
-            item.outcomes = classify_error(rendered.recipients, exc)
+            item.outcomes += classify_error(rendered.recipients, exc)
         log.debug(
             "sent command_id=%s attempt=%d outcomes=%s",
             item.command_id,

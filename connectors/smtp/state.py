@@ -12,9 +12,18 @@ is never sent from ``mail.commands`` again, whatever is replayed; an ``INTENT`` 
 means the previous process died between intent and outcome: that attempt is UNKNOWN and the mail is
 resent later with the same Message-ID.
 
-The whole topic is read (``read_committed``) at start and on every partition assignment, like
-Kafka Connect's offset topic. It is a dedicated topic rather than ``mail.delivery`` because it has
-to be written in the same transaction as the consumer offsets and be tiny to read back.
+The topic is co-partitioned with ``mail.commands``: a command's state record goes to the
+partition *number* of the command's record (and its retry records too), so the instance that owns
+partition P of the commands owns every record about those commands, and on an assignment it reads
+back (``read_committed``) only the state partitions it was given -- start-up and rebalances do not
+grow with the other instances' share. :func:`check_copartitioned` refuses to start when the counts
+differ. It is a dedicated topic rather than ``mail.delivery`` because it has to be written in the
+same transaction as the consumer offsets and be small to read back.
+
+Retention: a ``DONE`` state older than ``smtp.state_retention`` becomes a tombstone (written
+transactionally, like every state record), so the topic holds the commands of the retention window,
+not every command ever sent. A command older than the retention is refused unsent by the sink
+(its state may be gone), see :mod:`connectors.smtp.sink`.
 """
 
 from __future__ import annotations
@@ -22,13 +31,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from connectors.core.config import KafkaSettings
+from connectors.core.errors import ConfigError
 from connectors.core.kafka import (
     COMPACTED,
     admin_client,
@@ -70,12 +81,15 @@ class CommandState:
         )
 
 
-def ensure_state_topic(kafka: KafkaSettings, topic: str, timeout: float = 30.0) -> None:
+def ensure_state_topic(
+    kafka: KafkaSettings, topic: str, partitions: int, timeout: float = 30.0
+) -> None:
+    """Create the state topic with ``partitions`` (the commands topic's count) when missing."""
     admin = admin_client(kafka)
     if topic in cluster_metadata(admin, kafka, timeout).topics:
         return
     futures = admin.create_topics(
-        [NewTopic(topic, kafka.partitions, kafka.replication_factor, config=dict(COMPACTED))],
+        [NewTopic(topic, partitions, kafka.replication_factor, config=dict(COMPACTED))],
         operation_timeout=timeout,
     )
     for fut in futures.values():
@@ -87,17 +101,90 @@ def ensure_state_topic(kafka: KafkaSettings, topic: str, timeout: float = 30.0) 
     log.info("state topic %s created", topic)
 
 
+def partition_counts(kafka: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
+    """``{topic: partition count}`` of the topics that exist (missing ones are left out)."""
+    admin = admin_client(kafka)
+    existing = cluster_metadata(admin, kafka, 30).topics
+    return {t: len(existing[t].partitions) for t in topics if t in existing}
+
+
+def check_copartitioned(counts: dict[str, int], commands: str) -> None:
+    """Refuse to start when a retry tier or the state topic has another partition count than
+    ``commands``: state and retries live on the command's partition number."""
+    expected = counts[commands]
+    wrong = {t: n for t, n in counts.items() if n != expected}
+    if wrong:
+        listed = ", ".join(f"{t} has {n}" for t, n in sorted(wrong.items()))
+        raise ConfigError(
+            f"the SMTP sink keeps a command's state and its retries on the partition number of "
+            f"the command, so its topics need as many partitions as {commands} ({expected}), "
+            f"but {listed}: give them {expected} partitions (kafka-topics.sh --alter --partitions "
+            f"for a topic with fewer; recreate one with more), or use new topic names"
+        )
+
+
+@dataclass
+class StateStore:
+    """The in-memory copy of the state partitions this instance owns: command id -> state."""
+
+    states: dict[str, CommandState] = field(default_factory=dict)
+    partitions: dict[str, int] = field(default_factory=dict)
+    """The state partition of each command (= its commands partition number)."""
+
+    def get(self, cid: str) -> CommandState | None:
+        return self.states.get(cid)
+
+    def put(self, cid: str, partition: int, state: CommandState) -> None:
+        self.states[cid] = state
+        self.partitions[cid] = partition
+
+    def remove(self, cid: str) -> None:
+        self.states.pop(cid, None)
+        self.partitions.pop(cid, None)
+
+    def replace(self, loaded: StateStore) -> None:
+        self.states, self.partitions = loaded.states, loaded.partitions
+
+    def drop_partitions(self, numbers: Collection[int]) -> None:
+        for cid in [c for c, p in self.partitions.items() if p in numbers]:
+            self.remove(cid)
+
+    def expired(self, now_ms: int, retention_ms: int) -> list[tuple[str, int]]:
+        """``(command id, partition)`` of the DONE states last updated before the retention."""
+        cutoff = now_ms - retention_ms
+        return [
+            (cid, self.partitions[cid])
+            for cid, state in self.states.items()
+            if state.phase == "DONE" and state.updated_ms < cutoff
+        ]
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+
 def read_state(
-    kafka: KafkaSettings, topic: str, *, timeout: float = STATE_READ_TIMEOUT_S
-) -> dict[str, CommandState]:
-    """Every command's latest state (tombstones remove). Reads up to the last stable offset."""
+    kafka: KafkaSettings,
+    topic: str,
+    partitions: Collection[int] | None = None,
+    *,
+    timeout: float = STATE_READ_TIMEOUT_S,
+) -> StateStore:
+    """The latest state of every command on ``partitions`` (None: all); tombstones remove.
+
+    Reads up to the last stable offset.
+    """
+    store = StateStore()
+    if partitions is not None and not partitions:
+        return store
     consumer = Consumer(consumer_config(kafka, group_id=f"{topic}.reader"))
     try:
         metadata = cluster_metadata(consumer, kafka, 30, topic)
-        partitions = sorted(metadata.topics[topic].partitions)
+        wanted = sorted(
+            p for p in metadata.topics[topic].partitions if partitions is None or p in partitions
+        )
         ends: dict[int, int] = {}
         assignment = []
-        for partition in partitions:
+        for partition in wanted:
             tp = TopicPartition(topic, partition)
             # With isolation.level=read_committed the "high" watermark librdkafka returns is the
             # last stable offset, so an aborted or open transaction does not make us wait for it.
@@ -105,9 +192,8 @@ def read_state(
             if high > low:
                 ends[partition] = high
                 assignment.append(TopicPartition(topic, partition, low))
-        states: dict[str, CommandState] = {}
         if not assignment:
-            return states
+            return store
         consumer.assign(assignment)
         deadline = time.monotonic() + timeout
         while ends:
@@ -122,13 +208,13 @@ def read_state(
                     value = msg.value()
                     cid = key.decode("utf-8")
                     if value is None:
-                        states.pop(cid, None)
+                        store.remove(cid)
                     else:
-                        states[cid] = CommandState.from_bytes(value)
+                        store.put(cid, msg.partition() or 0, CommandState.from_bytes(value))
             for tp in consumer.position([TopicPartition(topic, p) for p in list(ends)]):
                 if tp.offset >= ends[tp.partition]:
                     del ends[tp.partition]
-        log.info("state read back topic=%s commands=%d", topic, len(states))
-        return states
+        log.info("state read back topic=%s partitions=%s commands=%d", topic, wanted, len(store))
+        return store
     finally:
         consumer.close()

@@ -45,6 +45,7 @@ from connectors.smtp.errors import (
     SmtpTimeoutError,
     SmtpTlsError,
     SmtpTransportError,
+    SmtpUtf8UnsupportedError,
 )
 from connectors.smtp.render import RenderedMessage
 
@@ -164,16 +165,28 @@ class SmtpSession:
         """MAIL, RCPT per recipient, DATA; raises SmtpTransportError (session then closed)."""
         stage = SmtpStage.ENVELOPE
         settings = self._settings
+        options: list[str] = []
+        encoding = "ascii"
         try:
+            if message.smtputf8:
+                options = await self._smtputf8_options()
+                encoding = "utf-8"
             try:
-                await self._client.mail(message.envelope_from, timeout=settings.command_timeout)
+                await self._client.mail(
+                    message.envelope_from,
+                    options=options,
+                    encoding=encoding,
+                    timeout=settings.command_timeout,
+                )
             except SMTPSenderRefused as exc:
                 await self._reset_after(exc.code)
                 raise SmtpReplyError(exc.code, exc.message, stage=stage) from exc
             refused: dict[str, SmtpReply] = {}
             for rcpt in message.recipients:
                 try:
-                    await self._client.rcpt(rcpt, timeout=settings.command_timeout)
+                    await self._client.rcpt(
+                        rcpt, encoding=encoding, timeout=settings.command_timeout
+                    )
                 except SMTPRecipientRefused as exc:
                     refused[rcpt] = SmtpReply(exc.code, exc.message)
                     if exc.code in _CLOSING_CODES:
@@ -194,7 +207,7 @@ class SmtpSession:
                 raise SMTPServerDisconnected("connection lost before the content was sent")
             protocol.write(dot_stuff(message.data))
             reply = await protocol.read_response(timeout=settings.data_timeout)
-        except SmtpReplyError:
+        except (SmtpReplyError, SmtpUtf8UnsupportedError):
             raise
         except Exception as exc:
             self.close()
@@ -203,6 +216,23 @@ class SmtpSession:
             self.close()
         self.sent += 1
         return TransactionReport(refused, SmtpReply(reply.code, reply.message))
+
+    async def _smtputf8_options(self) -> list[str]:
+        """MAIL FROM parameters for a message that needs SMTPUTF8, if the relay offers it."""
+        # aiosmtplib sends EHLO lazily, inside mail(): the extensions are only known after it.
+        if self._client.is_ehlo_or_helo_needed:
+            await self._client.ehlo(timeout=self._settings.command_timeout)
+        if not self._client.supports_extension("smtputf8"):
+            raise SmtpUtf8UnsupportedError(
+                f"the relay {self._settings.host}:{self._settings.port} does not offer SMTPUTF8 "
+                f"(RFC 6531), which an address with a non-ASCII local part needs; nothing was sent",
+                stage=SmtpStage.ENVELOPE,
+            )
+        # RFC 6531 3.4: SMTPUTF8 on MAIL FROM; the UTF-8 headers make the content 8-bit too.
+        options = ["SMTPUTF8"]
+        if self._client.supports_extension("8bitmime"):
+            options.append("BODY=8BITMIME")
+        return options
 
     async def _reset_after(self, code: int) -> None:
         """RSET so the session can carry the next message; a 421 (or a failed RSET) closes it."""

@@ -243,6 +243,17 @@ def delivered_ids(kafka: KafkaSettings) -> set[str]:
     return sent
 
 
+def home_partition(seen: Seen) -> int:
+    """The partition the command was dead-lettered from (-1: let the partitioner choose).
+
+    The sink keeps a command's state on the partition number of the command (co-partitioned
+    topics, connectors.smtp.state): the tombstone and the replayed command go back to that
+    number, whichever partitioner wrote the command first.
+    """
+    partition = seen.header(ERROR_PREFIX + "partition")
+    return int(partition) if partition and partition.isdigit() else -1
+
+
 def _state_topic(cfg: MailtapConfig) -> str:
     raw = (cfg.model_extra or {}).get("smtp") or {}
     return str(raw.get("state_topic", "mailtap.sink.state"))
@@ -283,7 +294,9 @@ def replay(
     producer = Producer(producer_config(kafka))
     if reset_state:
         for seen in chosen:
-            producer.produce(_state_topic(cfg), key=seen.key, value=None)
+            producer.produce(
+                _state_topic(cfg), key=seen.key, value=None, partition=home_partition(seen)
+            )
         if producer.flush(30):
             raise click.ClickException("the state tombstones were not acknowledged; nothing sent")
     for seen in chosen:
@@ -292,7 +305,13 @@ def replay(
             for k, v in seen.headers
             if not k.startswith(ERROR_PREFIX) and k not in RETRY_HEADERS
         ]
-        producer.produce(kafka.topics.commands, key=seen.key, value=seen.value, headers=headers)
+        producer.produce(
+            kafka.topics.commands,
+            key=seen.key,
+            value=seen.value,
+            headers=headers,
+            partition=home_partition(seen),
+        )
     if producer.flush(30):
         raise click.ClickException("some replayed commands were not acknowledged; run it again")
     click.echo(f"{len(chosen)} replayed to {kafka.topics.commands}")

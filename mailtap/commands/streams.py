@@ -20,6 +20,7 @@ from connectors.core.kafka import request_stop
 from connectors.core.metrics import HealthServer, SourceMetrics
 from mailtap.commands.streams_health import HEARTBEAT_SECONDS, StreamsHealth
 from streams.app import StreamsWorker, events_partitions
+from streams.auth import startup_notes
 from streams.config import StreamsSettings
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,8 @@ def build_worker(config_path: str) -> StreamsWorker:
         cfg.kafka.topics.events,
         len(settings.rules),
     )
+    for note in startup_notes(settings):
+        log.info("sender authentication: %s", note)
     return StreamsWorker(settings, cfg.kafka, partitions=partitions, load_raw=store.get)
 
 

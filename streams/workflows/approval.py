@@ -24,8 +24,9 @@ Behaviour:
 
 Who may decide (every rule must hold; ``streams/README.md`` states them for operators):
 
-- the answer passed the sender-authentication guard, like every mail: use ``auth_policy``
-  ``authserv`` or ``dkim`` for this workflow in production. That authenticates the From
+- the answer passed the sender-authentication guard, like every mail: ``require`` is
+  ``dmarc-pass`` for this workflow unless configured (``trusted-ar`` or ``dkim-aligned`` are
+  the alternatives; never ``none`` in production). That authenticates the From
   *domain* only: anyone who may send as ``someone@example.com`` passes for every address of it;
 - its From is exactly the approver's address (``approver``, case-insensitive);
 - with ``approver_dkim_domains`` set, it carries a verified DKIM signature whose ``d=`` is one
@@ -45,6 +46,10 @@ Status events (key: the approval id): ``APPROVAL_REQUESTED``, ``APPROVAL_REMINDE
 ``APPROVED``, ``REJECTED``, ``APPROVAL_UNCLEAR``, ``APPROVAL_REFUSED`` (key: the request's id
 when known, else the answer's mail key; attribute ``reason``).
 
+Retention (``expire``): a decided request whose decision is older than
+``streams.state_retention_days`` is deleted with its thread entry, and so is an early answer
+that old whose request never came; a pending request is kept.
+
 State::
 
     request/<ID>          {"id", "status", "requester": ThreadRef, "event_key", "subject",
@@ -57,7 +62,7 @@ Configuration::
     streams:
       workflows:
         approval:
-          auth_policy: authserv
+          require: dmarc-pass
           options: {approver: boss@example.com, approver_dkim_domains: [example.com],
                     reminder_after_seconds: 86400, max_reminders: 3}
 """
@@ -65,6 +70,7 @@ Configuration::
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
 import re
 from typing import Any, Literal
@@ -74,6 +80,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from streams.mail import Address, MailView, ThreadRef
 from streams.workflow import (
     WorkflowContext,
+    WorkflowState,
     forwardable_attachments,
     one_line,
     reply_subject,
@@ -203,6 +210,18 @@ class Approval:
                 instance_id=request["id"],
                 event_key=request["event_key"],
             )
+
+    def expire(self, state: WorkflowState, before: dt.datetime) -> None:
+        cutoff = before.timestamp()
+        for key, request in state.items("request/"):
+            if request["status"] != PENDING and request.get("decided_at", cutoff) < cutoff:
+                state.delete(key)
+        for key, early in state.items("early/"):
+            if early.get("decided_at", cutoff) < cutoff:
+                state.delete(key)
+        for key, aid in state.items("thread/"):
+            if state.get(f"request/{aid}") is None:
+                state.delete(key)
 
     # -- steps ------------------------------------------------------------------------------
 

@@ -14,10 +14,14 @@ Behaviour:
   ``acknowledge_followups`` (default) it gets a short "added to your ticket" answer.
 - Status events on ``mail.workflow`` (key: the ticket number): ``TICKET_OPENED``,
   ``TICKET_UPDATED``.
+- A ticket has no closing step: one whose last mail is older than
+  ``streams.state_retention_days`` counts as final and is deleted with its thread entries
+  (:func:`expire_tickets`); a later mail with its tag opens a new ticket.
 
 State (keys inside this workflow's space of the state table)::
 
-    ticket/<NUMBER>       {"id", "opened_by", "subject", "requester", "opened_at", "mails": [keys]}
+    ticket/<NUMBER>       {"id", "opened_by", "subject", "requester", "opened_at",
+                           "updated_at" (the last mail's observed_at), "mails": [keys]}
     thread/<message-id>   "<NUMBER>"     (every mail of the ticket, so deep threads still attach)
 
 Configuration::
@@ -31,6 +35,7 @@ Configuration::
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
 import re
 from typing import Any
@@ -38,7 +43,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from streams.mail import MailView
-from streams.workflow import WorkflowContext, reply_subject, workflow
+from streams.workflow import WorkflowContext, WorkflowState, reply_subject, workflow
 
 NAME = "ticket_intake"
 TAG = re.compile(r"\[#([A-Z2-7]{8})\]")
@@ -80,7 +85,18 @@ def find_ticket(mail: MailView, ctx: WorkflowContext) -> dict[str, Any] | None:
     return None
 
 
-@workflow(NAME, options=TicketIntakeOptions)
+def expire_tickets(state: WorkflowState, before: dt.datetime) -> None:
+    """Delete tickets whose last mail was observed before ``before``, and their threads."""
+    for key, ticket in state.items("ticket/"):
+        last = ticket.get("updated_at") or ticket["opened_at"]
+        if dt.datetime.fromisoformat(last) < before:
+            state.delete(key)
+    for key, number in state.items("thread/"):
+        if state.get(f"ticket/{number}") is None:
+            state.delete(key)
+
+
+@workflow(NAME, options=TicketIntakeOptions, expire=expire_tickets)
 def ticket_intake(mail: MailView, ctx: WorkflowContext) -> None:
     ticket = find_ticket(mail, ctx)
     # A ticket opened by this very mail means a replay after a partial commit: open it again,
@@ -137,7 +153,10 @@ def _attach(mail: MailView, ctx: WorkflowContext, ticket: dict[str, Any]) -> Non
     mails = list(ticket.get("mails") or [])
     if mail.key not in mails:
         mails.append(mail.key)
-    ctx.state.set(f"ticket/{number}", {**ticket, "mails": mails})
+    # Mails of a thread may be read out of order: the ticket's age is that of its latest mail.
+    last = dt.datetime.fromisoformat(ticket.get("updated_at") or ticket["opened_at"])
+    updated = max(last, mail.observed_at).isoformat()
+    ctx.state.set(f"ticket/{number}", {**ticket, "mails": mails, "updated_at": updated})
     if mail.message_id:
         ctx.state.set(f"thread/{mail.message_id}", number)
     if options.acknowledge_followups:

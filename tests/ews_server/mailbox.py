@@ -10,6 +10,14 @@ Streaming semantics modelled after Exchange Server:
   of a write loses them: streaming cannot replay, exchangelib #1153);
 - a new mail raises ``NewMailEvent`` and ``CreatedEvent`` for the item and ``ModifiedEvent`` for its
   folder (with ``UnreadCount``), each with its own watermark;
+- a change of the read state or the categories gives the item a new ChangeKey and raises
+  ``ModifiedEvent`` for the item (``ItemId`` + ``ParentFolderId``) and, when the read state
+  changed, for its folder (``UnreadCount``);
+- a move gives the item a new ItemId (as ``MoveItem`` does) and raises one ``MovedEvent``
+  (``ItemId``, ``ParentFolderId``, ``OldItemId``, ``OldParentFolderId``, types.xsd
+  ``MovedCopiedEventType``) on the subscriptions of the old and the new folder; a copy raises
+  ``CopiedEvent`` (same shape, ``OldItemId`` = the original) likewise; a hard delete raises
+  ``DeletedEvent`` (``ItemId`` + ``ParentFolderId``); a soft delete is a move to Deleted Items;
 - a subscription with no open connection for ``subscription_idle_seconds`` expires; an expired or
   unsubscribed subscription answers ``ErrorSubscriptionNotFound``.
 """
@@ -57,6 +65,9 @@ class Item:
     internet_message_id: str | None
     sent: datetime | None
     is_read: bool = False
+    categories: list[str] = field(default_factory=list)
+    #: PidTagFlagStatus (0x1090): 0 none, 1 complete, 2 flagged (Outlook's follow-up flag).
+    flag_status: int = 0
 
     @property
     def size(self) -> int:
@@ -74,6 +85,8 @@ class Event:
     folder_id: tuple[str, str] | None
     parent_folder_id: tuple[str, str]
     unread_count: int | None = None
+    old_item_id: tuple[str, str] | None = None  # MovedEvent / CopiedEvent
+    old_parent_folder_id: tuple[str, str] | None = None
 
 
 @dataclass
@@ -216,6 +229,176 @@ class ExchangeStore:
                     )
             if "ModifiedEvent" in sub.event_types and folder.parent_id is not None:
                 grandparent = mailbox.folders[folder.parent_id]
+                sub.pending.append(
+                    Event(
+                        "ModifiedEvent",
+                        self._watermark(),
+                        now,
+                        None,
+                        (folder.folder_id, folder.change_key),
+                        (grandparent.folder_id, grandparent.change_key),
+                        unread_count=mailbox.unread_count(folder.folder_id),
+                    )
+                )
+
+    # -- changes to existing items (a mail client's actions) -----------------------------------
+
+    def update_item(
+        self,
+        address: str,
+        item_id: str,
+        *,
+        is_read: bool | None = None,
+        categories: list[str] | None = None,
+        flag_status: int | None = None,
+        notify: bool = True,
+    ) -> Item:
+        """``UpdateItem``: a new ChangeKey; ``ModifiedEvent`` for the item (and for its folder when
+        the read state changed, with the new ``UnreadCount``)."""
+        with self.cond:
+            mailbox = self.mailbox(address)
+            item = mailbox.items[item_id]
+            read_changed = is_read is not None and is_read != item.is_read
+            if is_read is not None:
+                item.is_read = is_read
+            if categories is not None:
+                item.categories = list(categories)
+            if flag_status is not None:
+                item.flag_status = flag_status
+            item.change_key = self._change_key()
+            folder = mailbox.folders[item.folder_id]
+            if notify:
+                now = datetime.now(UTC)
+                for sub in self._live_subscriptions(address, folder.folder_id):
+                    if "ModifiedEvent" in sub.event_types:
+                        sub.pending.append(
+                            Event(
+                                "ModifiedEvent",
+                                self._watermark(),
+                                now,
+                                (item.item_id, item.change_key),
+                                None,
+                                (folder.folder_id, folder.change_key),
+                            )
+                        )
+                if read_changed:
+                    self._folder_modified(mailbox, folder)
+            self.cond.notify_all()
+            return item
+
+    def move_item(self, address: str, item_id: str, folder: str, *, notify: bool = True) -> Item:
+        """``MoveItem``: the item gets a new id in ``folder`` (a distinguished name or a folder id)."""
+        with self.cond:
+            mailbox = self.mailbox(address)
+            item = mailbox.items.pop(item_id)
+            source = mailbox.folders[item.folder_id]
+            target = mailbox.distinguished_folder(folder) or mailbox.folders[folder]
+            old = (item.item_id, item.change_key)
+            item.item_id = _opaque_id(b"I", mailbox.address, uuid.uuid4().hex)
+            item.change_key = self._change_key()
+            item.folder_id = target.folder_id
+            mailbox.items[item.item_id] = item
+            if notify:
+                self._raise_moved_copied("MovedEvent", mailbox, item, old, source, target)
+            self.cond.notify_all()
+            return item
+
+    def copy_item(self, address: str, item_id: str, folder: str, *, notify: bool = True) -> Item:
+        """``CopyItem``: a new item with the same content (and receive time) in ``folder``."""
+        with self.cond:
+            mailbox = self.mailbox(address)
+            original = mailbox.items[item_id]
+            source = mailbox.folders[original.folder_id]
+            target = mailbox.distinguished_folder(folder) or mailbox.folders[folder]
+            copy = Item(
+                item_id=_opaque_id(b"I", mailbox.address, uuid.uuid4().hex),
+                change_key=self._change_key(),
+                folder_id=target.folder_id,
+                mime=original.mime,
+                received=original.received,
+                subject=original.subject,
+                sender=original.sender,
+                to=list(original.to),
+                internet_message_id=original.internet_message_id,
+                sent=original.sent,
+                is_read=original.is_read,
+                categories=list(original.categories),
+                flag_status=original.flag_status,
+            )
+            mailbox.items[copy.item_id] = copy
+            if notify:
+                old = (original.item_id, original.change_key)
+                self._raise_moved_copied("CopiedEvent", mailbox, copy, old, source, target)
+            self.cond.notify_all()
+            return copy
+
+    def delete_item(self, address: str, item_id: str, *, notify: bool = True) -> None:
+        """``DeleteItem`` with ``DeleteType="HardDelete"``: ``DeletedEvent`` for the item.
+        (A ``MoveToDeletedItems`` delete is :meth:`move_item` to ``deleteditems``.)"""
+        with self.cond:
+            mailbox = self.mailbox(address)
+            item = mailbox.items.pop(item_id)
+            folder = mailbox.folders[item.folder_id]
+            if notify:
+                now = datetime.now(UTC)
+                for sub in self._live_subscriptions(address, folder.folder_id):
+                    if "DeletedEvent" in sub.event_types:
+                        sub.pending.append(
+                            Event(
+                                "DeletedEvent",
+                                self._watermark(),
+                                now,
+                                (item.item_id, item.change_key),
+                                None,
+                                (folder.folder_id, folder.change_key),
+                            )
+                        )
+                self._folder_modified(mailbox, folder)
+            self.cond.notify_all()
+
+    def _raise_moved_copied(
+        self,
+        kind: str,
+        mailbox: Mailbox,
+        item: Item,
+        old: tuple[str, str],
+        source: Folder,
+        target: Folder,
+    ) -> None:
+        now = datetime.now(UTC)
+        old_parent = (source.folder_id, source.change_key)
+        source.change_key = self._change_key()
+        target.change_key = self._change_key()
+        subs = {
+            sub.subscription_id: sub
+            for folder_id in (source.folder_id, target.folder_id)
+            for sub in self._live_subscriptions(mailbox.address, folder_id)
+        }
+        for sub in subs.values():
+            if kind in sub.event_types:
+                sub.pending.append(
+                    Event(
+                        kind,
+                        self._watermark(),
+                        now,
+                        (item.item_id, item.change_key),
+                        None,
+                        (target.folder_id, target.change_key),
+                        old_item_id=old,
+                        old_parent_folder_id=old_parent,
+                    )
+                )
+        for folder in (source, target) if kind == "MovedEvent" else (target,):
+            self._folder_modified(mailbox, folder)
+
+    def _folder_modified(self, mailbox: Mailbox, folder: Folder) -> None:
+        """``ModifiedEvent`` for a folder whose content changed (its ``UnreadCount`` now)."""
+        if folder.parent_id is None:
+            return
+        now = datetime.now(UTC)
+        grandparent = mailbox.folders[folder.parent_id]
+        for sub in self._live_subscriptions(mailbox.address, folder.folder_id):
+            if "ModifiedEvent" in sub.event_types:
                 sub.pending.append(
                     Event(
                         "ModifiedEvent",

@@ -60,6 +60,9 @@ _DEFAULT_PROPERTIES = frozenset(
         "message:IsRead",
     }
 )
+#: ``PidTagFlagStatus`` (Outlook's follow-up flag), asked for as an ExtendedFieldURI.
+FLAG_STATUS = "extended:0x1090"
+
 _ALL_EVENT_TYPES = frozenset(
     {
         "CopiedEvent",
@@ -150,6 +153,11 @@ def _requested_properties(shape: ET.Element | None) -> set[str]:
         properties |= _DEFAULT_PROPERTIES
     for uri in shape.iter(t("FieldURI")):
         properties.add(uri.get("FieldURI", ""))
+    for extended in shape.iter(t("ExtendedFieldURI")):
+        # The one MAPI property served: PidTagFlagStatus, as a hex or a decimal tag.
+        tag = extended.get("PropertyTag", "")
+        if tag.lower() in ("0x1090", "4240"):
+            properties.add(FLAG_STATUS)
     if shape.findtext(t("IncludeMimeContent"), "false") == "true":
         properties.add("item:MimeContent")
     return properties
@@ -183,6 +191,10 @@ def item_element(mailbox: Mailbox, item: Item, properties: set[str]) -> ET.Eleme
         child(elem, t("DateTimeReceived"), ews_datetime(item.received))
     if "item:Size" in properties:
         child(elem, t("Size"), str(item.size))
+    if "item:Categories" in properties and item.categories:
+        categories = child(elem, t("Categories"))
+        for category in item.categories:
+            child(categories, t("String"), category)
     if "item:InReplyTo" in properties and header.get("In-Reply-To"):
         child(elem, t("InReplyTo"), header["In-Reply-To"].strip())
     if "item:DateTimeSent" in properties and item.sent is not None:
@@ -191,6 +203,10 @@ def item_element(mailbox: Mailbox, item: Item, properties: set[str]) -> ET.Eleme
         child(elem, t("DateTimeCreated"), ews_datetime(item.received))
     if "item:HasAttachments" in properties:
         child(elem, t("HasAttachments"), "true" if header.is_multipart() else "false")
+    if FLAG_STATUS in properties and item.flag_status:
+        extended = child(elem, t("ExtendedProperty"))
+        child(extended, t("ExtendedFieldURI"), PropertyTag="0x1090", PropertyType="Integer")
+        child(extended, t("Value"), str(item.flag_status))
     if "message:Sender" in properties and item.sender is not None:
         _mailbox_element(elem, t("Sender"), *item.sender)
     if "message:ToRecipients" in properties and item.to:

@@ -29,6 +29,7 @@ FIELD_VALUES: dict[str, Callable[[Item], Any]] = {
     "item:Size": lambda i: i.size,
     "item:HasAttachments": lambda i: None,
     "item:InReplyTo": lambda i: None,
+    "item:Categories": lambda i: None,
     "message:InternetMessageId": lambda i: i.internet_message_id,
     "message:IsRead": lambda i: i.is_read,
     "message:From": lambda i: i.sender[1] if i.sender else None,

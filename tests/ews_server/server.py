@@ -20,7 +20,9 @@ Fault injection (all thread-safe, callable while clients are connected):
   events in it are lost for the subscription, as on a real server;
 - ``expire_subscription(id)``: the subscription is gone (``ErrorSubscriptionNotFound`` next time);
   open streams for it end with ``ConnectionStatus`` ``Closed``;
-- ``deliver(..., notify=False)``: "missed events" — the item exists but no event mentions it;
+- ``deliver(..., notify=False)``: "missed events" — the item exists but no event mentions it
+  (``update_item`` / ``move_item`` / ``copy_item`` / ``delete_item`` take ``notify=False`` too:
+  the change happens, no event ever tells);
 - ``fail_requests(count, status=503)``: plain HTTP errors for the next requests (optionally one
   operation only), or EWS SOAP faults such as ``ErrorServerBusy`` with ``soap_code=``;
 - ``stall_streams()``: stop writing on open (and new) streams but keep the sockets open.
@@ -193,6 +195,39 @@ class EwsTestServer:
         notify: bool = True,
     ) -> Item:
         return self.store.deliver(address, mime, folder=folder, received=received, notify=notify)
+
+    def update_item(
+        self,
+        address: str,
+        item_id: str,
+        *,
+        is_read: bool | None = None,
+        categories: list[str] | None = None,
+        flag_status: int | None = None,
+        notify: bool = True,
+    ) -> Item:
+        """A client marks the item read/unread, sets its categories or its follow-up flag
+        (``flag_status``: PidTagFlagStatus, 2 flagged, 1 complete, 0 none) (``UpdateItem``)."""
+        return self.store.update_item(
+            address,
+            item_id,
+            is_read=is_read,
+            categories=categories,
+            flag_status=flag_status,
+            notify=notify,
+        )
+
+    def move_item(self, address: str, item_id: str, folder: str, *, notify: bool = True) -> Item:
+        """A client moves the item (``MoveItem``); it gets a new ItemId."""
+        return self.store.move_item(address, item_id, folder, notify=notify)
+
+    def copy_item(self, address: str, item_id: str, folder: str, *, notify: bool = True) -> Item:
+        """A client copies the item (``CopyItem``); the copy has its own ItemId."""
+        return self.store.copy_item(address, item_id, folder, notify=notify)
+
+    def delete_item(self, address: str, item_id: str, *, notify: bool = True) -> None:
+        """A client deletes the item for good (``DeleteItem``, ``HardDelete``)."""
+        self.store.delete_item(address, item_id, notify=notify)
 
     def operations(self) -> list[str]:
         with self.store.cond:
@@ -661,6 +696,11 @@ def _notifications_envelope(events: dict[str, list[Event]]) -> bytes:
                 child(elem, t("FolderId"), Id=event.folder_id[0], ChangeKey=event.folder_id[1])
             parent_id, parent_ck = event.parent_folder_id
             child(elem, t("ParentFolderId"), Id=parent_id, ChangeKey=parent_ck)
+            if event.old_item_id is not None:
+                child(elem, t("OldItemId"), Id=event.old_item_id[0], ChangeKey=event.old_item_id[1])
+            if event.old_parent_folder_id is not None:
+                old_id, old_ck = event.old_parent_folder_id
+                child(elem, t("OldParentFolderId"), Id=old_id, ChangeKey=old_ck)
             if event.unread_count is not None:
                 child(elem, t("UnreadCount"), str(event.unread_count))
     return _streaming_envelope(message)

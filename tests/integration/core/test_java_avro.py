@@ -28,10 +28,10 @@ from connectors.core.serde import AvroSerde
 from tests.integration.core.java_avro import AVRO_VERSIONS, maven_codegen, run_checker
 from tests.unit.core.contract_samples import SAMPLES, current, without_placeholder
 
-#: Everything a code generator makes from the schemas: 4 topic records, Address, the nested
+#: Everything a code generator makes from the schemas: 5 topic records, Address, the nested
 #: records (SourceCoordinates, Attachment, BlobRef, GuardHeaders, AttachmentRef) and the enums
-#: (KeyKind, ChangeKind, SourceKind, CommandKind, DeliveryStatus, BounceType).
-GENERATED_CLASSES = 16
+#: (KeyKind, ChangeKind, SourceKind, CommandKind, DeliveryStatus, BounceType, SuppressionReason).
+GENERATED_CLASSES = 18
 
 
 def write_json(path: Path, value: Any) -> str:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import UTC as DT_UTC
+from datetime import datetime, timedelta
 
 import pytest
 import requests
@@ -21,6 +22,8 @@ from exchangelib.services import GetStreamingEvents, SyncFolderItems
 
 from tests.ews_server import EwsTestServer
 from tests.ews_server.fixture import PASSWORD, USER, fast_server
+from tests.ews_server.mailbox import Event
+from tests.ews_server.server import _notifications_envelope
 
 pytestmark = pytest.mark.integration
 
@@ -288,3 +291,60 @@ def test_sync_folder_items_is_not_served_and_is_recorded(ews: EwsTestServer) -> 
             )
         )
     assert "SyncFolderItems" in ews.operations()
+
+
+def test_item_changes_raise_modified_moved_copied_and_deleted_events_as_exchange_does(
+    ews: EwsTestServer,
+) -> None:
+    account = make_account(ews)
+    inbox, junk = account.inbox, account.junk
+    sub_id = inbox.subscribe_to_streaming()
+    item = ews.deliver(USER, mime(1), notify=False)
+    original_id = item.item_id
+    ews.update_item(USER, original_id, is_read=True, categories=["Red"])
+    copy = ews.copy_item(USER, original_id, "junkemail")
+    ews.move_item(USER, original_id, "junkemail")
+    ews.delete_item(USER, copy.item_id)
+    events = [
+        event
+        for notification in inbox.get_streaming_events(sub_id, connection_timeout=1)
+        for event in notification.events
+    ]
+    item_events = [e for e in events if e.item_id is not None]
+    kinds = [type(e).__name__ for e in item_events]
+    # The inbox subscription: the modification, the copy out of it (CopiedEvent names both
+    # ends), the move out of it; the deletion in Junk is not the inbox's business.
+    assert kinds == ["ModifiedEvent", "CopiedEvent", "MovedEvent"]
+    modified, copied, moved = item_events
+    assert modified.parent_folder_id.id == inbox.id
+    assert copied.item_id.id == copy.item_id and copied.parent_folder_id.id == junk.id
+    assert copied.old_item_id.id == original_id and copied.old_parent_folder_id.id == inbox.id
+    assert moved.item_id.id == item.item_id != original_id  # a move gives a new ItemId
+    assert moved.parent_folder_id.id == junk.id
+    assert moved.old_item_id.id == original_id and moved.old_parent_folder_id.id == inbox.id
+    # The folder's own ModifiedEvent carries its UnreadCount (the read mail left: 0).
+    unread = [e.unread_count for e in events if e.folder_id is not None]
+    assert unread and unread[-1] == 0
+    assert account.junk.get(id=item.item_id).categories == ["Red"]
+
+
+def test_moved_events_carry_their_elements_in_schema_order() -> None:
+    """types.xsd MovedCopiedEventType: Watermark, TimeStamp, ItemId, ParentFolderId, then
+    OldItemId, OldParentFolderId."""
+    event = Event(
+        "MovedEvent",
+        "AQAAA1",
+        datetime(2026, 11, 29, 16, 0, tzinfo=DT_UTC),
+        ("new", "ck"),
+        None,
+        ("junk", "j"),
+        old_item_id=("old", "ck0"),
+        old_parent_folder_id=("inbox", "i"),
+    )
+    wire = _notifications_envelope({"sub": [event]}).decode()
+    names = ("Watermark", "TimeStamp", "ItemId", "ParentFolderId", "OldItemId", "OldParentFolderId")
+    positions = [
+        wire.index(f"<t:{name} ") if f"<t:{name} " in wire else wire.index(f"<t:{name}>")
+        for name in names
+    ]
+    assert positions == sorted(positions)

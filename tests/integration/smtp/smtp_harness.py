@@ -33,6 +33,7 @@ def sink_config(
                 "retry_prefix": f"mail.commands.{unique}.retry",
                 "dlq": f"mail.commands.{unique}.dlq",
                 "delivery": f"mail.delivery.{unique}",
+                "suppressions": f"mail.suppressions.{unique}",
             },
         },
         "health": {"port": 0},

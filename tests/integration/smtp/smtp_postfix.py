@@ -63,7 +63,7 @@ relayhost = [127.0.0.1]:{relay_port}
 smtpd_relay_restrictions = permit_mynetworks, reject
 smtp_tls_security_level = none
 smtpd_tls_security_level = none
-smtputf8_enable = no
+smtputf8_enable = {smtputf8}
 biff = no
 maillog_file = {root}/postfix.log
 maillog_file_prefixes = {root}
@@ -83,8 +83,9 @@ def _free_port() -> int:
 class PrivatePostfix:
     """``with PrivatePostfix(root, relay_port) as pf: pf.port`` -- started in the foreground."""
 
-    def __init__(self, root: Path, relay_port: int) -> None:
+    def __init__(self, root: Path, relay_port: int, *, smtputf8: bool = False) -> None:
         self.root = root
+        self.smtputf8 = smtputf8
         self.relay_port = relay_port
         self.port = _free_port()
         self._master: subprocess.Popen[bytes] | None = None
@@ -99,7 +100,11 @@ class PrivatePostfix:
         shutil.chown(self.root / "data", "postfix", "postfix")
         self.root.chmod(0o755)
         (self.root / "main.cf").write_text(
-            MAIN_CF.format(root=self.root, relay_port=self.relay_port)
+            MAIN_CF.format(
+                root=self.root,
+                relay_port=self.relay_port,
+                smtputf8="yes" if self.smtputf8 else "no",
+            )
         )
         (self.root / "master.cf").write_text(MASTER_CF.format(port=self.port))
 

@@ -41,6 +41,8 @@ class Accepted:
     rcpt_tos: tuple[str, ...]
     message_id: str
     data: bytes
+    mail_options: tuple[str, ...] = ()
+    """MAIL FROM parameters, e.g. ("SMTPUTF8", "BODY=8BITMIME")."""
 
 
 class ScriptedHandler:
@@ -92,6 +94,7 @@ class ScriptedHandler:
                     tuple(str(r) for r in envelope.rcpt_tos),
                     message_id,
                     data,
+                    tuple(envelope.mail_options),
                 )
             )
         return "250 2.0.0 Ok: queued"
@@ -107,7 +110,8 @@ def free_port() -> int:
 class ScriptedRelay:
     """Controller wrapper: a new Controller per start (aiosmtpd cannot restart one, PITFALLS)."""
 
-    def __init__(self, stall_seconds: float = 5.0) -> None:
+    def __init__(self, stall_seconds: float = 5.0, *, smtputf8: bool = False) -> None:
+        """``smtputf8``: advertise SMTPUTF8 (RFC 6531) and accept non-ASCII addresses."""
         self.handler = ScriptedHandler(stall_seconds)
         self.port = free_port()
         self._controller = Controller(
@@ -116,6 +120,7 @@ class ScriptedRelay:
             port=self.port,
             decode_data=False,
             server_hostname="scripted-relay",
+            enable_SMTPUTF8=smtputf8,
         )
 
     def __enter__(self) -> ScriptedRelay:

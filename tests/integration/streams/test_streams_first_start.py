@@ -191,5 +191,5 @@ def test_a_changelog_with_other_partitions_fails_at_start(
     worker = CliWorker(write_config(kafka, tmp_path, app_id), tmp_path / "worker.log")
     assert worker.proc.wait(timeout=DEADLINE_S) == 1, worker.tail()
     log = worker.log()
-    assert f"changelog topic {name} has 1 partitions, but the table needs 2" in log, log
+    assert f"topic {name} has 1 partitions, but the worker needs 2" in log, log
     assert "Use a new streams.app_id" in log

@@ -189,11 +189,26 @@ def workflow_event() -> dict[str, Any]:
     }
 
 
+def suppression() -> dict[str, Any]:
+    return {
+        "schema_version": 1,
+        "address": "zoe@xn--bcher-kva.example",
+        "suppressed": True,
+        "reason": "HARD_BOUNCE",
+        "detail": "5.1.1 550 5.1.1 no such user",
+        "source": "bounce-reader",
+        "command_id": "c" * 64,
+        "soft_bounces": [NOW],
+        "updated_at": NOW,
+    }
+
+
 SAMPLES = {
     "MailEvent": mail_event,
     "ReplyCommand": reply_command,
     "DeliveryEvent": delivery_event,
     "WorkflowEvent": workflow_event,
+    "Suppression": suppression,
 }
 #: Default topic of each schema.
 TOPICS = {
@@ -201,4 +216,5 @@ TOPICS = {
     "ReplyCommand": "mail.commands",
     "DeliveryEvent": "mail.delivery",
     "WorkflowEvent": "mail.workflow",
+    "Suppression": "mail.suppressions",
 }

@@ -73,5 +73,6 @@ def test_topic_specs_compact_where_design_says() -> None:
     assert specs["mail.events"] == "compact"
     assert specs["mail.delivery"] == "compact"
     assert specs["mailtap.offsets"] == "compact"
+    assert specs["mail.suppressions"] == "compact"
     assert specs["mail.commands"] == "delete"
     assert specs["mail.commands.retry.5m"] == "delete"

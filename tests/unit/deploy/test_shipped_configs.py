@@ -138,7 +138,7 @@ def test_k8s_what_the_schemas_cannot_catch(component: str) -> None:
     for ref in (e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e):
         assert ref["key"] in deploy.secret_keys_example()
     if component == "streams":
-        # All partitions on one worker per app id (streams/app.py): never two during a rollout.
+        # The shipped default: one worker; more share the conversations (streams/README.md).
         assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
 
 

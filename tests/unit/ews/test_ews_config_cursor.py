@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
@@ -10,8 +11,9 @@ from pydantic import ValidationError
 
 from connectors.core.config import config_from_dict
 from connectors.core.errors import ConfigError
+from connectors.core.offsets import canonical_json
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
-from connectors.ews.cursor import EPOCH, MAX_RECENT, EwsCursor
+from connectors.ews.cursor import EPOCH, MAX_ITEMS_BYTES, MAX_RECENT, EwsCursor, item_digest
 
 T0 = dt.datetime(2026, 11, 29, 16, 0, tzinfo=dt.UTC)
 MARGIN = dt.timedelta(minutes=5)
@@ -147,6 +149,8 @@ def test_cursor_round_trips_through_the_offset_json() -> None:
         "subscription_id": "sub-1",
         "watermark": "2026-11-29T16:00:00+00:00",
         "recent": {"a": 1, "b": 2},
+        "items": {},
+        "complete": True,
     }
 
 
@@ -184,3 +188,37 @@ def test_recent_is_capped_keeping_the_newest() -> None:
     cursor = EwsCursor("s", T0).advanced(items, MARGIN)
     assert len(cursor.recent) == MAX_RECENT
     assert cursor.knows(f"id-{MAX_RECENT + 9}") and not cursor.knows("id-0")
+
+
+def test_items_remember_the_key_and_change_of_each_published_item_by_digest() -> None:
+    cursor = EwsCursor("s", T0).tracking(
+        [("AAMk-1", "ck-1", "ops/mid:a@b", T0), ("AAMk-2", "ck-1", "", T0)]
+    )
+    restored = EwsCursor.from_offset(json.loads(json.dumps(cursor.to_offset())))
+    assert restored == cursor and restored.complete
+    first = restored.tracked("AAMk-1")
+    assert first is not None and first.published and first.key == "ops/mid:a@b"
+    assert restored.tracked("AAMk-2") is not None and not restored.tracked("AAMk-2").published
+    assert "AAMk-1" not in json.dumps(cursor.to_offset())  # digests only
+    assert item_digest("AAMk-1") in cursor.to_offset()["items"]
+    changed = restored.tracking([("AAMk-1", "ck-2", "ops/mid:a@b", T0)])
+    assert changed.tracked("AAMk-1") != first
+    assert restored.holds_key("ops/mid:a@b") and not restored.forgetting(
+        [item_digest("AAMk-1")]
+    ).holds_key("ops/mid:a@b")
+
+
+def test_items_over_the_size_cap_forget_the_oldest_and_are_no_longer_complete() -> None:
+    key = "ops/mid:" + "x" * 60 + "@example.org"
+    count = MAX_ITEMS_BYTES // 100 + 10
+    seen = [(f"id-{n}", "ck", key, T0 + dt.timedelta(seconds=n)) for n in range(count)]
+    cursor = EwsCursor("s", T0).tracking(seen)
+    assert not cursor.complete
+    assert cursor.tracked(f"id-{count - 1}") is not None and cursor.tracked("id-0") is None
+    assert len(canonical_json(cursor.to_offset()["items"])) <= MAX_ITEMS_BYTES
+
+
+def test_a_cursor_from_before_items_existed_is_not_complete() -> None:
+    old = {"subscription_id": "s", "watermark": T0.isoformat(), "recent": {"a": 1}}
+    cursor = EwsCursor.from_offset(old)
+    assert cursor.items == {} and not cursor.complete

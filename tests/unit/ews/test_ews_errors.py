@@ -9,17 +9,21 @@ import pytest
 import requests
 from exchangelib import errors as ews_errors
 from exchangelib.properties import (
+    CopiedEvent,
     CreatedEvent,
+    DeletedEvent,
     FolderId,
     ItemId,
     ModifiedEvent,
     MovedEvent,
     NewMailEvent,
+    OldItemId,
+    OldParentFolderId,
     ParentFolderId,
 )
 
 from connectors.core.errors import AuthenticationError, ConfigError, Disposition, classify
-from connectors.ews.connection import ItemRef, _arrivals, translate
+from connectors.ews.connection import Change, ChangeKind, ItemRef, _arrivals, _changes, translate
 from connectors.ews.errors import ConnectionLost, EwsProtocolError, SubscriptionGone
 
 
@@ -120,3 +124,71 @@ def test_moved_in_counts_and_moved_out_does_not() -> None:
     moved_in = MovedEvent(item_id=ItemId("in", "c"), parent_folder_id=ParentFolderId(FOLDER, "f"))
     moved_out = MovedEvent(item_id=ItemId("out", "c"), parent_folder_id=ParentFolderId("junk", "j"))
     assert _arrivals(notification(moved_in, moved_out), FOLDER) == [ItemRef("in", "c")]
+
+
+# --- which notification events change items of the folder, and how -----------------------------
+
+JUNK = "junk-id"
+WATCHED = {FOLDER: "inbox", JUNK: "junkemail"}
+
+
+def test_a_modified_item_of_the_folder_is_a_modification_and_a_modified_folder_is_nothing() -> None:
+    events = notification(
+        ModifiedEvent(item_id=ItemId("a", "ck2"), parent_folder_id=ParentFolderId(FOLDER, "f")),
+        ModifiedEvent(item_id=ItemId("b", "ck2"), parent_folder_id=ParentFolderId(JUNK, "j")),
+        ModifiedEvent(folder_id=FolderId(FOLDER, "f"), parent_folder_id=ParentFolderId("r", "r")),
+    )
+    assert _changes(events, FOLDER, WATCHED) == [Change(ChangeKind.MODIFIED, "a", "ck2")]
+
+
+def test_moves_name_the_watched_folder_at_the_other_end() -> None:
+    events = notification(
+        # in from the other watched folder (a new ItemId; OldItemId is where it was)
+        MovedEvent(
+            item_id=ItemId("new-1", "c"),
+            parent_folder_id=ParentFolderId(FOLDER, "f"),
+            old_item_id=OldItemId("old-1", "c0"),
+            old_parent_folder_id=OldParentFolderId(JUNK, "j"),
+        ),
+        # out to the other watched folder
+        MovedEvent(
+            item_id=ItemId("new-2", "c"),
+            parent_folder_id=ParentFolderId(JUNK, "j"),
+            old_item_id=OldItemId("old-2", "c0"),
+            old_parent_folder_id=OldParentFolderId(FOLDER, "f"),
+        ),
+        # out to a folder nobody watches (Deleted Items)
+        MovedEvent(
+            item_id=ItemId("new-3", "c"),
+            parent_folder_id=ParentFolderId("deleted-id", "d"),
+            old_item_id=OldItemId("old-3", "c0"),
+            old_parent_folder_id=OldParentFolderId(FOLDER, "f"),
+        ),
+    )
+    assert _changes(events, FOLDER, WATCHED) == [
+        Change(ChangeKind.ARRIVED, "new-1", "c", "junkemail"),
+        Change(ChangeKind.GONE, "old-2", "c0", "junkemail"),
+        Change(ChangeKind.GONE, "old-3", "c0", None),
+    ]
+
+
+def test_a_copy_arrives_in_its_folder_only_and_a_hard_delete_is_gone() -> None:
+    events = notification(
+        CopiedEvent(
+            item_id=ItemId("copy", "c"),
+            parent_folder_id=ParentFolderId(FOLDER, "f"),
+            old_item_id=OldItemId("orig", "c0"),
+            old_parent_folder_id=OldParentFolderId("drafts-id", "d"),
+        ),
+        CopiedEvent(  # the original stays here: nothing leaves the folder
+            item_id=ItemId("copy-2", "c"),
+            parent_folder_id=ParentFolderId(JUNK, "j"),
+            old_item_id=OldItemId("orig-2", "c0"),
+            old_parent_folder_id=OldParentFolderId(FOLDER, "f"),
+        ),
+        DeletedEvent(item_id=ItemId("gone", "c"), parent_folder_id=ParentFolderId(FOLDER, "f")),
+    )
+    assert _changes(events, FOLDER, WATCHED) == [
+        Change(ChangeKind.ARRIVED, "copy", "c", None),
+        Change(ChangeKind.GONE, "gone", "c", None),
+    ]

@@ -29,6 +29,7 @@ from connectors.core.serde import AvroSerde
 from connectors.ews import connection as ews_connection
 from connectors.ews.config import EwsSourceSettings
 from connectors.ews.connection import EwsConnection, FetchedItem, ItemRef
+from connectors.ews.cursor import change_digest
 from connectors.ews.records import EwsRecordBuilder
 from connectors.ews.worker import EwsFolderWorker, WorkerState
 from tests.ews_server import EwsTestServer
@@ -221,7 +222,7 @@ def test_closed_stream_reconnects_to_the_same_subscription_without_catch_up(
         assert ews.wait_until(lambda: ews.operations().count("GetStreamingEvents") >= 3, WAIT_S)
     operations = ews.operations()
     assert operations.count("Subscribe") == 1
-    assert operations.count("FindItem") == 1  # the catch-up at start only
+    assert operations.count("FindItem") == 2  # the catch-up and reconciliation at start only
     assert len(ews.subscription_ids(USER)) == 1
 
 
@@ -496,3 +497,28 @@ def test_a_failed_write_starts_a_new_writer_and_reads_the_cursor_after_it(
     assert len(writers) == 2
     assert reads == [1, 2]  # each read right after its writer was made
     assert sorted(writers[1].keys()) == [f"ops/mid:m{n}@example.org".encode() for n in (1, 2)]
+
+
+def test_a_reconciliation_publishes_no_change_of_mail_that_was_there_before_start_latest(
+    ews: EwsTestServer,
+) -> None:
+    """``start: latest`` remembers the mail already there as seen, never published: a change to
+    it found by a reconciliation is recorded, not published (consumers never saw that mail)."""
+    old = ews.deliver(USER, mime(0), received=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    with Running(ews, settings_for(ews, start="latest")) as run:
+        assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
+        ews.update_item(USER, old.item_id, is_read=True, notify=False)
+        ews.deliver(USER, mime(1), notify=False)
+        ews.drop_streams()  # a reconnect: catch-up and reconciliation
+        assert ews.wait_until(lambda: run.worker.events_published == 1, WAIT_S)
+        assert ews.wait_until(
+            lambda: (
+                run.worker.cursor is not None
+                and (tracked := run.worker.cursor.tracked(old.item_id)) is not None
+                and tracked.change == change_digest(old.change_key)
+            ),
+            WAIT_S,
+        )
+    assert run.writer.keys() == [b"ops/mid:m1@example.org"]
+    tracked = run.worker.cursor.tracked(old.item_id)
+    assert tracked is not None and not tracked.published

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import UTC, datetime
-from email import message_from_bytes, policy
+from email import message_from_bytes, message_from_string, policy
 from email.message import EmailMessage
 from typing import Any
 
@@ -47,7 +47,11 @@ def command(**overrides: Any) -> dict[str, Any]:
 
 
 def parse(data: bytes) -> EmailMessage:
-    msg = message_from_bytes(data, policy=policy.default)
+    if not data.partition(b"\r\n\r\n")[0].isascii():
+        # RFC 6532 (SMTPUTF8) headers: the bytes parser would read them as surrogate escapes.
+        msg = message_from_string(data.decode("utf-8"), policy=policy.default)
+    else:
+        msg = message_from_bytes(data, policy=policy.default)
     assert isinstance(msg, EmailMessage)
     return msg
 

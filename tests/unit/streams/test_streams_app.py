@@ -34,6 +34,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.log: list[tuple[str, bytes | None, Any]] = []
+        self.placed: list[tuple[str, int | None]] = []
 
     def sender(self, topic: str) -> Any:
         async def send(*, key: bytes, value: bytes, headers: Any = None) -> asyncio.Future[None]:
@@ -43,6 +44,10 @@ class Recorder:
             return done
 
         return send
+
+    def partitions(self) -> list[tuple[str, int | None]]:
+        """(topic, partition) of every changelog write."""
+        return list(self.placed)
 
     def topics(self) -> list[str]:
         return [t for t, _, _ in self.log]
@@ -77,9 +82,13 @@ def worker(tmp_path: Path) -> Iterator[tuple[StreamsWorker, Recorder]]:
     w.commands_topic.send = recorder.sender("commands")
     w.workflow_topic.send = recorder.sender("workflow")
     w.app.producer.key_partition = lambda topic, key: TP(topic, 0)
-    w.app.producer.send_soon = lambda fut: recorder.log.append(
-        (fut.message.channel.get_topic_name(), fut.message.key, fut.message.value)
-    )
+
+    def send_soon(fut: Any) -> None:
+        topic = fut.message.channel.get_topic_name()
+        recorder.log.append((topic, fut.message.key, fut.message.value))
+        recorder.placed.append((topic, fut.message.partition))
+
+    w.app.producer.send_soon = send_soon
     yield w, recorder
 
 
@@ -107,7 +116,49 @@ async def test_agent_turns_a_mail_event_into_a_reply_command(
         "mailtap-streams-rates-changelog",  # the recipient's window
         "mailtap-streams-runs-changelog",
     ]
-    assert list(w.tables.runs.values()) == [[command["command_id"]]]
+    (run,) = w.tables.runs.values()
+    assert run == {"commands": [command["command_id"]], "at": EPOCH.timestamp()}
+
+
+async def test_mail_events_are_rekeyed_by_conversation_with_value_and_headers_unchanged(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    w.conversations_topic.send = sent.sender("conversations")
+    opening = mail_record(message_id="<Root@Example.com>")
+    reply = mail_record(
+        message_id="r2@example.com",
+        in_reply_to="ack@mailtap",
+        references=["<root@example.com>", "ack@mailtap"],
+        key="other-account/r2@example.com",
+    )
+    for record in (opening, reply):
+        await w.forward(*encoded(record), headers=[("traceparent", b"00-x")])
+    assert await w.forward(b"gone", None) is None  # a tombstone is not forwarded
+    assert [(t, k) for t, k, _ in sent.log] == [
+        ("conversations", b"root@example.com"),
+        ("conversations", b"root@example.com"),
+    ]
+    assert [MAIL.decode(v)["key"] for _, _, v in sent.log] == [opening["key"], reply["key"]]
+
+
+async def test_tick_fires_only_for_the_partitions_this_worker_owns(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    request = mail_record(to=["approvals@example.com"], message_id="req@example.com")
+    await w.on_record(*encoded(request), partition=2)
+    assert [c["step"] for c in sent.commands()] == ["request", "received"]
+    later = EPOCH + dt.timedelta(seconds=61)
+    w.owned_partitions = lambda: {0, 1}  # type: ignore[method-assign]
+    assert (await w.on_tick(later)).commands == []
+    w.owned_partitions = lambda: {2}  # type: ignore[method-assign]
+    (reminder,) = (await w.on_tick(later)).commands
+    assert reminder["step"] == "reminder-1"
+    # The reminder's state update went to the request's own changelog partition.
+    assert (
+        w.tables.state.data._key_partition[f"approval/request/{approval_id(request['key'])}"] == 2
+    )
 
 
 async def test_redelivery_is_absorbed_and_tombstones_are_ignored(
@@ -147,6 +198,7 @@ async def test_timer_body_sends_the_approval_reminder_from_table_state(
     async with w.agent.test_context() as agent:
         await agent.put(value, key=key)
     assert [c["step"] for c in sent.commands()] == ["request", "received"]
+    w.owned_partitions = lambda: {0}  # type: ignore[method-assign]
     outcome = await w.on_tick(EPOCH + dt.timedelta(seconds=61))
     (reminder,) = outcome.commands
     assert reminder["step"] == "reminder-1" and sent.commands()[-1] == reminder
@@ -191,3 +243,19 @@ async def test_settled_generation_rewinds_events_to_committed_or_earliest(
     assert sorted(fake.seeks) == [(0, 7), (1, 2)]  # the changelog partition is left alone
     await w._reseek_after_rebalance()  # once per generation
     assert len(fake.seeks) == 2
+
+
+async def test_state_of_a_revoked_partition_leaves_the_worker_at_the_next_recovery(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    kept = mail_record(message_id="kept@example.com")
+    moved = mail_record(message_id="moved@example.com")
+    await w.on_record(*encoded(kept), partition=1)
+    await w.on_record(*encoded(moved), partition=2)
+    changelog = "mailtap-streams-state-changelog"
+    assert {p for t, p in sent.partitions() if t == changelog} == {1, 2}
+    # faust's memory store after a rebalance that left this worker partition 1 only.
+    await w.tables.state.data.on_recovery_completed({TP(changelog, 1)}, set())
+    assert "ticket_intake/thread/kept@example.com" in w.tables.state
+    assert "ticket_intake/thread/moved@example.com" not in w.tables.state

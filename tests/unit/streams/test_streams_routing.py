@@ -96,7 +96,28 @@ def test_authserv_policy_requires_an_authserv_id() -> None:
             "workflows": {"ticket_intake": {"auth_policy": "dkim"}},
         }
     )
-    assert ok.policy_for("ticket_intake") == "dkim"
+    assert ok.policy_for("ticket_intake") == "dkim-aligned"  # the old name, read as the new one
+
+
+def test_require_replaces_auth_policy_and_a_wrong_value_is_explained() -> None:
+    settings = StreamsSettings.model_validate(
+        {
+            "from_address": BASE["from_address"],
+            "authserv_id": "mx.example.com",
+            "workflows": {"ticket_intake": {"require": "dkim-aligned"}, "approval": {}},
+        }
+    )
+    assert settings.policy_for("ticket_intake") == "dkim-aligned"
+    # Nothing set: approvals get the strictest policy, other workflows what 0.x did.
+    assert settings.policy_for("approval") == "dmarc-pass"
+    assert settings.policy_for("other") == "trusted-ar"
+    address = {"from_address": BASE["from_address"]}
+    with pytest.raises(ValidationError, match="dmarc-pass"):
+        StreamsSettings.model_validate({**address, "require": "dmarc"})
+    with pytest.raises(ValidationError, match="not both"):
+        StreamsSettings.model_validate({**BASE, "require": "none"})  # BASE has auth_policy
+    with pytest.raises(ValidationError, match="host:port"):
+        StreamsSettings.model_validate({**BASE, "auth": {"nameserver": "127.0.0.1:dns"}})
 
 
 def test_header_injection_in_from_address_is_refused() -> None:

@@ -1,0 +1,70 @@
+"""A faust table seen from one partition: every write goes to an explicit changelog partition.
+
+Why not faust's own ``table[key] = value``: with ``use_partitioner=False`` it takes the
+partition from the current stream event, which a timer does not have ("Cannot modify table key
+from outside of stream iteration"); with ``use_partitioner=True`` it hashes the key, which
+scatters a conversation's state over partitions owned by other workers. Here a write goes to
+the partition the key already lives on, else to the partition of the conversation being
+handled, and that choice is recorded in the memory store's key -> partition map, the map faust
+itself uses after a rebalance to drop the keys of partitions this worker no longer owns
+(``faust/stores/memory.py``, ``on_recovery_completed``; it is filled there only from changelog
+recovery, not from live writes, so without this a revoked conversation would stay visible and
+its reminders would fire on two workers).
+
+Reads (``get``, ``[]``) see every local key; iteration (``items()``, which ``on_tick`` and the
+retention sweep walk) sees only this partition's keys, so each worker runs time-driven steps
+only for the partitions it owns, each exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+
+class PartitionedTable(MutableMapping[str, Any]):
+    """``table`` (a faust Table on the ``memory://`` store) as seen from ``partition``."""
+
+    def __init__(self, table: Any, partition: int) -> None:
+        self._table = table
+        self._store = table.data
+        # Private in faust 0.15 (memory store); checked at construction so that a faust upgrade
+        # that renames it fails at start, not after the first rebalance.
+        self._owners: MutableMapping[str, int] = self._store._key_partition
+        self.partition = partition
+
+    def partition_of(self, key: str) -> int:
+        """Where ``key`` lives: its recorded partition, else this one (a new key)."""
+        return self._owners.get(key, self.partition)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._store[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._store
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([k for k in list(self._store.keys()) if self.partition_of(k) == self.partition])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        partition = self.partition_of(key)
+        self._table.send_changelog(partition, key, value)
+        self._store[key] = value
+        self._owners[key] = partition
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self._store:
+            raise KeyError(key)
+        partition = self.partition_of(key)
+        # A null value is faust's tombstone (value_serializer raw, as Table.on_key_del sends it).
+        self._table.send_changelog(partition, key, None, value_serializer="raw")
+        del self._store[key]
+        self._owners.pop(key, None)
+
+
+def local_partitions(table: Any) -> set[int]:
+    """The partitions of which ``table`` holds keys on this worker."""
+    return set(table.data._key_partition.values())

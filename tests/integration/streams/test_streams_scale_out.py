@@ -1,0 +1,369 @@
+"""Several streams workers share a 6-partition ``mail.events`` with correct conversation state.
+
+Workers are ``mailtap run streams -c CONFIG`` processes, as a user starts them, tied to this
+test process (``die_with_parent``). Each conversation (a ticket thread, an approval request and
+its answer) has its mails produced onto *different* partitions of ``mail.events``, so only the
+repartition by conversation brings them to one worker with one state:
+
+1. workers A and B; the opening mails of 12 ticket threads and 3 approval requests (old enough
+   for a first reminder) -> one acknowledgement each, one forward + receipt + reminder per
+   request;
+2. worker C joins (3 workers); the first follow-up of every thread and the approver's answers to
+   two of the requests; once the first follow-ups are being answered, the busiest worker is
+   killed with -9 mid-stream;
+3. the second follow-up of every thread; the undecided request's second reminder falls due
+   about a minute after the first, after the rebalances, and is fired by whoever owns it then.
+
+Counted with a read_committed consumer of ``mail.commands`` and ``mail.workflow`` (not the
+streams code): every mail has exactly one command id, with one content, in its thread's ticket
+(no follow-up opened a ticket of its own), the answered requests were decided, the pending
+one got its second reminder and no third. Deadlines only guard against hangs; nothing asserts on timing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import Producer
+from test_streams_kafka import COMMAND, DEADLINE_S, EVENT, MAIL, REPO, TopicReader
+
+from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.kafka import admin_client, ensure_topics, producer_config
+from mailtap.dev.process import die_with_parent
+from streams.testing import mail_record
+from streams.workflow import ANSWER, command_id
+from streams.workflows.approval import approval_id
+from streams.workflows.ticket_intake import ticket_number
+
+PARTITIONS = 6
+THREADS = 12
+REQUESTS = 3
+#: The last request gets no answer: it stays pending and gets its second reminder.
+ANSWERED = 2
+BOSS = "boss@example.com"
+
+
+@pytest.fixture
+def kafka6(services: Any, unique: str) -> KafkaSettings:
+    names = {f: f"{getattr(TopicNames(), f)}.{unique}" for f in TopicNames.model_fields}
+    settings = KafkaSettings(
+        bootstrap_servers=services.kafka.bootstrap_servers,
+        topics=TopicNames(**names),
+        partitions=PARTITIONS,
+    )
+    ensure_topics(settings, retry_tiers=["1m"])
+    return settings
+
+
+@pytest.fixture
+def config6(kafka6: KafkaSettings, tmp_path: Path, unique: str) -> Path:
+    document = {
+        "kafka": {
+            "bootstrap_servers": kafka6.bootstrap_servers,
+            "topics": kafka6.topics.model_dump(),
+        },
+        "claim_check": {"url": (tmp_path / "claims").as_uri()},
+        "streams": {
+            "app_id": f"mailtap-scale-{unique}",
+            "data_dir": str(tmp_path / "faust"),
+            "from_address": {"name": "Helpdesk", "address": "help@example.com"},
+            "auth_policy": "none",
+            "tick_interval_seconds": 0.5,
+            "session_timeout_seconds": 6,
+            "rate_limit": {"max_replies": 1000},
+            "rules": [
+                {"match": {"recipient": "approvals@example.com"}, "workflow": "approval"},
+                {"match": {"recipient": "support@example.com"}, "workflow": "ticket_intake"},
+            ],
+            "workflows": {
+                "approval": {
+                    "options": {"approver": BOSS, "reminder_after_seconds": 60, "max_reminders": 2}
+                }
+            },
+        },
+    }
+    path = tmp_path / "mailtap.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+class CliStreamsWorker:
+    """``mailtap run streams -c CONFIG``, killed with this test process whatever happens."""
+
+    def __init__(self, config: Path, log_path: Path) -> None:
+        self.log_path = log_path
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("MAILTAP_KAFKA_BOOTSTRAP", None)  # the config names the broker
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mailtap.cli", "-v", "run", "streams", "-c", str(config)],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.alive:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def commands_logged(self) -> int:
+        return self.log_path.read_text(errors="replace").count(" command ")
+
+    def tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+class Pool:
+    """The workers of the test; a wait fails when one that should live has died."""
+
+    def __init__(self, config: Path, tmp_path: Path) -> None:
+        self.config, self.tmp_path = config, tmp_path
+        self.workers: list[CliStreamsWorker] = []
+
+    def start(self) -> CliStreamsWorker:
+        worker = CliStreamsWorker(self.config, self.tmp_path / f"worker-{len(self.workers)}.log")
+        self.workers.append(worker)
+        return worker
+
+    def tail(self) -> str:
+        return "\n".join(f"--- worker {i}:\n{w.tail()}" for i, w in enumerate(self.workers))
+
+
+@pytest.fixture
+def pool(config6: Path, tmp_path: Path) -> Iterator[Pool]:
+    workers = Pool(config6, tmp_path)
+    yield workers
+    for worker in workers.workers:
+        worker.stop()
+
+
+class Watch:
+    """Stands in for a worker in ``TopicReader.until``: alive while every unkilled one is."""
+
+    def __init__(self, pool: Pool, killed: set[int]) -> None:
+        self.pool, self.killed = pool, killed
+
+    @property
+    def proc(self) -> Any:
+        dead = [w for i, w in enumerate(self.pool.workers) if i not in self.killed and not w.alive]
+        return dead[0].proc if dead else self
+
+    def poll(self) -> None:
+        return None
+
+    def tail(self) -> str:
+        return self.pool.tail()
+
+
+def wait_for_members(kafka: KafkaSettings, group: str, count: int, watch: Watch) -> None:
+    """Until the streams group has ``count`` members, each holding partitions of mail.events."""
+    admin = admin_client(kafka)
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        assert watch.proc.poll() is None, f"a worker died:\n{watch.tail()}"
+        assert time.monotonic() < deadline, f"group never had {count} members:\n{watch.tail()}"
+        (description,) = [f.result() for f in admin.describe_consumer_groups([group]).values()]
+        holding = [
+            m
+            for m in description.members
+            if any(tp.topic == kafka.topics.events for tp in m.assignment.topic_partitions)
+        ]
+        if len(description.members) == count and len(holding) == count:
+            return
+        time.sleep(0.5)
+
+
+def produce_to(kafka: KafkaSettings, placed: list[tuple[dict[str, Any], int]]) -> None:
+    """Each record onto the partition of ``mail.events`` it is given (not its key's)."""
+    producer = Producer(producer_config(kafka))
+    topic = kafka.topics.events
+    for record, partition in placed:
+        value = MAIL.encode(record, topic)
+        producer.produce(topic, key=record["key"], value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+
+def thread_mail(thread: int, n: int, run: str, now: dt.datetime) -> dict[str, Any]:
+    """Mail ``n`` (0: the opening) of ticket thread ``thread``; a reply names the whole chain."""
+    ids = [f"s{run}-t{thread}-m{i}@example.com" for i in range(n + 1)]
+    return mail_record(
+        message_id=ids[-1],
+        sender=f"user{thread}@example.com",
+        subject=f"Printer {thread}" if n == 0 else f"Re: Printer {thread}",
+        in_reply_to=ids[-2] if n else None,
+        references=ids[:-1],
+        observed_at=now + dt.timedelta(seconds=n),
+    )
+
+
+def answer_ids(commands: list[dict[str, Any]], keys: set[str]) -> set[str]:
+    return {c["command_id"] for c in commands if c["event_key"] in keys}
+
+
+def test_workers_share_conversations_and_survive_a_kill(
+    kafka6: KafkaSettings, pool: Pool, unique: str, config6: Path
+) -> None:
+    group = yaml.safe_load(config6.read_text())["streams"]["app_id"]
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    rounds = [[thread_mail(t, n, unique, now) for t in range(THREADS)] for n in range(3)]
+    requests = [
+        mail_record(
+            message_id=f"s{unique}-req{r}@example.com",
+            sender=f"asker{r}@example.com",
+            to=["approvals@example.com"],
+            subject=f"Expense {r}",
+            # The first reminder is due at once, the second a minute later.
+            observed_at=now - dt.timedelta(seconds=61),
+        )
+        for r in range(REQUESTS)
+    ]
+    answers = [
+        mail_record(
+            message_id=f"s{unique}-ans{r}@example.com",
+            sender=BOSS,
+            to=["approvals@example.com"],
+            subject=f"Re: [APPROVAL {approval_id(req['key'])}] Expense {r}",
+            text_body="APPROVE",
+            in_reply_to="fwd@mailtap",
+            references=[req["message_id"], "fwd@mailtap"],
+            observed_at=now,
+        )
+        for r, req in enumerate(requests[:ANSWERED])
+    ]
+    commands = TopicReader(kafka6, kafka6.topics.commands, COMMAND)
+    events = TopicReader(kafka6, kafka6.topics.workflow, EVENT)
+    killed: set[int] = set()
+    watch = Watch(pool, killed)
+    try:
+        # -- 1: two workers, the openings -----------------------------------------------------
+        pool.start()
+        pool.start()
+        wait_for_members(kafka6, group, 2, watch)
+        produce_to(kafka6, [(m, t % PARTITIONS) for t, m in enumerate(rounds[0])])
+        produce_to(kafka6, [(m, r % PARTITIONS) for r, m in enumerate(requests)])
+        openings = {m["key"] for m in rounds[0]}
+        request_keys = {m["key"] for m in requests}
+
+        def reminded(got: list[dict[str, Any]]) -> set[str]:
+            return {c["event_key"] for c in got if c["step"] == "reminder-1"}
+
+        commands.until(
+            lambda got: len(answer_ids(got, openings)) == THREADS and reminded(got) == request_keys,
+            watch,
+        )
+
+        # -- 2: a third worker; follow-ups and answers on other partitions; kill -9 one -------
+        pool.start()
+        wait_for_members(kafka6, group, 3, watch)
+        before = [w.commands_logged() for w in pool.workers]
+        firsts = {m["key"] for m in rounds[1]}
+        produce_to(kafka6, [(m, (t + 1) % PARTITIONS) for t, m in enumerate(rounds[1])])
+        produce_to(kafka6, [(m, (r + 3) % PARTITIONS) for r, m in enumerate(answers)])
+        commands.until(lambda got: len(answer_ids(got, firsts)) >= 2, watch)
+        # The busiest worker of this phase goes, in the middle of its work.
+        busiest = max(
+            range(len(pool.workers)), key=lambda i: pool.workers[i].commands_logged() - before[i]
+        )
+        pool.workers[busiest].kill()
+        killed.add(busiest)
+        print(f"killed worker {busiest} (-9) mid-stream")
+        commands.until(lambda got: len(answer_ids(got, firsts)) == THREADS, watch)
+        decided = {a["key"] for a in answers}
+        commands.until(
+            lambda got: {c["event_key"] for c in got if c["step"] == "decision"} == decided,
+            watch,
+        )
+
+        # -- 3: the second follow-ups, with the two survivors ---------------------------------
+        seconds = {m["key"] for m in rounds[2]}
+        produce_to(kafka6, [(m, (t + 3) % PARTITIONS) for t, m in enumerate(rounds[2])])
+        commands.until(lambda got: len(answer_ids(got, seconds)) == THREADS, watch)
+        pending = requests[ANSWERED]["key"]
+        commands.until(
+            lambda got: any(c["event_key"] == pending and c["step"] == "reminder-2" for c in got),
+            watch,
+        )
+        commands.drain(watch)
+        events.drain(watch)
+    finally:
+        commands.close()
+        events.close()
+
+    # -- what went out ------------------------------------------------------------------------
+    by_id: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for command in commands.records:
+        by_id[command["command_id"]].append(command)
+    # A replayed step after the kill re-emits the same command: one id, one content.
+    for copies in by_id.values():
+        assert (
+            len({(c["step"], c["subject"], tuple(a["address"] for a in c["to"])) for c in copies})
+            == 1
+        )
+    for thread in range(THREADS):
+        opening, *replies = (rounds[n][thread] for n in range(3))
+        number = ticket_number(opening["key"])
+        for n, mail in enumerate([opening, *replies]):
+            ids = answer_ids(commands.records, {mail["key"]})
+            # Exactly one command id per mail, the one its key gives (deterministic).
+            assert ids == {command_id(mail["key"], "ticket_intake", ANSWER)}, mail["key"]
+            (step,) = {c["step"] for c in by_id[ids.pop()]}
+            # The follow-ups found the ticket the opening made on another mail.events partition.
+            assert step == ("acknowledge" if n == 0 else "followup"), (thread, n)
+            assert all(
+                f"[#{number}]" in c["subject"]
+                for c in commands.records
+                if c["event_key"] == mail["key"]
+            )
+    opened = {e["instance_id"] for e in events.records if e["status"] == "TICKET_OPENED"}
+    assert opened == {ticket_number(m["key"]) for m in rounds[0]}
+    for r, request in enumerate(requests):
+        aid = approval_id(request["key"])
+        steps = {c["step"] for c in commands.records if c["event_key"] == request["key"]}
+        assert (
+            {"request", "received", "reminder-1"}
+            <= steps
+            <= {
+                "request",
+                "received",
+                "reminder-1",
+                "reminder-2",  # may fall due before a slow answer
+            }
+        )
+        approved = any(
+            e["status"] == "APPROVED" and e["instance_id"] == aid for e in events.records
+        )
+        assert approved == (r < ANSWERED)
+    assert "reminder-2" in {c["step"] for c in commands.records if c["event_key"] == pending}
+    # Every worker answered mail: the load was shared.
+    shares = [w.commands_logged() for w in pool.workers]
+    print(
+        f"commands logged per worker: {shares}; copies per id: {Counter(map(len, by_id.values()))}"
+    )
+    assert all(shares), pool.tail()
