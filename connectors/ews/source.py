@@ -147,10 +147,10 @@ class EwsSource:
         """Run exactly the ``owned`` folders: stop and join the others first (Assignment)."""
         leaving = [run for unit, run in self._runs.items() if unit not in owned]
         self._end(leaving)
+        if self.stop_event.is_set():
+            return  # stopping: what ran stays listed in ``workers`` (their counts, fenced flags)
         for run in leaving:
             del self._runs[run.unit]
-        if self.stop_event.is_set():
-            return
         for unit in sorted(owned - set(self._runs)):
             stop = threading.Event()
             worker = self._worker(self._accounts[unit.account], unit.folder, stop)
