@@ -161,7 +161,8 @@ class ImapSource:
             run.stop.set()
         for run in leaving:
             self._end(run)
-            del self._runs[run.account.name]
+            if not self.stop_event.is_set():  # stopping: what ran stays listed in ``workers``
+                del self._runs[run.account.name]
         configured = {a.name: a for a in self.settings.accounts}
         starting = [
             configured[name].model_copy(update={"folders": f})
