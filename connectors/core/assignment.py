@@ -145,6 +145,14 @@ class GroupSettings(StrictModel):
         return self.work_topic or f"mailtap.{source}-work"
 
 
+def create_if_missing(kafka: KafkaSettings, spec: TopicSpec) -> None:
+    """Create ``spec``'s topic unless it exists. An existing topic is left as it is (no
+    DescribeConfigs/AlterConfigs: a source may lack those ACLs where an admin made the topics)."""
+    admin = admin_client(kafka)
+    if spec.name not in cluster_metadata(admin, kafka, 30).topics:
+        ensure_topic_specs(kafka, [spec])
+
+
 def member_client_id(source: str) -> str:
     """``mailtap-imap@host:pid``: what :func:`describe_owners` reports for a member."""
     return f"mailtap-{source}@{socket.gethostname()}:{os.getpid()}"
@@ -179,9 +187,8 @@ class GroupMembership:
         self.partitions = 0
 
     def start(self) -> None:
-        ensure_topic_specs(
-            self._kafka,
-            [TopicSpec(self.topic, self.settings.work_partitions, COMPACTED)],
+        create_if_missing(
+            self._kafka, TopicSpec(self.topic, self.settings.work_partitions, COMPACTED)
         )
         session_ms = int(self.settings.session_timeout_seconds * 1000)
         consumer = Consumer(

@@ -23,9 +23,9 @@ from connectors.core.assignment import (
     GroupSettings,
     Placement,
     WorkUnit,
+    create_if_missing,
 )
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import ensure_topic_specs
 from connectors.core.mailboxes import MailboxCatalog, MailboxWatcher, topic_spec
 from connectors.core.metrics import SourceMetrics
 
@@ -61,7 +61,7 @@ def start_sharing(
     """Read the mailboxes topic, then join the group (or own everything) and start the owned
     mailboxes; follow both from then on. Without a group the owned mailboxes have started when
     this returns; with one, they start on the first assignment (on the group's thread)."""
-    ensure_topic_specs(kafka, [topic_spec(kafka)])
+    create_if_missing(kafka, topic_spec(kafka))
     catalog = MailboxCatalog(source, configured)
     assignment_box: list[Assignment] = []
     watcher = MailboxWatcher(
