@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Mailboxes, lag, deliveries and health, read from Kafka.",
     ),
     "dlq": ("mailtap.commands.dlq:dlq", "List, show, replay and drop dead letters."),
+    "mailboxes": (
+        "mailtap.commands.mailboxes:mailboxes",
+        "Add or remove mailbox folders of running sources; list them and their owners.",
+    ),
     "suppressions": (
         "mailtap.commands.suppressions:suppressions",
         "List, add and remove addresses on the suppression list.",

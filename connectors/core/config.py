@@ -79,6 +79,10 @@ class TopicNames(StrictModel):
         description="the suppression list: Suppression records, compacted, key = normalized "
         "address; read continuously by the SMTP sink",
     )
+    mailboxes: str = Field(
+        default="mailtap.mailboxes",
+        description="folders added or removed at runtime (`mailtap mailboxes`), compacted",
+    )
 
 
 class TracingSettings(StrictModel):

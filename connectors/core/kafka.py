@@ -242,6 +242,9 @@ def topic_specs(
         TopicSpec(t.offsets, 1, COMPACTED),
         TopicSpec(t.workflow, n, COMPACTED),
         TopicSpec(t.suppressions, n, COMPACTED),
+        # One partition: small, read whole by every source instance, changes kept in order
+        # (connectors.core.mailboxes).
+        TopicSpec(t.mailboxes, 1, COMPACTED),
     ]
     specs += [TopicSpec(f"{t.retry_prefix}.{tier}", n, DELETED) for tier in retry_tiers]
     return specs

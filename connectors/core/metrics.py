@@ -7,6 +7,7 @@ sync for longer than ``health.max_sync_age_seconds``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import logging
@@ -98,7 +99,15 @@ class SourceMetrics:
             ("source",),
             registry=r,
         )
+        self.owned = Gauge(
+            f"{prefix}_source_mailbox_owned",
+            "1 for each mailbox this process owns now (a unit moved away loses its series)",
+            labels,
+            registry=r,
+        )
         self.build_info = build_info(r, "source")
+        #: The group membership behind the ownership (``connectors.core.assignment``), for /healthz.
+        self.assignment: dict[str, Any] | None = None
         self._last_sync: dict[tuple[str, str, str], float] = {}
         self._states: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
@@ -109,6 +118,28 @@ class SourceMetrics:
             self._last_sync.setdefault((source, account, folder), time.time())
             owned = sum(1 for k in self._last_sync if k[0] == source)
         self.watched.labels(source).set(owned)
+        self.owned.labels(source, account, folder).set(1)
+
+    def unwatch(self, source: str, account: str, folder: str) -> None:
+        """The mailbox moved to another instance (or was removed): it no longer counts here,
+        and its labelled series go, so a dashboard sums each mailbox once across instances."""
+        key = (source, account, folder)
+        with self._lock:
+            self._last_sync.pop(key, None)
+            state = self._states.pop(key, None)
+            owned = sum(1 for k in self._last_sync if k[0] == source)
+        self.watched.labels(source).set(owned)
+        for gauge in (self.owned, self.last_sync, self.mails_per_sync):
+            with contextlib.suppress(KeyError):
+                gauge.remove(source, account, folder)
+        if state is not None:
+            with contextlib.suppress(KeyError):
+                self.state.remove(source, account, folder, state)
+
+    def mailboxes(self) -> list[str]:
+        """``source/account/folder`` of every mailbox this process owns, sorted."""
+        with self._lock:
+            return sorted("/".join(k) for k in self._last_sync)
 
     def set_state(self, source: str, account: str, folder: str, state: str) -> None:
         """The mailbox worker's state machine moved (``connectors.imap.state``, ews worker)."""
@@ -141,7 +172,11 @@ class SourceMetrics:
             "stale": stale,
             "fenced": fenced,
             "backoff": backoff,
+            # Which mailboxes this instance runs (the others' are on other instances).
+            "mailboxes": sorted(ages),
         }
+        if self.assignment is not None:
+            detail["assignment"] = self.assignment
         if not ok:
             reasons = [f"{k} not synced for {a:.0f}s" for k, a in sorted(stale.items())]
             reasons += [f"{k} fenced by another instance" for k in fenced]

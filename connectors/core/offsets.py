@@ -135,8 +135,13 @@ class OffsetStore:
             partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
             if not partitions:
                 return offsets
-            pending = set(partitions)
-            consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+            parts = [TopicPartition(topic, p, 0) for p in partitions]
+            # The end as of now (the last stable offset): a reader that waited for the end of
+            # the stream instead chases it for as long as other mailboxes keep committing (one
+            # partition, a commit per batch of every mailbox), and never sees its end-of-file.
+            ends = _ends(admin_client(self._kafka), parts, IsolationLevel.READ_COMMITTED)
+            pending = {p for p in partitions if ends.get(p, 0) > 0}
+            consumer.assign(parts)
             deadline = time.monotonic() + timeout
             while pending:
                 raise_if_stopping()
@@ -146,6 +151,10 @@ class OffsetStore:
                         f"(an open transaction on it?)"
                     )
                 msg = consumer.poll(0.5)
+                # The position skips transaction markers, which the last record's offset does not.
+                for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
+                    if tp.offset >= ends[tp.partition]:
+                        pending.discard(tp.partition)
                 if msg is None:
                     continue
                 err = msg.error()

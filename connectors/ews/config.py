@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from connectors.core.assignment import GroupSettings
 from connectors.core.sourcesettings import (
     START_DESCRIPTION,
     check_section,
@@ -204,6 +205,11 @@ class EwsSourceSettings(_Strict):
         default=900_000,
         gt=1024,
         description="largest Kafka record the source writes; bigger events shed bodies first",
+    )
+    group: GroupSettings | None = Field(
+        default=None,
+        description="share the mailboxes among the instances with the same group id "
+        "(connectors.core.assignment); without it this instance runs every mailbox",
     )
 
     @model_validator(mode="after")

@@ -1,5 +1,9 @@
-"""The Exchange source: one :class:`~connectors.ews.worker.EwsFolderWorker` thread per
-(account, folder) of the ``ews`` section, sharing metrics, the health endpoint and the parser.
+"""The Exchange source: one :class:`~connectors.ews.worker.EwsFolderWorker` thread per owned
+(account, folder), sharing metrics, the health endpoint and the parser.
+
+The owned folders are the ``ews`` section's, changed by the mailboxes topic, or with
+``ews.group`` this instance's share of them (:mod:`connectors.core.assignment`; each folder is
+placed on its own, they share nothing).
 
 Usage (``mailtap run ews-source -c CONFIG`` does this)::
 
@@ -19,9 +23,11 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from connectors.core import faults
+from connectors.core.assignment import WorkUnit, by_folder
 from connectors.core.claimcheck import open_configured
 from connectors.core.config import MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
@@ -30,10 +36,11 @@ from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
+from connectors.core.sharing import Sharing, start_sharing
 from connectors.ews.config import SECTION, EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import EwsConnection
 from connectors.ews.records import EwsRecordBuilder
-from connectors.ews.worker import EwsFolderWorker, Writer, source_partition
+from connectors.ews.worker import SOURCE_KIND, EwsFolderWorker, Writer, source_partition
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +67,24 @@ class EwsSource:
         self.stop_event = threading.Event()
         self._serve_health = serve_health
         self._health: HealthServer | None = None
-        self._threads: list[threading.Thread] = []
         self._claim_check = open_configured(cfg.claim_check)
-        self.workers = [
-            self._worker(account, folder)
-            for account in settings.accounts
-            for folder in account.folders
-        ]
+        self._accounts = {a.name: a for a in settings.accounts}
+        #: The mailbox folders this instance owns now, each with its worker and thread.
+        self._runs: dict[WorkUnit, _FolderRun] = {}
+        self._sharing: Sharing | None = None
 
     @classmethod
     def from_config(cls, cfg: MailtapConfig, **kwargs: Any) -> EwsSource:
         return cls(cfg, cfg.section(SECTION, EwsSourceSettings), **kwargs)
 
-    def _worker(self, account: EwsAccountSettings, folder: str) -> EwsFolderWorker:
+    @property
+    def workers(self) -> list[EwsFolderWorker]:
+        """The workers of the folders this instance owns now."""
+        return [run.worker for run in list(self._runs.values())]
+
+    def _worker(
+        self, account: EwsAccountSettings, folder: str, stop: threading.Event
+    ) -> EwsFolderWorker:
         kafka = self.cfg.kafka
         parser = functools.partial(parse_mail, limits=ParseLimits(), claim_check=self._claim_check)
         builder = EwsRecordBuilder(
@@ -98,7 +110,7 @@ class EwsSource:
             settings=self.settings,
             builder=builder,
             metrics=self.metrics,
-            stop=self.stop_event,
+            stop=stop,
             writer_factory=writer_factory,
             # Settled: a cursor committed behind another source's open transaction counts.
             read_offsets=lambda: OffsetStore(kafka).read_all(settled=True),
@@ -121,29 +133,79 @@ class EwsSource:
             h = self.cfg.health
             self._health = HealthServer(self.metrics, h.host, h.port, h.max_sync_age_seconds)
             self._health.start()
-        for worker in self.workers:
+        self._sharing = start_sharing(
+            self.cfg.kafka,
+            self.settings.group,
+            SOURCE_KIND,
+            {a.name: a.folders for a in self.settings.accounts},
+            by_folder,
+            self._apply,
+            self.metrics,
+        )
+
+    def _apply(self, owned: frozenset[WorkUnit]) -> None:
+        """Run exactly the ``owned`` folders: stop and join the others first (Assignment)."""
+        leaving = [run for unit, run in self._runs.items() if unit not in owned]
+        self._end(leaving)
+        if self.stop_event.is_set():
+            return  # stopping: what ran stays listed in ``workers`` (their counts, fenced flags)
+        for run in leaving:
+            del self._runs[run.unit]
+        for unit in sorted(owned - set(self._runs)):
+            stop = threading.Event()
+            worker = self._worker(self._accounts[unit.account], unit.folder, stop)
             thread = threading.Thread(
-                target=worker.run, name=f"ews-{worker.account.name}-{worker.folder}", daemon=True
+                target=worker.run, name=f"ews-{unit.account}-{unit.folder}", daemon=True
             )
+            self.metrics.watch(SOURCE_KIND, unit.account, unit.folder)
+            self._runs[unit] = _FolderRun(unit, worker, thread, stop)
             thread.start()
-            self._threads.append(thread)
+
+    def _end(self, runs: list[_FolderRun], timeout: float = STOP_JOIN_S) -> None:
+        for run in runs:
+            run.stop.set()
+            run.worker.interrupt()
+        for run in runs:
+            run.thread.join(timeout)
+            if run.thread.is_alive():
+                # Its next commit is fenced by the next owner's init_transactions (contract.py).
+                log.warning("ews %s: the worker did not stop within %.0fs", run.unit, timeout)
+            self.metrics.unwatch(SOURCE_KIND, run.unit.account, run.unit.folder)
 
     def stop(self, timeout: float = STOP_JOIN_S) -> None:
-        """Stop every worker (interrupting stream reads) and wait for them. A worker still busy
-        after ``timeout`` is left behind (daemon thread): its batch is committed or not at all."""
+        """Stop every worker (interrupting stream reads) and wait for them, then leave the
+        group. A worker still busy after ``timeout`` is left behind (daemon thread): its batch
+        is committed or not at all."""
         self.stop_event.set()
-        for worker in self.workers:
-            worker.interrupt()
-        for thread in self._threads:
-            thread.join(timeout)
+        runs = list(self._runs.values())
+        for run in runs:
+            run.stop.set()
+            run.worker.interrupt()
+        for run in runs:
+            run.thread.join(timeout)
+        if self._sharing is not None:
+            self._sharing.close()
+            self._sharing = None
         if self._health is not None:
             self._health.stop()
 
     def wait(self) -> None:
-        """Block until stop() is called (from a signal handler) or every worker ended (fenced)."""
+        """Block until stop() is called (from a signal handler), or, without a group, until
+        every worker ended (fenced)."""
         while not self.stop_event.wait(1.0):
-            if self._threads and not any(t.is_alive() for t in self._threads):
+            if self.settings.group is not None:
+                continue
+            runs = list(self._runs.values())
+            if runs and not any(run.thread.is_alive() for run in runs):
                 return
+
+
+@dataclass
+class _FolderRun:
+    unit: WorkUnit
+    worker: EwsFolderWorker
+    thread: threading.Thread
+    stop: threading.Event
 
 
 def run_forever(cfg: MailtapConfig, install_signals: Callable[[Callable[[], None]], None]) -> None:

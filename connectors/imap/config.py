@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from connectors.core.assignment import GroupSettings
 from connectors.core.config import ClientCredentialsSettings
 from connectors.core.sourcesettings import (
     START_DESCRIPTION,
@@ -236,6 +237,11 @@ class ImapSourceSettings(_Strict):
     )
     limits: ParseLimitSettings = Field(
         default=ParseLimitSettings(), description="caps applied before parsing"
+    )
+    group: GroupSettings | None = Field(
+        default=None,
+        description="share the mailboxes among the instances with the same group id "
+        "(connectors.core.assignment); without it this instance runs every mailbox",
     )
 
     @model_validator(mode="after")

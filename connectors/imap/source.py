@@ -1,4 +1,8 @@
-"""The IMAP source: every configured (account, folder) as one worker thread, plus /healthz.
+"""The IMAP source: every owned (account, folder) as one worker thread, plus /healthz.
+
+Which mailboxes an instance owns: every configured one, changed by the mailboxes topic, or with
+``imap.group`` its share of them among the group's live instances (connectors.core.assignment);
+the folders of an account always run together (they share the account's key index).
 
     source = ImapSource.from_config(load_config("mailtap.yaml"))
     source.run()        # blocks until stop() (SIGTERM/SIGINT in the CLI) or every worker is fenced
@@ -13,10 +17,12 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from connectors.core.assignment import STOP_JOIN_S, WorkUnit, by_account
 from connectors.core.claimcheck import ClaimCheckStore, close_store, open_configured
 from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.contract import TransactionalSourceWriter, transactional_id
@@ -26,8 +32,10 @@ from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
+from connectors.core.sharing import Sharing, start_sharing
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
+from connectors.imap.cursor import SOURCE as SOURCE_KIND
 from connectors.imap.cursor import source_partition
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.parsepool import BuilderSpec, MailboxParsing, ParsePool, make_builder
@@ -50,13 +58,17 @@ class ImapSource:
         self.kafka: KafkaSettings = config.kafka
         self.metrics = metrics or SourceMetrics()
         self.stop_event = threading.Event()
-        self.workers: list[MailboxWorker] = []
-        self._threads: list[threading.Thread] = []
         self._health: HealthServer | None = None
         self._crash = CrashPoints.from_env()
         self._claim_check: ClaimCheckStore | None = None
         self._pool: ParsePool | None = None
-        self._indexes: list[AccountIndex] = []
+        self._serde: AvroSerde | None = None
+        self._preloaded: dict[str, AccountIndex] = {}  # loaded by prepare(), not yet running
+        self._limits = ParseLimits()
+        #: account name -> its running workers (the accounts this instance owns now).
+        self._runs: dict[str, _AccountRun] = {}
+        self._sharing: Sharing | None = None
+        self._fenced_at_end: bool | None = None
 
     @classmethod
     def from_config(cls, config: MailtapConfig) -> ImapSource:
@@ -70,7 +82,9 @@ class ImapSource:
         return TransactionalSourceWriter(self.kafka, txn_id)
 
     def _read_offsets(self) -> Mapping[bytes, Mapping[str, Any]]:
-        return OffsetStore(self.kafka).read_all()
+        # Settled: a mailbox that moved here was committed by another process moments ago,
+        # maybe behind another mailbox's open transaction, which a read_committed read stops at.
+        return OffsetStore(self.kafka).read_all(settled=True)
 
     def _connection(self, account: ImapAccountSettings) -> ImapConnection:
         return ImapConnection(
@@ -79,61 +93,131 @@ class ImapSource:
             read_timeout=self.settings.read_timeout_seconds,
         )
 
-    def build_workers(self) -> list[MailboxWorker]:
+    def prepare(self) -> None:
+        """What every mailbox shares: topics, the schema, the claim-check store, parse processes.
+
+        Without a group every configured account is this instance's: their key indexes load
+        while the topics and the registry are checked, both mostly waits on the network (in
+        librdkafka's threads), so start-up pays the longer one only.
+        """
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
-        names = [a.name for a in self.settings.accounts]
-        # The key indexes load while the topics and the registry are checked: both are mostly
-        # waits on the network (in librdkafka's threads), so start-up pays the longer one only.
+        self._serde = serde
+        names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
         with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
-            loading = loader.submit(load_indexes, self.kafka, serde, names)
+            loading = loader.submit(load_indexes, self.kafka, serde, names) if names else None
             ensure_topics(self.kafka)
             # A registry that refuses the schema stops the source here, with the sentence, not
             # at its first transaction (connectors.core.schemaregistry).
             serde.prepare(self.kafka.topics.events)
-            store = open_configured(self.config.claim_check, self.settings.claim_check_threads)
-            self._claim_check = store
-            indexes = loading.result()
-        limits = ParseLimits(**self.settings.limits.overrides())
-        self._indexes = list(indexes.values())
-        dlq_topic = self.settings.dlq_topic or self.kafka.topics.dlq
+            self._claim_check = open_configured(
+                self.config.claim_check, self.settings.claim_check_threads
+            )
+            if loading is not None:
+                self._preloaded = loading.result()
+        self._limits = ParseLimits(**self.settings.limits.overrides())
         if self.settings.parse_workers > 0:
             self._pool = ParsePool(self.settings.parse_workers)
-        workers = []
-        for account in self.settings.accounts:
-            for folder in account.folders:
-                spec = BuilderSpec(
-                    account=account.name,
+
+    def _account_run(self, account: ImapAccountSettings, index: AccountIndex) -> _AccountRun:
+        """The workers of one account's owned folders, around the account's key index."""
+        run = _AccountRun(account, index)
+        dlq_topic = self.settings.dlq_topic or self.kafka.topics.dlq
+        for folder in account.folders:
+            spec = BuilderSpec(
+                account=account.name,
+                folder=folder,
+                kafka=self.kafka,
+                dlq_topic=dlq_topic,
+                max_record_bytes=self.settings.max_record_bytes,
+                limits=self._limits,
+                claim_check=self.config.claim_check,
+                claim_check_threads=self.settings.claim_check_threads,
+                index_changelog=index.changelog,
+            )
+            builder = make_builder(spec, self._claim_check)
+            run.workers.append(
+                MailboxWorker(
+                    account=account,
                     folder=folder,
-                    kafka=self.kafka,
-                    dlq_topic=dlq_topic,
-                    max_record_bytes=self.settings.max_record_bytes,
-                    limits=limits,
-                    claim_check=self.config.claim_check,
-                    claim_check_threads=self.settings.claim_check_threads,
-                    index_changelog=indexes[account.name].changelog,
+                    settings=self.settings,
+                    builder=builder,
+                    index=index,
+                    metrics=self.metrics,
+                    stop=run.stop,
+                    writer_factory=self._writer,
+                    read_offsets=self._read_offsets,
+                    connection_factory=functools.partial(self._connection, account),
+                    transactional_id=transactional_id(
+                        TRANSACTIONAL_PREFIX, source_partition(account.name, folder)
+                    ),
+                    watched_folders=account.folders,
+                    crash=self._crash,
+                    parsing=MailboxParsing(self._pool, spec) if self._pool else None,
                 )
-                builder = make_builder(spec, store)
-                workers.append(
-                    MailboxWorker(
-                        account=account,
-                        folder=folder,
-                        settings=self.settings,
-                        builder=builder,
-                        index=indexes[account.name],
-                        metrics=self.metrics,
-                        stop=self.stop_event,
-                        writer_factory=self._writer,
-                        read_offsets=self._read_offsets,
-                        connection_factory=functools.partial(self._connection, account),
-                        transactional_id=transactional_id(
-                            TRANSACTIONAL_PREFIX, source_partition(account.name, folder)
-                        ),
-                        watched_folders=account.folders,
-                        crash=self._crash,
-                        parsing=MailboxParsing(self._pool, spec) if self._pool else None,
-                    )
+            )
+        return run
+
+    def _apply(self, owned: frozenset[WorkUnit]) -> None:
+        """Run exactly the ``owned`` mailboxes (Assignment calls this, one call at a time).
+
+        The unit of start and stop is the account: its folders share the key index and the
+        tombstone clock, and a folder's worker must know every other watched folder of the
+        account. An account whose set of folders changes restarts with a fresh index.
+        """
+        folders: dict[str, list[str]] = {}
+        for unit in sorted(owned):
+            folders.setdefault(unit.account, []).append(unit.folder)
+        wanted = {name: tuple(f) for name, f in folders.items()}
+        leaving = [
+            run for name, run in self._runs.items() if wanted.get(name) != run.account.folders
+        ]
+        for run in leaving:
+            run.stop.set()
+        for run in leaving:
+            self._end(run)
+            if not self.stop_event.is_set():  # stopping: what ran stays listed in ``workers``
+                del self._runs[run.account.name]
+        configured = {a.name: a for a in self.settings.accounts}
+        starting = [
+            configured[name].model_copy(update={"folders": f})
+            for name, f in wanted.items()
+            if name not in self._runs
+        ]
+        if not starting or self.stop_event.is_set():
+            return
+        assert self._serde is not None, "prepare() first"
+        # Loaded for the newly owned accounts only: start-up does not grow with the others.
+        indexes = {n: self._preloaded.pop(n) for n in wanted if n in self._preloaded}
+        missing = [a.name for a in starting if a.name not in indexes]
+        if missing:
+            indexes.update(load_indexes(self.kafka, self._serde, missing))
+        for account in starting:
+            run = self._account_run(account, indexes[account.name])
+            self._runs[account.name] = run
+            for worker in run.workers:
+                self.metrics.watch(SOURCE_KIND, account.name, worker.folder)
+                thread = threading.Thread(
+                    target=worker.run,
+                    name=f"imap-{worker.account.name}-{worker.folder}",
+                    daemon=True,
                 )
-        return workers
+                run.threads.append(thread)
+                thread.start()
+
+    def _end(self, run: _AccountRun) -> None:
+        """Join an account's workers (their stop is set), then forget it here."""
+        deadline = time.monotonic() + STOP_JOIN_S
+        for thread in run.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in run.threads):
+            # Its next commit is fenced by the new owner's init_transactions (contract.py).
+            log.warning(
+                "imap %s: a worker did not stop within %.0fs", run.account.name, STOP_JOIN_S
+            )
+        else:
+            run.index.close()  # its temporary database; only once no worker can use it
+        for worker in run.workers:
+            self.metrics.unwatch(SOURCE_KIND, run.account.name, worker.folder)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -142,17 +226,21 @@ class ImapSource:
         self._health = HealthServer(
             self.metrics, health.host, health.port, health.max_sync_age_seconds
         ).start()
-        self.workers = self.build_workers()
+        self.prepare()
         if self._pool is not None:
             # In the background: a mailbox with nothing to catch up must not wait for it.
             threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
-        for worker in self.workers:
-            thread = threading.Thread(
-                target=worker.run, name=f"imap-{worker.account.name}-{worker.folder}", daemon=True
-            )
-            self._threads.append(thread)
-            thread.start()
-        log.info("imap source: %d mailboxes started", len(self.workers))
+        self._sharing = start_sharing(
+            self.kafka,
+            self.settings.group,
+            SOURCE_KIND,
+            {a.name: a.folders for a in self.settings.accounts},
+            by_account,
+            self._apply,
+            self.metrics,
+        )
+        if self.settings.group is None:
+            log.info("imap source: %d mailboxes started", len(self.workers))
 
     def _warm_up(self) -> None:
         pool = self._pool
@@ -164,22 +252,37 @@ class ImapSource:
             log.warning("parse processes did not start ahead of time", exc_info=True)
 
     @property
+    def workers(self) -> list[MailboxWorker]:
+        """The workers of the mailboxes this instance owns now."""
+        return [w for run in list(self._runs.values()) for w in run.workers]
+
+    @property
+    def owned(self) -> frozenset[WorkUnit]:
+        return self._sharing.assignment.owned if self._sharing else frozenset()
+
+    @property
     def health_port(self) -> int | None:
         return self._health.port if self._health else None
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every worker ended (stopped or fenced); False on timeout."""
-        for thread in self._threads:
-            thread.join(timeout)
-            if thread.is_alive():
-                return False
+        for run in list(self._runs.values()):
+            for thread in run.threads:
+                thread.join(timeout)
+                if thread.is_alive():
+                    return False
         return True
 
     def stop(self) -> None:
         self.stop_event.set()
+        for run in list(self._runs.values()):
+            run.stop.set()
 
     def close(self, timeout: float = 30.0) -> None:
         self.stop()
+        if self._sharing is not None:
+            self._sharing.close()  # stops and joins every owned mailbox, leaves the group
+            self._sharing = None
         self.wait(timeout)
         if self._health is not None:
             self._health.stop()
@@ -187,20 +290,38 @@ class ImapSource:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-        if self.wait(0):
-            for index in self._indexes:
-                index.close()  # its temporary database; only once no worker can use it
+        for index in self._preloaded.values():
+            index.close()
+        self._preloaded.clear()
         close_store(self._claim_check)
 
     @property
     def all_fenced(self) -> bool:
-        return bool(self.workers) and all(w.fenced for w in self.workers)
+        """Every owned mailbox was fenced (as it was when run() ended, once it has)."""
+        if self._fenced_at_end is not None:
+            return self._fenced_at_end
+        workers = self.workers
+        return bool(workers) and all(w.fenced for w in workers)
 
     def run(self) -> None:
         self.start()
         try:
-            while not self.stop_event.is_set():
-                if self.wait(timeout=1.0):
+            while not self.stop_event.wait(1.0):
+                # Without a group, the source ends once every mailbox ended (fenced); in a group
+                # it serves until stopped: owning nothing for a while is normal there.
+                if self.settings.group is None and self.wait(timeout=0):
                     break
         finally:
+            self._fenced_at_end = self.all_fenced  # close() forgets the mailboxes
             self.close()
+
+
+class _AccountRun:
+    """One owned account: its key index, workers, their threads and their stop signal."""
+
+    def __init__(self, account: ImapAccountSettings, index: AccountIndex) -> None:
+        self.account = account
+        self.index = index
+        self.stop = threading.Event()
+        self.workers: list[MailboxWorker] = []
+        self.threads: list[threading.Thread] = []

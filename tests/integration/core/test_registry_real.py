@@ -454,7 +454,7 @@ def test_the_imap_source_and_the_smtp_sink_refuse_a_registry_at_start(
     source = ImapSource.from_config(config)
     try:
         with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE") as refused:
-            source.build_workers()
+            source.prepare()
         assert f"{names['events']}-value" in str(refused.value)
     finally:
         source.close()

@@ -1,0 +1,113 @@
+"""Source instances as separate processes sharing mailboxes (imap.group / ews.group), and who owns
+what, read from each instance's /healthz the way an operator would."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mailtap.dev.process import die_with_parent, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Instance:
+    name: str
+    proc: subprocess.Popen[bytes]
+    health_port: int
+    log: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def health(self) -> dict[str, Any]:
+        url = f"http://127.0.0.1:{self.health_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                body = answer.read()
+        except urllib.error.HTTPError as exc:  # 503: stale or fenced, the body still tells
+            body = exc.read()
+        detail: dict[str, Any] = json.loads(body)
+        return detail
+
+    def owned(self) -> set[str] | None:
+        """``source/account/folder`` of the mailboxes it runs; None while it cannot answer."""
+        try:
+            return set(self.health()["mailboxes"])
+        except (OSError, ValueError):
+            return None
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+def start_instance(
+    component: str, config: dict[str, Any], tmp: Path, name: str, env: dict[str, str] | None = None
+) -> Instance:
+    """``mailtap run COMPONENT`` with ``config`` (its own health port), tied to this thread."""
+    port = free_port()
+    config = {**config, "health": {**config.get("health", {}), "port": port}}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp / f"{name}.log"
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "MAILTAP_LOG_LEVEL": "INFO", **(env or {})}
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mailtap.cli", "run", component, "-c", str(path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
+            preexec_fn=die_with_parent(),  # a killed test leaves no source behind
+        )
+    return Instance(name, proc, port, log)
+
+
+def ownership(instances: Iterable[Instance]) -> dict[str, set[str]] | None:
+    """``{instance: owned mailboxes}`` of the live instances; None when one does not answer."""
+    found = {}
+    for instance in instances:
+        if not instance.alive:
+            continue
+        owned = instance.owned()
+        if owned is None:
+            return None
+        found[instance.name] = owned
+    return found
+
+
+def exactly_once(owned: dict[str, set[str]] | None, expected: set[str]) -> bool:
+    """Every expected mailbox is owned by exactly one of the instances, and nothing else."""
+    if owned is None:
+        return False
+    counted: dict[str, int] = {}
+    for mailboxes in owned.values():
+        for mailbox in mailboxes:
+            counted[mailbox] = counted.get(mailbox, 0) + 1
+    return set(counted) == expected and all(n == 1 for n in counted.values())
+
+
+def stop_instances(instances: Iterable[Instance]) -> None:
+    instances = list(instances)
+    for instance in instances:
+        if instance.alive:
+            instance.proc.send_signal(signal.SIGTERM)
+    for instance in instances:
+        try:
+            instance.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            instance.proc.kill()
+            instance.proc.wait(10)
