@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 from connectors.core import kafka
 from connectors.core.config import KafkaSettings
@@ -192,3 +192,30 @@ def test_aiokafka_repeats_are_collapsed_by_the_cli_handler() -> None:
         logger.propagate = True
     assert [(r.levelname, r.repeated) for r in records] == [("WARNING", 0), ("WARNING", 299)]  # type: ignore[attr-defined]
     assert records[1].getMessage().endswith("(and 299 more times in the last 60s)")
+
+
+class _SlowToDescribe:
+    """A cluster that needs ``needs`` seconds of request time to describe itself (many topics):
+    a shorter request times out, as librdkafka's list_topics does."""
+
+    def __init__(self, needs: float) -> None:
+        self.needs = needs
+        self.requests: list[float] = []
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> str:
+        self.requests.append(timeout)
+        if timeout < self.needs:
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get metadata"))
+        return "metadata"
+
+    def poll(self, timeout: float = 0) -> int:
+        return 0
+
+
+def test_a_cluster_slower_to_describe_than_one_slice_is_still_described(fresh_stop: None) -> None:
+    # Before: every request was one 0.5 s slice, so a cluster that needs 1.5 s was "unreachable".
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:9")
+    slow = _SlowToDescribe(needs=1.5)
+    assert kafka.cluster_metadata(slow, settings, timeout=30) == "metadata"
+    assert slow.requests == [0.5, 1.0, 2.0]
+    assert max(slow.requests) <= kafka.MAX_METADATA_REQUEST_S  # the SIGTERM bound holds
