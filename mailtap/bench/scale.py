@@ -41,11 +41,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import consumer_config, ensure_topics
+from connectors.core.kafka import admin_client, consumer_config, ensure_topics
 from mailtap.bench.ingest import _delete_topics, _say, _services
 from mailtap.dev import DevServices
 from mailtap.dev.dovecot import add_users
@@ -289,6 +289,21 @@ def _wait(condition: Any, what: str, sources: list[Source]) -> None:
         time.sleep(0.1)
 
 
+def _listed(kafka: KafkaSettings, topics: list[str], timeout: float = 120.0) -> None:
+    """Wait until the metadata lists every topic just created: a busy broker can answer a
+    moment without them, and a source that starts then stops at "topic ... is missing"."""
+    admin = admin_client(kafka)
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = admin.list_topics(timeout=30).topics
+        if all(t in listed and listed[t].partitions for t in topics):
+            return
+        if time.monotonic() > deadline:
+            missing = [t for t in topics if t not in listed]
+            raise RuntimeError(f"topics not listed after {timeout:.0f}s: {missing}")
+        time.sleep(0.5)
+
+
 def _owned(source: Source) -> set[str] | None:
     health = source.health()
     return None if health is None else set(health.get("mailboxes", []))
@@ -308,6 +323,7 @@ def _round(
     names = {f: f"{getattr(TopicNames(), f)}.bench-{round_tag}" for f in TopicNames.model_fields}
     kafka = KafkaSettings(bootstrap_servers=info.bootstrap_servers, topics=TopicNames(**names))
     ensure_topics(kafka, retry_tiers=["1m"])
+    _listed(kafka, list(names.values()))
     config = _config(info, kafka, accounts, users, round_tag, session_timeout, work)
     expected = len(accounts) * mails
     run: dict[str, Any] = {"instances": n, "mailboxes": len(accounts)}
@@ -347,7 +363,10 @@ def _round(
         for source in sources:
             source.stop()
         watch.close()
-        _delete_topics(kafka, round_tag)
+        try:
+            _delete_topics(kafka, round_tag)
+        except (KafkaException, ValueError) as exc:  # never hide the round's own error
+            _say(f"  the round's topics were not deleted: {exc}")
     _say(f"  {run}")
     return run
 
