@@ -38,6 +38,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ from pydantic import Field
 from connectors.core.config import KafkaSettings, StrictModel
 from connectors.core.kafka import (
     COMPACTED,
+    KafkaUnavailable,
     TopicSpec,
     admin_client,
     cluster_metadata,
@@ -153,6 +155,30 @@ def create_if_missing(kafka: KafkaSettings, spec: TopicSpec) -> None:
         ensure_topic_specs(kafka, [spec])
 
 
+#: How long a start waits for a work topic's partitions to be listed.
+PARTITIONS_WAIT_S = 30.0
+
+
+def work_partition_count(
+    client: Any, kafka: KafkaSettings, topic: str, timeout: float = PARTITIONS_WAIT_S
+) -> int:
+    """The partition count of ``topic``. A topic created a moment ago can be listed with no
+    partitions (its metadata has not reached the broker that answered): wait for them, since
+    0 would leave every unit without a partition (``partition_of`` divides by it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = cluster_metadata(client, kafka, timeout, topic).topics.get(topic)
+        count = len(found.partitions) if found is not None and found.error is None else 0
+        if count:
+            return count
+        if time.monotonic() >= deadline:
+            raise KafkaUnavailable(
+                f"the work topic {topic} lists no partitions after {timeout:.0f}s; check that "
+                f"it exists with partitions (kafka-topics --describe --topic {topic})"
+            )
+        time.sleep(0.2)
+
+
 def member_client_id(source: str) -> str:
     """``mailtap-imap@host:pid``: what :func:`describe_owners` reports for a member."""
     return f"mailtap-{source}@{socket.gethostname()}:{os.getpid()}"
@@ -204,8 +230,7 @@ class GroupMembership:
                 },
             )
         )
-        metadata = cluster_metadata(consumer, self._kafka, 30, self.topic)
-        self.partitions = len(metadata.topics[self.topic].partitions)
+        self.partitions = work_partition_count(consumer, self._kafka, self.topic)
         if self.partitions != self.settings.work_partitions:
             log.warning(
                 "work topic %s has %d partitions (group.work_partitions says %d); using %d",

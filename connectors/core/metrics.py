@@ -163,6 +163,7 @@ class SourceMetrics:
             ages = {"/".join(k): round(now - t, 3) for k, t in self._last_sync.items()}
             fenced = sorted("/".join(k) for k, st in self._states.items() if st == "FENCED")
             backoff = sorted("/".join(k) for k, st in self._states.items() if st == "BACKOFF")
+            states = {"/".join(k): st for k, st in sorted(self._states.items())}
         stale = {k: a for k, a in ages.items() if a > max_age}
         ok = not stale and not fenced
         detail: dict[str, Any] = {
@@ -172,6 +173,8 @@ class SourceMetrics:
             "stale": stale,
             "fenced": fenced,
             "backoff": backoff,
+            # Each owned mailbox's worker state (IDLE, POLLING, BACKOFF ...), for mailtap status.
+            "states": states,
             # Which mailboxes this instance runs (the others' are on other instances).
             "mailboxes": sorted(ages),
         }

@@ -89,6 +89,13 @@ def _services() -> DevServices:
     running = status(state_dir)
     if running is not None:
         return running
+    if os.environ.get(ENV_STATE_DIR):
+        # Someone else's services (shared by tests and other benches): up() would stop a set
+        # that is only slow to answer (a broker busy loading its partitions) and start afresh.
+        raise RuntimeError(
+            f"the services in {state_dir} ({ENV_STATE_DIR}) do not all answer; start them with "
+            f"`mailtap dev up --state-dir {state_dir}` or unset {ENV_STATE_DIR}"
+        )
     _say(f"starting local services in {state_dir} ...")
     return up(state_dir)
 

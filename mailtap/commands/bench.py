@@ -98,3 +98,54 @@ def startup(as_json: bool, other_events: int, other_accounts: int, rounds: int) 
         json_out=as_json, other_events=other_events, other_accounts=other_accounts, rounds=rounds
     )
     _emit(figures, as_json)
+
+
+@bench.command("scale")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option(
+    "--mailboxes", type=click.IntRange(2), default=200, show_default=True, help="M accounts."
+)
+@click.option(
+    "--instances",
+    default="1,2,3",
+    show_default=True,
+    help="Instance counts to run, comma-separated (1 gives the RSS, >= 2 the failover).",
+)
+@click.option("--mails", type=click.IntRange(1), default=3, show_default=True, help="Per mailbox.")
+@click.option(
+    "--session-timeout",
+    type=click.FloatRange(6.0),
+    default=10.0,
+    show_default=True,
+    help="imap.group.session_timeout_seconds of the instances.",
+)
+@click.option(
+    "--with-startup",
+    is_flag=True,
+    help="Also run `mailtap bench startup` (1,000,000 events of other accounts; minutes).",
+)
+def scale(
+    as_json: bool,
+    mailboxes: int,
+    instances: str,
+    mails: int,
+    session_timeout: float,
+    with_startup: bool,
+) -> None:
+    """M mailboxes over 1, 2, 3 source instances: first event, events/s, RSS, failover."""
+    try:
+        counts = tuple(int(n) for n in instances.split(","))
+    except ValueError:
+        raise click.BadParameter("expected counts like 1,2,3", param_hint="--instances") from None
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("expected counts of at least 1", param_hint="--instances")
+    module = import_optional("mailtap.bench.scale")
+    figures = module.bench_scale(
+        json_out=as_json,
+        mailboxes=mailboxes,
+        instances=counts,
+        mails=mails,
+        session_timeout=session_timeout,
+        with_startup=with_startup,
+    )
+    _emit(figures, as_json)

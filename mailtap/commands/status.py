@@ -10,7 +10,13 @@ machine that reaches Kafka, whether or not a component runs there:
   partition has no committed offset yet);
 * delivery outcomes of the window by status (``mail.delivery``) and the bounce rate, i.e.
   BOUNCED / (SENT + BOUNCED): of the mail a relay accepted, the share that came back;
-* each ``/healthz`` answer (the config's ``health`` section, and ``--health URL``).
+* each ``/healthz`` answer (the config's ``health`` section, and ``--health URL``);
+* per mailbox the configuration's sources want (``mailtap mailboxes list``): the group member that
+  owns it now, from the group coordinator (``describe_owners``), and, when one of the ``/healthz``
+  answers asked lists it, its worker state and the age of its last sync. Without such an answer
+  the age is that of its cursor record on the offsets topic (``age_of``: ``cursor``), i.e. of
+  the last batch it committed: an idle mailbox writes no cursor, so that age grows while it is
+  healthy; ask each instance's ``/healthz`` (``--health URL``) for the sync age itself.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import click
@@ -31,6 +38,7 @@ from connectors.core.kafka import DEFAULT_RETRY_TIERS
 from connectors.core.serde import AnyAvroDecoder
 from mailtap.commands.common import config_option, retry_tiers_of
 from mailtap.commands.dlq import read_dropped
+from mailtap.commands.mailboxes import SOURCES, mailbox_listing
 from mailtap.commands.topicscan import group_lag, scan
 
 #: Header names of the source DLQ records (connectors.core.records.RecordBuilder.dlq).
@@ -69,6 +77,10 @@ def collect(
                 "last_event_at": None,
                 "events_in_window": 0,
                 "dlq_records": 0,
+                "owner": None,
+                "state": None,
+                "last_sync_age_seconds": None,
+                "age_of": None,
             },
         )
 
@@ -128,6 +140,11 @@ def collect(
             continue
         deliveries[str(event["status"])] += 1
     accepted = deliveries["SENT"] + deliveries["BOUNCED"]
+    health = {url: _health(url) for url in _health_urls(cfg, health_urls)}
+    rows = mailbox_listing(cfg) if any(k in SOURCES for k in cfg.model_extra or {}) else []
+    for row in rows:
+        entry = box(row["mailbox"])
+        entry.update(ownership(row, health.values(), entry["cursor_written_at"], now_ms))
     return {
         "at": _iso(now_ms),
         "window_seconds": window_s,
@@ -137,8 +154,46 @@ def collect(
         "lag": _lags(cfg),
         "deliveries_in_window": dict(sorted(deliveries.items())),
         "bounce_rate": round(deliveries["BOUNCED"] / accepted, 4) if accepted else None,
-        "health": {url: _health(url) for url in _health_urls(cfg, health_urls)},
+        "health": health,
     }
+
+
+#: ``owner`` of a wanted mailbox of a source without a group: every instance of this
+#: configuration runs it (there is no coordinator to ask which one is up).
+NO_GROUP = "this config runs it (no group)"
+
+
+def ownership(
+    row: dict[str, Any],
+    answers: Iterable[dict[str, Any]],
+    cursor_written_at: str | None,
+    now_ms: int,
+) -> dict[str, Any]:
+    """Owner, state and last-sync age of one ``mailbox_listing`` row. The first ``/healthz``
+    answer listing the mailbox gives the state and the sync age; otherwise the age is that of
+    the cursor record (the last committed batch) and the state is unknown (None)."""
+    if row["origin"] == "removed":
+        owner = None
+    elif row["group"] is None:
+        owner = NO_GROUP
+    else:
+        owner = row["owner"]  # None: no live member holds it (rebalancing, or none running)
+    found: dict[str, Any] = {"origin": row["origin"], "group": row["group"], "owner": owner}
+    for answer in answers:
+        ages = answer.get("ages") or {}
+        if row["mailbox"] in ages:
+            state = (answer.get("states") or {}).get(row["mailbox"])
+            return {
+                **found,
+                "state": state,
+                "last_sync_age_seconds": ages[row["mailbox"]],
+                "age_of": "healthz",
+            }
+    if cursor_written_at is None:
+        return {**found, "state": None, "last_sync_age_seconds": None, "age_of": None}
+    written = dt.datetime.fromisoformat(cursor_written_at).timestamp() * 1000
+    age = round(max(0.0, (now_ms - written) / 1000), 1)
+    return {**found, "state": None, "last_sync_age_seconds": age, "age_of": "cursor"}
 
 
 def lag_groups(cfg: MailtapConfig) -> dict[str, list[str]]:
@@ -187,6 +242,14 @@ def render(report: dict[str, Any]) -> str:
             f"{name}  {box['cursor_written_at'] or '-'}  {box['last_event_at'] or '-'}  "
             f"{box['events_in_window']}  {box['dlq_records']}  {json.dumps(box['cursor'])}"
         )
+    lines += ["", "MAILBOX  OWNER  STATE  LAST_SYNC_AGE"]
+    for name, box in report["mailboxes"].items():
+        if box.get("origin") is None:
+            continue  # seen on a topic only: not a mailbox of this configuration
+        owner = box["owner"] or ("— (removed)" if box["origin"] == "removed" else "—")
+        age = box["last_sync_age_seconds"]
+        shown = "-" if age is None else f"{age:.0f}s ({box['age_of']})"
+        lines.append(f"{name}  {owner}  {box['state'] or '-'}  {shown}")
     lines += ["", f"commands DLQ records: {report['commands_dlq_records']}", "", "LAG"]
     for group, per_topic in report["lag"].items():
         for topic, parts in per_topic.items():

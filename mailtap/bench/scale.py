@@ -1,0 +1,399 @@
+"""``mailtap bench scale``: M mailboxes over 1, 2 and 3 IMAP source instances (``imap.group``).
+
+Issue 12. One run creates M Dovecot accounts (one INBOX each, ``--mails`` mails in each) and, per
+instance count n, on fresh topics:
+
+1. spawns n ``mailtap run imap-source`` processes in one group (each its own /healthz) and reads
+   ``mail.events`` (read_committed): **time to first event** (spawn -> the first event, and ->
+   every mailbox's first event) and the **steady events/s** (the rate between 10 % and 90 % of
+   the M x mails events: the backfill of all mailboxes at once, start-up and tail left out);
+2. n = 1: once every mailbox is IDLE (its /healthz ``states``), the **RSS** of the source
+   process and its children (/proc), compared with the same source running 1 mailbox:
+   (RSS(M) - RSS(1)) / (M - 1) per idle IDLE mailbox; the baseline is printed;
+3. n >= 2: ``kill -9`` of the instance owning most mailboxes, one new mail in each mailbox it
+   owned, and the **failover time** kill -> that mail's event per orphaned mailbox (p50, max),
+   against the target session timeout + 2 s.
+
+``--with-startup`` also runs ``mailtap bench startup`` (1,000,000 events of other accounts,
+minutes): the start-up figure of the issue. Figures, not assertions; the topics are deleted.
+
+The dev Dovecot serves at most 256 IMAP processes (``service imap { process_limit }``), shared
+with whatever else uses it: M = 200 needs it to be otherwise idle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from confluent_kafka import Consumer, KafkaException
+from imapclient import IMAPClient
+
+from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.kafka import admin_client, consumer_config, ensure_topics
+from mailtap.bench.ingest import _delete_topics, _say, _services
+from mailtap.dev import DevServices
+from mailtap.dev.dovecot import add_users
+from mailtap.dev.layout import REPO_ROOT
+from mailtap.dev.process import die_with_parent, free_port
+
+#: Issue 12's targets.
+RSS_TARGET_MB = 0.5
+FAILOVER_MARGIN_S = 2.0
+#: A phase that has not completed within this long fails the run with what it saw.
+PHASE_TIMEOUT_S = 600.0
+PASSWORD = "bench"
+
+
+@dataclass
+class EventWatch:
+    """Reads an events topic on a thread: per account, the times its events were seen."""
+
+    kafka: KafkaSettings
+    seen: dict[str, list[float]] = field(default_factory=dict)
+    times: list[float] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._consumer = Consumer(consumer_config(self.kafka, f"bench-scale-{uuid.uuid4().hex}"))
+        self._consumer.subscribe([self.kafka.topics.events])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for msg in self._consumer.consume(1000, 0.2):
+                key = msg.key()
+                if msg.error() is not None or key is None:
+                    continue
+                now = time.monotonic()
+                account = key.decode().split("/", 1)[0]
+                with self._lock:
+                    self.seen.setdefault(account, []).append(now)
+                    self.times.append(now)
+        self._consumer.close()
+
+    def count(self, account: str | None = None) -> int:
+        with self._lock:
+            return len(self.times) if account is None else len(self.seen.get(account, []))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+@dataclass
+class Source:
+    proc: subprocess.Popen[bytes]
+    health_port: int
+    log: Path
+
+    def health(self) -> dict[str, Any] | None:
+        url = f"http://127.0.0.1:{self.health_port}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                body = answer.read()
+        except urllib.error.HTTPError as exc:  # 503 (e.g. BACKOFF): the body still tells
+            body = exc.read()
+        except (OSError, ValueError):
+            return None
+        detail: dict[str, Any] = json.loads(body)
+        return detail
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` and its descendants, from /proc (Linux; no psutil needed for
+    this one sum)."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it ended meanwhile
+    return total
+
+
+def bench_scale(
+    json_out: bool,
+    mailboxes: int = 200,
+    instances: tuple[int, ...] = (1, 2, 3),
+    mails: int = 3,
+    session_timeout: float = 10.0,
+    with_startup: bool = False,
+) -> dict[str, Any]:
+    if mailboxes < 2:
+        raise ValueError("--mailboxes must be at least 2 (the RSS baseline runs 1)")
+    info = _services()
+    tag = uuid.uuid4().hex[:8]
+    accounts = [f"scale{i}-{tag}" for i in range(mailboxes)]
+    users = {a: f"bench-{a}@example.com" for a in accounts}
+    work = Path(tempfile.mkdtemp(prefix="mailtap-bench-scale-"))
+    figures: dict[str, Any] = {
+        "mailboxes": mailboxes,
+        "mails_per_mailbox": mails,
+        "session_timeout_seconds": session_timeout,
+        "failover_target_p50_seconds": session_timeout + FAILOVER_MARGIN_S,
+        "rss_target_mb_per_idle_mailbox": RSS_TARGET_MB,
+    }
+    try:
+        _say(f"creating {mailboxes} accounts with {mails} mails each ...")
+        add_users(info.imap.passwd_file, [(u, PASSWORD) for u in users.values()])
+        for account in accounts:
+            _append(info, users[account], [f"{account}-{i}" for i in range(mails)])
+        runs = []
+        for n in instances:
+            _say(f"{n} instance(s) ...")
+            runs.append(_round(info, work, tag, accounts, users, n, mails, session_timeout))
+        figures["runs"] = runs
+        with_rss = [r for r in runs if "rss_bytes" in r]
+        if with_rss:
+            _say("RSS baseline: the same source with 1 mailbox ...")
+            base = _round(info, work, tag, accounts[:1], users, 1, mails, session_timeout)
+            figures["rss_baseline_1_mailbox_mb"] = round(base["rss_bytes"] / 2**20, 1)
+            figures[f"rss_{mailboxes}_mailboxes_mb"] = round(with_rss[0]["rss_bytes"] / 2**20, 1)
+            per = (with_rss[0]["rss_bytes"] - base["rss_bytes"]) / (mailboxes - 1) / 2**20
+            figures["rss_mb_per_idle_mailbox"] = round(per, 3)
+            figures["rss_meets_target"] = per <= RSS_TARGET_MB
+        failovers = [r["failover_s_p50"] for r in runs if "failover_s_p50" in r]
+        if failovers:
+            figures["failover_meets_target"] = all(
+                f <= session_timeout + FAILOVER_MARGIN_S for f in failovers
+            )
+        if with_startup:
+            from mailtap.bench.startup import bench_startup
+
+            _say("start-up with 1,000,000 events of other accounts (mailtap bench startup) ...")
+            figures["startup"] = bench_startup(
+                json_out=True, other_events=1_000_000, other_accounts=1000, rounds=1
+            )
+        else:
+            figures["startup"] = (
+                "not run: add --with-startup (minutes) or run mailtap bench startup"
+            )
+        if not json_out:
+            for key, value in figures.items():
+                _say(f"{key}: {value}")
+    finally:
+        for user in users.values():
+            info.doveadm("expunge", "-u", user, "mailbox", "INBOX", "all", check=False)
+        shutil.rmtree(work, ignore_errors=True)
+    return figures
+
+
+def _append(info: DevServices, username: str, ids: list[str]) -> None:
+    client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
+    client.login(username, PASSWORD)
+    for mid in ids:
+        client.append(
+            "INBOX",
+            f"Message-ID: <{mid}@example.com>\r\nFrom: a@example.com\r\nTo: b@example.com\r\n"
+            f"Subject: scale {mid}\r\n\r\nhello\r\n".encode(),
+        )
+    client.logout()
+
+
+def _config(
+    info: DevServices,
+    kafka: KafkaSettings,
+    accounts: list[str],
+    users: dict[str, str],
+    round_tag: str,
+    session_timeout: float,
+    work: Path,
+) -> dict[str, Any]:
+    return {
+        "kafka": kafka.model_dump(mode="json", exclude_none=True),
+        "claim_check": {"url": (work / "claims").as_uri()},
+        "imap": {
+            "accounts": [
+                {
+                    "name": account,
+                    "host": info.imap.host,
+                    "port": info.imap.port,
+                    "security": "plain",
+                    "username": users[account],
+                    "password": PASSWORD,
+                    "folders": ["INBOX"],
+                    "start": "all",
+                }
+                for account in accounts
+            ],
+            "group": {
+                "id": f"bench-scale-{round_tag}",
+                "work_topic": f"mailtap.imap-work.bench-{round_tag}",
+                "session_timeout_seconds": session_timeout,
+            },
+        },
+    }
+
+
+def _spawn(config: dict[str, Any], work: Path, name: str) -> Source:
+    port = free_port()
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**config, "health": {"port": port}}))
+    log = work / f"{name}.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "MAILTAP_LOG_LEVEL": "INFO"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mailtap.cli", "run", "imap-source", "-c", str(path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+            env=env,
+            preexec_fn=die_with_parent(),  # a killed bench leaves no source behind
+        )
+    return Source(proc, port, log)
+
+
+def _wait(condition: Any, what: str, sources: list[Source]) -> None:
+    deadline = time.monotonic() + PHASE_TIMEOUT_S
+    while not condition():
+        dead = [s for s in sources if s.proc.poll() is not None and s.proc.returncode != -9]
+        if dead or time.monotonic() > deadline:
+            tail = (
+                "\n".join(dead[0].log.read_text(errors="replace").splitlines()[-30:])
+                if dead
+                else ""
+            )
+            raise RuntimeError(f"{what}: {'a source exited' if dead else 'timed out'}\n{tail}")
+        time.sleep(0.1)
+
+
+def _listed(kafka: KafkaSettings, topics: list[str], timeout: float = 120.0) -> None:
+    """Wait until the metadata lists every topic just created: a busy broker can answer a
+    moment without them, and a source that starts then stops at "topic ... is missing"."""
+    admin = admin_client(kafka)
+    deadline = time.monotonic() + timeout
+    while True:
+        listed = admin.list_topics(timeout=30).topics
+        if all(t in listed and listed[t].partitions for t in topics):
+            return
+        if time.monotonic() > deadline:
+            missing = [t for t in topics if t not in listed]
+            raise RuntimeError(f"topics not listed after {timeout:.0f}s: {missing}")
+        time.sleep(0.5)
+
+
+def _owned(source: Source) -> set[str] | None:
+    health = source.health()
+    return None if health is None else set(health.get("mailboxes", []))
+
+
+def _round(
+    info: DevServices,
+    work: Path,
+    tag: str,
+    accounts: list[str],
+    users: dict[str, str],
+    n: int,
+    mails: int,
+    session_timeout: float,
+) -> dict[str, Any]:
+    round_tag = f"{tag}-{n}-{len(accounts)}"
+    names = {f: f"{getattr(TopicNames(), f)}.bench-{round_tag}" for f in TopicNames.model_fields}
+    kafka = KafkaSettings(bootstrap_servers=info.bootstrap_servers, topics=TopicNames(**names))
+    ensure_topics(kafka, retry_tiers=["1m"])
+    _listed(kafka, list(names.values()))
+    config = _config(info, kafka, accounts, users, round_tag, session_timeout, work)
+    expected = len(accounts) * mails
+    run: dict[str, Any] = {"instances": n, "mailboxes": len(accounts)}
+    watch = EventWatch(kafka)
+    sources: list[Source] = []
+    try:
+        spawned = time.monotonic()
+        sources = [_spawn(config, work, f"r{round_tag}-i{k}") for k in range(n)]
+        _wait(lambda: watch.count() >= expected, f"{expected} events", sources)
+        firsts = [watch.seen[a][0] for a in accounts]
+        run["first_event_s"] = round(min(firsts) - spawned, 2)
+        run["every_mailbox_first_event_s"] = round(max(firsts) - spawned, 2)
+        times = sorted(watch.times)
+        low, high = times[int(len(times) * 0.1)], times[max(0, int(len(times) * 0.9) - 1)]
+        span = high - low
+        steady = (int(len(times) * 0.9) - int(len(times) * 0.1)) / span if span > 0 else None
+        run["steady_events_per_s"] = round(steady, 1) if steady else None
+        run["events"] = watch.count()
+
+        def all_idle() -> bool:
+            states: dict[str, str] = {}
+            for source in sources:
+                health = source.health()
+                if health is None:
+                    return False
+                states.update(health.get("states", {}))
+            return len(states) == len(accounts) and set(states.values()) == {"IDLE"}
+
+        _wait(all_idle, "every mailbox IDLE", sources)
+        if n == 1:
+            time.sleep(3)  # let the allocator settle after the backfill
+            run["rss_bytes"] = rss_bytes(sources[0].proc.pid)
+            run["rss_mb"] = round(run["rss_bytes"] / 2**20, 1)
+        if n >= 2:
+            run.update(_failover(info, sources, users, watch, mails))
+    finally:
+        for source in sources:
+            source.stop()
+        watch.close()
+        try:
+            _delete_topics(kafka, round_tag)
+        except (KafkaException, ValueError) as exc:  # never hide the round's own error
+            _say(f"  the round's topics were not deleted: {exc}")
+    _say(f"  {run}")
+    return run
+
+
+def _failover(
+    info: DevServices,
+    sources: list[Source],
+    users: dict[str, str],
+    watch: EventWatch,
+    mails: int,
+) -> dict[str, Any]:
+    owned = {i: _owned(s) or set() for i, s in enumerate(sources)}
+    victim = max(owned, key=lambda i: len(owned[i]))
+    orphaned = sorted(m.split("/")[1] for m in owned[victim])  # imap/<account>/INBOX
+    sources[victim].proc.kill()
+    killed = time.monotonic()
+    sources[victim].proc.wait(10)
+    for account in orphaned:
+        _append(info, users[account], [f"{account}-after-kill"])
+    _wait(
+        lambda: all(watch.count(a) > mails for a in orphaned),
+        f"the new mail of {len(orphaned)} orphaned mailboxes",
+        sources,
+    )
+    delays = sorted(watch.seen[a][mails] - killed for a in orphaned)
+    return {
+        "orphaned_mailboxes": len(orphaned),
+        "failover_s_p50": round(statistics.median(delays), 2),
+        "failover_s_max": round(delays[-1], 2),
+    }

@@ -1,0 +1,28 @@
+"""``mailtap bench scale`` on a small scale: it runs 1 and 2 instances over 4 mailboxes, every mail
+arrives once, a kill orphans mailboxes whose new mails arrive; its times are figures, never
+asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from mailtap.bench import ingest
+from mailtap.bench.scale import bench_scale
+from mailtap.dev import DevServices
+
+
+def test_the_scale_bench_counts_every_mail_and_a_failover(
+    services: DevServices, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ingest.ENV_STATE_DIR, str(services.state_dir))
+    figures = bench_scale(json_out=True, mailboxes=4, instances=(1, 2), mails=2, session_timeout=6)
+    one, two = figures["runs"]
+    assert (one["instances"], one["mailboxes"], one["events"]) == (1, 4, 8)
+    assert (two["instances"], two["mailboxes"], two["events"]) == (2, 4, 8)
+    assert one["rss_bytes"] > 0 and "failover_s_p50" not in one
+    # The victim owns the most: at least half (every mailbox when all hash to its partitions).
+    assert 2 <= two["orphaned_mailboxes"] <= 4
+    assert two["failover_s_max"] >= two["failover_s_p50"] > 0
+    assert figures["rss_baseline_1_mailbox_mb"] > 0
+    assert "rss_mb_per_idle_mailbox" in figures and "failover_meets_target" in figures
+    assert figures["startup"].startswith("not run")
