@@ -184,8 +184,19 @@ class MailboxWatcher:
         topic = metadata.topics.get(self._topic)
         if topic is None or topic.error is not None:
             raise RuntimeError(f"topic {self._topic} is missing; `mailtap topics create` makes it")
-        pending = set(topic.partitions)
-        self._consumer.assign([TopicPartition(self._topic, p, 0) for p in pending])
+        # The end as of now: the read is over once the position reaches it, at the fetch that
+        # brought the last record (or at once, on an empty topic). The end-of-partition event
+        # alone would come only after one more fetch, which the broker holds for
+        # fetch.wait.max.ms (500 ms on this consumer, which then follows the topic) hoping for
+        # new records: half a second of every source's start-up (issue 12).
+        ends = {
+            p: self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, p), timeout=timeout, cached=False
+            )[1]
+            for p in topic.partitions
+        }
+        pending = {p for p, end in ends.items() if end > 0}
+        self._consumer.assign([TopicPartition(self._topic, p, 0) for p in topic.partitions])
         waited = 0.0
         while pending:
             raise_if_stopping()
@@ -194,14 +205,17 @@ class MailboxWatcher:
             msg = self._consumer.poll(0.5)
             if msg is None:
                 waited += 0.5
-                continue
-            error = msg.error()
-            if error is not None:
+            elif (error := msg.error()) is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard(msg.partition())
                     continue
                 raise RuntimeError(f"reading {self._topic}: {error.str()}")
-            self._take(msg.key(), msg.value())
+            else:
+                self._take(msg.key(), msg.value())
+            # The position is past every record taken so far, and skips transaction markers.
+            for tp in self._consumer.position([TopicPartition(self._topic, p) for p in pending]):
+                if tp.offset >= ends[tp.partition]:
+                    pending.discard(tp.partition)
 
     def _take(self, key: bytes | None, value: bytes | None) -> bool:
         decoded = decode(key, value)

@@ -49,18 +49,22 @@ class Sharing:
         self.watcher.close()
 
 
-def start_sharing(
-    kafka: KafkaSettings,
-    group: GroupSettings | None,
-    source: str,
-    configured: Mapping[str, Sequence[str]],
-    placement: Placement,
-    apply: Callable[[frozenset[WorkUnit]], None],
-    metrics: SourceMetrics,
-) -> Sharing:
-    """Read the mailboxes topic, then join the group (or own everything) and start the owned
-    mailboxes; follow both from then on. Without a group the owned mailboxes have started when
-    this returns; with one, they start on the first assignment (on the group's thread)."""
+@dataclass
+class MailboxesRead:
+    """The mailboxes topic read to its end, the watcher that follows it once started."""
+
+    catalog: MailboxCatalog
+    watcher: MailboxWatcher
+    #: The Assignment the watcher's callbacks reach, once start_sharing made it.
+    assignment_box: list[Assignment]
+
+
+def read_mailboxes(
+    kafka: KafkaSettings, source: str, configured: Mapping[str, Sequence[str]]
+) -> MailboxesRead:
+    """Create the mailboxes topic if missing and read it to its end: network waits only, so a
+    source may run this while it checks its other topics and loads its indexes (start-up pays
+    the longer of them, not their sum), then hand the result to :func:`start_sharing`."""
     create_if_missing(kafka, topic_spec(kafka))
     catalog = MailboxCatalog(source, configured)
     assignment_box: list[Assignment] = []
@@ -70,7 +74,35 @@ def start_sharing(
         on_change=lambda: assignment_box[0].refresh(),
         on_idle=lambda: assignment_box[0].retry(),  # a failed start is tried again
     )
-    watcher.read_to_end()
+    try:
+        watcher.read_to_end()
+    except BaseException:
+        watcher.close()
+        raise
+    return MailboxesRead(catalog, watcher, assignment_box)
+
+
+def start_sharing(
+    kafka: KafkaSettings,
+    group: GroupSettings | None,
+    source: str,
+    configured: Mapping[str, Sequence[str]],
+    placement: Placement,
+    apply: Callable[[frozenset[WorkUnit]], None],
+    metrics: SourceMetrics,
+    mailboxes: MailboxesRead | None = None,
+) -> Sharing:
+    """Read the mailboxes topic (unless ``mailboxes`` is it, read already), then join the
+    group (or own everything) and start the owned mailboxes; follow both from then on. Without
+    a group the owned mailboxes have started when this returns; with one, they start on the
+    first assignment (on the group's thread)."""
+    if mailboxes is None:
+        mailboxes = read_mailboxes(kafka, source, configured)
+    catalog, watcher, assignment_box = (
+        mailboxes.catalog,
+        mailboxes.watcher,
+        mailboxes.assignment_box,
+    )
     membership: GroupMembership | None = None
     if group is not None:
 

@@ -14,6 +14,7 @@ transaction), and only then reads its cursor from the offsets topic with read_co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -32,7 +33,7 @@ from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.offsets import OffsetStore
 from connectors.core.serde import AvroSerde
-from connectors.core.sharing import Sharing, start_sharing
+from connectors.core.sharing import Sharing, read_mailboxes, start_sharing
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
@@ -226,7 +227,18 @@ class ImapSource:
         self._health = HealthServer(
             self.metrics, health.host, health.port, health.max_sync_age_seconds
         ).start()
-        self.prepare()
+        configured = {a.name: a.folders for a in self.settings.accounts}
+        # The mailboxes topic is read while prepare() checks the topics and loads the indexes:
+        # all waits on the broker, which start-up would otherwise pay one after the other.
+        with ThreadPoolExecutor(1, thread_name_prefix="imap-mailboxes") as reader:
+            reading = reader.submit(read_mailboxes, self.kafka, SOURCE_KIND, configured)
+            try:
+                self.prepare()
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    reading.result().watcher.close()
+                raise
+            mailboxes = reading.result()
         if self._pool is not None:
             # In the background: a mailbox with nothing to catch up must not wait for it.
             threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
@@ -234,10 +246,11 @@ class ImapSource:
             self.kafka,
             self.settings.group,
             SOURCE_KIND,
-            {a.name: a.folders for a in self.settings.accounts},
+            configured,
             by_account,
             self._apply,
             self.metrics,
+            mailboxes=mailboxes,
         )
         if self.settings.group is None:
             log.info("imap source: %d mailboxes started", len(self.workers))

@@ -1,0 +1,83 @@
+"""The IMAP source's start-up waits on the broker for several independent things (issue 12:
+start -> first FETCH within 1.5 s): the mailboxes topic is read while the other topics are
+checked and the key indexes load, not after them."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from connectors.core.config import config_from_dict
+from connectors.core.sharing import MailboxesRead
+from connectors.imap import source as source_module
+from connectors.imap.source import ImapSource
+
+CONFIG = {
+    "kafka": {"bootstrap_servers": "k:9092"},
+    "health": {"port": 0},
+    "imap": {
+        "accounts": [{"name": "a", "host": "imap.example.com", "username": "u", "password": "p"}],
+        "parse_workers": 0,
+    },
+}
+#: Generous: the test only fails when the two never run at the same time.
+OVERLAP_WAIT_S = 20.0
+
+
+def test_the_mailboxes_topic_is_read_while_the_source_prepares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reading = threading.Event()
+    read = object()
+    handed: dict[str, Any] = {}
+
+    def read_mailboxes(kafka: object, source: str, configured: dict[str, Any]) -> object:
+        reading.set()
+        assert configured == {"a": ("INBOX",)} and source == "imap"
+        return read
+
+    def prepare(self: ImapSource) -> None:
+        # Before the fix the read began only after prepare() had returned: this waited in vain.
+        handed["read_started_during_prepare"] = reading.wait(OVERLAP_WAIT_S)
+
+    def start_sharing(*args: Any, mailboxes: MailboxesRead | None = None) -> None:
+        handed["mailboxes"] = mailboxes
+
+    monkeypatch.setattr(source_module, "read_mailboxes", read_mailboxes)
+    monkeypatch.setattr(ImapSource, "prepare", prepare)
+    monkeypatch.setattr(source_module, "start_sharing", start_sharing)
+    source = ImapSource.from_config(config_from_dict(CONFIG))
+    try:
+        source.start()
+    finally:
+        source.close()
+    assert handed == {
+        "read_started_during_prepare": True,
+        "mailboxes": read,  # start_sharing does not read the topic a second time
+    }
+
+
+def test_a_failed_prepare_closes_the_mailboxes_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed = threading.Event()
+
+    class Watcher:
+        def close(self) -> None:
+            closed.set()
+
+    def read_mailboxes(kafka: object, source: str, configured: object) -> MailboxesRead:
+        return MailboxesRead(catalog=None, watcher=Watcher(), assignment_box=[])  # type: ignore[arg-type]
+
+    def prepare(self: ImapSource) -> None:
+        raise RuntimeError("the registry refused the schema")
+
+    monkeypatch.setattr(source_module, "read_mailboxes", read_mailboxes)
+    monkeypatch.setattr(ImapSource, "prepare", prepare)
+    source = ImapSource.from_config(config_from_dict(CONFIG))
+    try:
+        with pytest.raises(RuntimeError, match="refused the schema"):
+            source.start()
+    finally:
+        source.close()
+    assert closed.is_set()
