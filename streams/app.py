@@ -50,6 +50,7 @@ import asyncio
 import datetime as dt
 import logging
 import ssl
+import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +62,7 @@ from connectors.core import tracing
 from connectors.core.config import KafkaSettings
 from connectors.core.encoding import check_topic_encodings
 from connectors.core.errors import ConfigError, DataError
-from connectors.core.kafka import admin_client, cluster_metadata
+from connectors.core.kafka import WAIT_SLICE_S, admin_client, cluster_metadata, raise_if_stopping
 from connectors.core.serde import AvroSerde
 from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics, repartition_spec
@@ -131,17 +132,28 @@ class FaustTables:
         )
 
 
-def events_partitions(kafka: KafkaSettings, timeout: float = 15.0) -> int:
-    """Partition count of ``mail.events``; the changelog topics must match it."""
+def events_partitions(kafka: KafkaSettings, timeout: float = 15.0, wait: float = 30.0) -> int:
+    """Partition count of ``mail.events``; the changelog topics must match it.
+
+    A worker started next to the sources (compose, a pod starting with the others) may ask
+    before the first source has created the topic: it waits ``wait`` seconds for it, then
+    stops with the sentence.
+    """
     topic = kafka.topics.events
-    metadata = cluster_metadata(admin_client(kafka), kafka, timeout, topic)
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None or not found.partitions:
-        raise ConfigError(
-            f"topic {topic} does not exist on {kafka.bootstrap_servers}; create the topics first "
-            f"(mailtap topics ensure -c CONFIG)"
-        )
-    return len(found.partitions)
+    admin = admin_client(kafka)
+    deadline = time.monotonic() + wait
+    while True:
+        metadata = cluster_metadata(admin, kafka, timeout, topic)
+        found = metadata.topics.get(topic)
+        if found is not None and found.error is None and found.partitions:
+            return len(found.partitions)
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"topic {topic} does not exist on {kafka.bootstrap_servers} (waited {wait:.0f}s); "
+                f"create the topics first (mailtap topics ensure -c CONFIG)"
+            )
+        raise_if_stopping()
+        time.sleep(WAIT_SLICE_S)
 
 
 def _broker_options(kafka: KafkaSettings) -> dict[str, Any]:

@@ -220,7 +220,11 @@ def consumer_config(kafka: KafkaSettings, group_id: str, **extra: Any) -> dict[s
 
 
 def admin_client(kafka: KafkaSettings) -> AdminClient:
-    return AdminClient(client_config(kafka))
+    # A metadata request for a missing topic must not create it: librdkafka's admin (producer)
+    # handle allows auto-creation by default, and a broker with auto.create.topics.enable (the
+    # Kafka default) then makes e.g. mail.events with num.partitions and delete cleanup, which
+    # ensure_topics can no longer repartition.
+    return AdminClient({**client_config(kafka), "allow.auto.create.topics": False})
 
 
 @dataclass(frozen=True)

@@ -193,3 +193,41 @@ def test_a_changelog_with_other_partitions_fails_at_start(
     log = worker.log()
     assert f"topic {name} has 1 partitions, but the worker needs 2" in log, log
     assert "Use a new streams.app_id" in log
+
+
+def test_a_worker_started_before_the_sources_waits_for_mail_events(
+    kafka: KafkaSettings,  # noqa: F811  (fixture)
+) -> None:
+    # compose and a pod start the worker next to the sources: mail.events may not exist yet.
+    # Before, the worker stopped at once with "does not exist" and the test pipelines that start
+    # every component together failed when the source was slower to create it.
+    import threading
+
+    from connectors.core.errors import ConfigError
+    from streams.app import events_partitions
+
+    later = kafka.model_copy(
+        update={
+            "topics": kafka.topics.model_copy(
+                update={"events": f"{kafka.topics.events}.later-{uuid.uuid4().hex[:6]}"}
+            )
+        }
+    )
+
+    def create() -> None:
+        time.sleep(2.0)
+        admin = admin_client(later)  # held: the futures fail if the handle is destroyed
+        for future in admin.create_topics([NewTopic(later.topics.events, 3, 1)]).values():
+            future.result(30)
+
+    creator = threading.Thread(target=create)
+    creator.start()
+    try:
+        assert events_partitions(later, wait=60.0) == 3
+    finally:
+        creator.join()
+    never = kafka.model_copy(
+        update={"topics": kafka.topics.model_copy(update={"events": f"never-{uuid.uuid4().hex}"})}
+    )
+    with pytest.raises(ConfigError, match=r"does not exist on .* \(waited 1s\); create the topics"):
+        events_partitions(never, wait=1.0)
