@@ -98,15 +98,16 @@ class ImapSource:
         """What every mailbox shares: topics, the schema, the claim-check store, parse processes.
 
         Without a group every configured account is this instance's: their key indexes load
-        while the topics and the registry are checked, both mostly waits on the network (in
-        librdkafka's threads), so start-up pays the longer one only.
+        while the registry and the claim-check store are checked, both mostly waits on the
+        network, so start-up pays the longer one only. Not while the topics are ensured: a
+        topic created a moment ago has no partition leader yet, and reading it then fails.
         """
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
+        ensure_topics(self.kafka)
         with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
             loading = loader.submit(load_indexes, self.kafka, serde, names) if names else None
-            ensure_topics(self.kafka)
             # A registry that refuses the schema stops the source here, with the sentence, not
             # at its first transaction (connectors.core.schemaregistry).
             serde.prepare(self.kafka.topics.events)
