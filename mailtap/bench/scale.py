@@ -45,7 +45,14 @@ from confluent_kafka import Consumer, KafkaException
 from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import admin_client, consumer_config, ensure_topics
+from connectors.core.kafka import (
+    admin_client,
+    consumer_config,
+    ensure_topic_specs,
+    ensure_topics,
+    topic_specs,
+)
+from connectors.imap.indexlog import topic_spec as index_topic_spec
 from mailtap.bench.ingest import _delete_topics, _say, _services
 from mailtap.dev import DevServices
 from mailtap.dev.dovecot import add_users
@@ -322,8 +329,11 @@ def _round(
     round_tag = f"{tag}-{n}-{len(accounts)}"
     names = {f: f"{getattr(TopicNames(), f)}.bench-{round_tag}" for f in TopicNames.model_fields}
     kafka = KafkaSettings(bootstrap_servers=info.bootstrap_servers, topics=TopicNames(**names))
+    # The source's own topics too (its key index changelog): every name waited for is created here.
+    specs = [*topic_specs(kafka, retry_tiers=["1m"]), index_topic_spec(kafka)]
     ensure_topics(kafka, retry_tiers=["1m"])
-    _listed(kafka, list(names.values()))
+    ensure_topic_specs(kafka, specs)
+    _listed(kafka, [spec.name for spec in specs])
     config = _config(info, kafka, accounts, users, round_tag, session_timeout, work)
     expected = len(accounts) * mails
     run: dict[str, Any] = {"instances": n, "mailboxes": len(accounts)}
