@@ -164,6 +164,10 @@ def client_config(kafka: KafkaSettings) -> dict[str, Any]:
         # Not librdkafka properties: confluent-kafka takes them from the same dict.
         "logger": CLIENT_LOG,
         "error_cb": CLIENT_LOG.client_error,
+        # KIP-714 client metrics push: librdkafka keeps latency histograms per broker for it,
+        # about 190 KB a client (measured), for a broker-side telemetry plugin few clusters run;
+        # a source holds a transactional producer per mailbox. client_properties can enable it.
+        "enable.metrics.push": False,
     }
     if kafka.sasl_mechanism:
         conf["sasl.mechanism"] = kafka.sasl_mechanism

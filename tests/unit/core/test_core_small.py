@@ -1,6 +1,8 @@
 import random
 import ssl
 
+from confluent_kafka import Producer
+
 from connectors.core.backoff import Backoff
 from connectors.core.config import KafkaSettings
 from connectors.core.contract import transactional_id
@@ -11,7 +13,7 @@ from connectors.core.errors import (
     Disposition,
     classify,
 )
-from connectors.core.kafka import producer_config, topic_specs
+from connectors.core.kafka import client_config, producer_config, topic_specs
 from connectors.core.offsets import canonical_json
 
 
@@ -76,3 +78,15 @@ def test_topic_specs_compact_where_design_says() -> None:
     assert specs["mail.suppressions"] == "compact"
     assert specs["mail.commands"] == "delete"
     assert specs["mail.commands.retry.5m"] == "delete"
+
+
+def test_clients_skip_the_metrics_push_unless_the_properties_ask_for_it() -> None:
+    # A source holds a producer per mailbox; the push's histograms cost ~190 KB each.
+    settings = KafkaSettings(bootstrap_servers="127.0.0.1:1")
+    conf = producer_config(settings, transactional_id="t")
+    assert conf["enable.metrics.push"] is False
+    Producer(conf)  # librdkafka knows the property: an unknown one raises here
+    wanted = KafkaSettings(
+        bootstrap_servers="127.0.0.1:1", client_properties={"enable.metrics.push": "true"}
+    )
+    assert client_config(wanted)["enable.metrics.push"] == "true"
