@@ -134,14 +134,16 @@ class Source:
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident memory of ``pid`` and its descendants, from /proc (Linux; no psutil needed for
-    this one sum)."""
+    """Memory of ``pid`` and its descendants (the parse processes), from /proc: the sum of
+    their proportional set sizes, so that pages they share (the interpreter and libraries a
+    forked parse process shares with its parent) count once, not once per process as a sum of
+    their RSS would."""
     total, todo = 0, [pid]
     while todo:
         current = todo.pop()
         try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
+            for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
                     total += int(line.split()[1]) * 1024
             for task in Path(f"/proc/{current}/task").iterdir():
                 todo += [int(c) for c in (task / "children").read_text().split()]
@@ -171,6 +173,7 @@ def bench_scale(
         "session_timeout_seconds": session_timeout,
         "failover_target_p50_seconds": session_timeout + FAILOVER_MARGIN_S,
         "rss_target_mb_per_idle_mailbox": RSS_TARGET_MB,
+        "rss_measure": "PSS summed over the source and its parse processes (rss_bytes)",
     }
     try:
         _say(f"creating {mailboxes} accounts with {mails} mails each ...")
