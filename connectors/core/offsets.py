@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
@@ -179,3 +181,45 @@ class OffsetStore:
 
     def read(self, partition: SourcePartition) -> dict[str, Any] | None:
         return self.read_all().get(canonical_json(partition))
+
+
+Offsets = Mapping[bytes, Mapping[str, Any]]
+
+
+class SharedReads:
+    """One read of the offsets topic for the mailboxes that ask at about the same time.
+
+    Every mailbox reads its cursor once its ``init_transactions`` has fenced its previous owner,
+    and the read has to start *after* that. When many mailboxes start together (a start-up, a
+    failover moving dozens), each reading the whole topic on its own costs N reads that all wait
+    on the same broker. Here a caller joins the read that has not started yet (there is at most
+    one waiting) and gets its result: a read that started after the caller asked, so it holds
+    everything committed before the call, its own fenced predecessor's abort included. While a
+    read runs, new callers gather for the next one. The result is shared: do not change it.
+
+        reads = SharedReads(lambda: OffsetStore(kafka).read_all(settled=True))
+        cursor = reads().get(key)
+    """
+
+    def __init__(self, read: Callable[[], Offsets]) -> None:
+        self._read = read
+        self._lock = threading.Lock()  # guards _next
+        self._running = threading.Lock()  # held by the read in flight
+        self._next: Future[Offsets] | None = None
+
+    def __call__(self) -> Offsets:
+        mine: Future[Offsets] = Future()
+        with self._lock:
+            joined = self._next
+            if joined is None:
+                self._next = mine
+        if joined is not None:
+            return joined.result()
+        with self._running:
+            with self._lock:
+                self._next = None  # from here on, callers wait for a read that starts later
+            try:
+                mine.set_result(self._read())
+            except BaseException as exc:  # every caller of this read sees its failure
+                mine.set_exception(exc)
+        return mine.result()

@@ -34,7 +34,7 @@ from connectors.core.contract import TransactionalSourceWriter, transactional_id
 from connectors.core.encoding import check_topic_encodings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
-from connectors.core.offsets import OffsetStore
+from connectors.core.offsets import OffsetStore, SharedReads
 from connectors.core.serde import AvroSerde
 from connectors.core.sharing import Sharing, start_sharing
 from connectors.ews.config import SECTION, EwsAccountSettings, EwsSourceSettings
@@ -72,6 +72,9 @@ class EwsSource:
         #: The mailbox folders this instance owns now, each with its worker and thread.
         self._runs: dict[WorkUnit, _FolderRun] = {}
         self._sharing: Sharing | None = None
+        # Settled: a cursor committed behind another source's open transaction counts. Shared:
+        # the folders that start together (start-up, a failover) read the topic once.
+        self._offset_reads = SharedReads(lambda: OffsetStore(cfg.kafka).read_all(settled=True))
 
     @classmethod
     def from_config(cls, cfg: MailtapConfig, **kwargs: Any) -> EwsSource:
@@ -112,8 +115,7 @@ class EwsSource:
             metrics=self.metrics,
             stop=stop,
             writer_factory=writer_factory,
-            # Settled: a cursor committed behind another source's open transaction counts.
-            read_offsets=lambda: OffsetStore(kafka).read_all(settled=True),
+            read_offsets=self._offset_reads,
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
             transactional_id=transactional_id(
                 TRANSACTIONAL_ID_PREFIX, source_partition(account.name, folder)

@@ -31,7 +31,7 @@ from connectors.core.faults import CrashingWriter, CrashPoints
 from connectors.core.kafka import ensure_topics
 from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
-from connectors.core.offsets import OffsetStore
+from connectors.core.offsets import OffsetStore, SharedReads
 from connectors.core.serde import AvroSerde
 from connectors.core.sharing import Sharing, read_mailboxes, start_sharing
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
@@ -70,6 +70,10 @@ class ImapSource:
         self._runs: dict[str, _AccountRun] = {}
         self._sharing: Sharing | None = None
         self._fenced_at_end: bool | None = None
+        # Settled: a mailbox that moved here was committed by another process moments ago,
+        # maybe behind another mailbox's open transaction, which a read_committed read stops at.
+        # Shared: the mailboxes that start together (start-up, a failover) read the topic once.
+        self._offset_reads = SharedReads(lambda: OffsetStore(self.kafka).read_all(settled=True))
 
     @classmethod
     def from_config(cls, config: MailtapConfig) -> ImapSource:
@@ -83,9 +87,7 @@ class ImapSource:
         return TransactionalSourceWriter(self.kafka, txn_id)
 
     def _read_offsets(self) -> Mapping[bytes, Mapping[str, Any]]:
-        # Settled: a mailbox that moved here was committed by another process moments ago,
-        # maybe behind another mailbox's open transaction, which a read_committed read stops at.
-        return OffsetStore(self.kafka).read_all(settled=True)
+        return self._offset_reads()
 
     def _connection(self, account: ImapAccountSettings) -> ImapConnection:
         return ImapConnection(
