@@ -199,6 +199,7 @@ class ConfigReloader(Generic[S]):
         return True
 
     def _refused(self, reason: str) -> bool:
+        reason = " ".join(reason.split())  # one line (a YAML error spans several)
         log.error(
             "config reload of %s refused, the running configuration stays: %s",
             self.path,
