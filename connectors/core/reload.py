@@ -153,12 +153,12 @@ class ConfigReloader(Generic[S]):
         A request made during start-up is served once the source runs."""
 
         def serve() -> None:
+            while not ready.wait(0.5):
+                if stopping.is_set():
+                    return
             while not stopping.is_set():
-                if not (ready.is_set() and self._requested.wait(0.5)):
-                    stopping.wait(0.5)
-                    continue
-                self._requested.clear()
-                if not stopping.is_set():
+                if self._requested.wait(0.5) and not stopping.is_set():
+                    self._requested.clear()  # requests made meanwhile are served by this read
                     self.reload()
 
         thread = threading.Thread(target=serve, name="config-reload", daemon=True)

@@ -317,11 +317,12 @@ class ImapSource:
 
     def _all_ended(self) -> bool:
         """Every worker ended by itself (fenced), not stopped for a moment by a change being
-        applied (a reload that replaces the only account)."""
+        applied (a reload that replaces the only account). Owning nothing is not having ended:
+        every folder removed with `mailtap mailboxes` may come back."""
         if not self._applying.acquire(blocking=False):
             return False
         try:
-            return self.wait(timeout=0)
+            return bool(self._runs) and self.wait(timeout=0)
         finally:
             self._applying.release()
 

@@ -101,6 +101,15 @@ def test_sighup_adds_restarts_and_removes_accounts_of_the_running_source(
         wait_for(lambda: key(a, "a2") in published(), "A's mail once it is back")
         assert source.owned() == {f"imap/{a}/INBOX", f"imap/{b}/INBOX"}
         assert (_reloads(source, "ok"), _reloads(source, "failed")) == (4, 1)
+
+        # The only account replaced by another: the process runs on (the workers it had were
+        # stopped by the change, they did not end by themselves as fenced ones do).
+        _reload(source, config, [account_b])
+        wait_for(lambda: source.owned() == {f"imap/{b}/INBOX"}, "A stopped again")
+        _reload(source, config, [account_a])
+        wait_for(lambda: source.owned() == {f"imap/{a}/INBOX"}, "B replaced by A")
+        to_a("a3")
+        wait_for(lambda: key(a, "a3") in published(), "A's mail after the replacement")
         assert b_user.password not in source.log_text()
         assert source.alive
     finally:

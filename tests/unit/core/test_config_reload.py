@@ -5,6 +5,8 @@ mailboxes catalog follows a new set of configured accounts."""
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +237,23 @@ def test_the_catalog_follows_new_accounts_with_the_topic_changes_on_top() -> Non
     assert catalog.reconfigure({"b": ("INBOX",)})  # a removed: none of its folders is wanted
     assert {u.account for u in catalog.wanted()} == {"b"}
     assert not catalog.reconfigure({"b": ("INBOX",)})
+
+
+def test_a_request_during_start_up_is_served_once_the_source_runs(tmp_path: Path) -> None:
+    path = tmp_path / "mailtap.yaml"
+    reloader, source, metrics = _reloader(path, _raw(_account("a")))
+    ready, stopping = threading.Event(), threading.Event()
+    thread = reloader.follow(ready, stopping)
+    path.write_text(yaml.safe_dump(_raw(_account("a"), _account("b"))))
+    reloader.request()  # as the SIGHUP handler does, while the source is starting
+    time.sleep(1.0)
+    assert source.applied == []  # the source is not running yet
+    ready.set()
+    deadline = time.monotonic() + 10
+    while not source.applied and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [a.name for a in source.applied[0].accounts] == ["a", "b"]
+    stopping.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert _count(metrics, "ok") == 1
