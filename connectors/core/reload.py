@@ -3,7 +3,8 @@
 Credentials live in the configuration's account definitions, so a new account needs the file
 changed; a reload lets every running instance take it without a restart (issue 12)::
 
-    reloader = ConfigReloader(path, "imap", config, settings, source.reconfigure, metrics)
+    reloader = ConfigReloader(path, "imap", ImapSourceSettings, config, source.settings,
+                              source.reconfigure, source.metrics)
     signal.signal(signal.SIGHUP, lambda *_: reloader.request())
     reloader.follow(ready=source.started, stopping=source.stop_event)
 

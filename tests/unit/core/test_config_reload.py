@@ -182,6 +182,7 @@ def test_a_file_that_does_not_validate_changes_nothing_and_says_why(
     [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert line.startswith(f"config reload of {path} refused, the running configuration stays")
     assert says in line
+    assert "pw-a" not in line  # the account's password is never quoted
     assert (_count(metrics, "ok"), _count(metrics, "failed")) == (0, 1)
     # A later good file applies, compared with what runs (not with the refused file).
     path.write_text(yaml.safe_dump(_raw(_account("a"), _account("b"))))
