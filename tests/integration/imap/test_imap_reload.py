@@ -5,7 +5,10 @@ applies. Events are read back with a read_committed consumer; each mail exactly 
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -15,8 +18,9 @@ import yaml
 from imapclient import IMAPClient
 
 from mailtap.dev import DevServices
+from mailtap.dev.process import die_with_parent, free_port
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, wait_for
-from tests.support.scaleout import Instance, start_instance, stop_instances
+from tests.support.scaleout import REPO, Instance, start_instance, stop_instances
 
 
 def _reload(source: Instance, config: dict[str, Any], accounts: list[dict[str, Any]]) -> None:
@@ -120,3 +124,56 @@ def test_sighup_adds_restarts_and_removes_accounts_of_the_running_source(
     assert f"accounts added: {b}; removed: none" in log
     assert f"accounts added: none; removed: none; changed (restarted where they run): {b}" in log
     assert f"accounts added: none; removed: {a};" in log
+
+
+def _parse_children(pid: int) -> set[int]:
+    """The parse processes of the source ``pid`` (multiprocessing spawn children) that have
+    started: they ignore SIGINT (their initializer ran)."""
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"multiprocessing.spawn" in cmdline and b"resource_tracker" not in cmdline:
+                status = Path(f"/proc/{child}/status").read_text()
+                [ignored] = [x.split()[1] for x in status.splitlines() if x.startswith("SigIgn")]
+                if int(ignored, 16) & (1 << (signal.SIGINT - 1)):
+                    found.add(int(child))
+    return found
+
+
+def test_sighup_to_the_process_group_reloads_and_leaves_the_parse_processes_running(
+    imap: ImapHarness, unique: str, tmp_path: Path
+) -> None:
+    """A hang-up of the whole group (a terminal closing, `kill -HUP -PGID`) is a reload for the
+    source and nothing for its parse processes, which stay and parse the next backfill."""
+    imap.account_name = f"rg-{unique}"
+    config = imap.config_dict(parse_workers=1)
+    config["health"]["port"] = free_port()
+    path = tmp_path / "group.yaml"
+    path.write_text(yaml.safe_dump(config))
+    log = tmp_path / "group.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mailtap.cli", "run", "imap-source", "-c", str(path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO), "MAILTAP_LOG_LEVEL": "INFO"},
+            cwd=REPO,
+            start_new_session=True,  # its own process group, as under a terminal
+            preexec_fn=die_with_parent(),
+        )
+    source = Instance("group", proc, config["health"]["port"], log)
+
+    def published() -> set[str]:
+        return {r.key for r in imap.events() if r.key is not None}
+
+    try:
+        children = wait_for(lambda: _parse_children(proc.pid), "the parse process")
+        os.killpg(proc.pid, signal.SIGHUP)
+        wait_for(lambda: "accounts added: none" in source.log_text(), "the reload")
+        assert source.alive and _parse_children(proc.pid) == children
+        ids = imap.append_numbered(25)  # more than one batch: parsed in the parse process
+        wait_for(lambda: {f"{imap.account_name}/mid:{i}" for i in ids} <= published(), "the mails")
+        assert _parse_children(proc.pid) == children
+    finally:
+        stop_instances([source])
