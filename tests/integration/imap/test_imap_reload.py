@@ -84,8 +84,12 @@ def test_sighup_adds_restarts_and_removes_accounts_of_the_running_source(
         wait_for(lambda: key(a, "a1") in published(), "A's mail after the reloads")
 
         # A removed: its worker stops; its new mail stays unpublished, B's is published.
+        signalled = time.monotonic()
         _reload(source, config, [account_b])
         wait_for(lambda: source.owned() == {f"imap/{b}/INBOX"}, "A stopped")
+        print(
+            f"\nSIGHUP -> removed account gone from /healthz: {time.monotonic() - signalled:.2f}s"
+        )
         to_a("a2")
         to_b("b1")
         wait_for(lambda: key(b, "b1") in published(), "B's mail after A left")
@@ -101,8 +105,13 @@ def test_sighup_adds_restarts_and_removes_accounts_of_the_running_source(
         assert source.alive and source.owned() == {f"imap/{b}/INBOX"}
 
         # A later good file applies: A is back and catches up with a2 from its cursor.
+        signalled = time.monotonic()
         _reload(source, config, [account_a, account_b])
         wait_for(lambda: key(a, "a2") in published(), "A's mail once it is back")
+        print(
+            f"SIGHUP -> the added account's waiting mail on mail.events: "
+            f"{time.monotonic() - signalled:.2f}s"
+        )
         assert source.owned() == {f"imap/{a}/INBOX", f"imap/{b}/INBOX"}
         assert (_reloads(source, "ok"), _reloads(source, "failed")) == (4, 1)
 
