@@ -374,13 +374,22 @@ class Assignment:
         with self._lock:
             self._refresh_locked()
 
+    def reconfigure(self, change: Callable[[], None]) -> None:
+        """The configuration was reloaded: run ``change()`` (it swaps the wanted units and the
+        settings ``apply`` starts units with), then apply even when the owned units stay the
+        same, since a unit's settings (a password, a host) may be what changed. Under the lock:
+        no rebalance sees half of the change."""
+        with self._lock:
+            change()
+            self._refresh_locked(reapply=True)
+
     def close(self) -> None:
         """Stop every unit; later rebalances change nothing."""
         with self._lock:
             self._closed = True
             self._set_owned(frozenset())
 
-    def _refresh_locked(self) -> None:
+    def _refresh_locked(self, reapply: bool = False) -> None:
         if self._closed:
             return
         wanted = self._wanted()
@@ -390,7 +399,7 @@ class Assignment:
             owned = owned_units(
                 wanted, self._partitions, self.membership.partitions, self._placement
             )
-        self._set_owned(owned)
+        self._set_owned(owned, reapply)
 
     def retry(self) -> None:
         """Apply again after a failed apply (called about every second by the sharing)."""
@@ -398,8 +407,8 @@ class Assignment:
             with self._lock:
                 self._refresh_locked()
 
-    def _set_owned(self, owned: frozenset[WorkUnit]) -> None:
-        if owned == self.owned and not self._failed:
+    def _set_owned(self, owned: frozenset[WorkUnit], reapply: bool = False) -> None:
+        if owned == self.owned and not self._failed and not reapply:
             return
         gained, lost = sorted(owned - self.owned), sorted(self.owned - owned)
         try:

@@ -93,28 +93,37 @@ class MailboxCatalog:
 
     def __init__(self, source: str, configured: Mapping[str, Sequence[str]]) -> None:
         self.source = source
-        self._configured = {
-            WorkUnit(source, account, folder)
-            for account, folders in configured.items()
-            for folder in folders
-        }
-        self._accounts = set(configured)
+        self._configured: set[WorkUnit] = set()
+        self._accounts: set[str] = set()
         self._changes: dict[WorkUnit, str] = {}
         self._lock = threading.Lock()
+        self.reconfigure(configured)
+
+    def reconfigure(self, configured: Mapping[str, Sequence[str]]) -> bool:
+        """The configuration was reloaded: these accounts and folders from now on, with the
+        topic's changes on top (kept for every account: one added later picks its own up).
+        True when it changes the wanted units."""
+        with self._lock:
+            before = self._wanted_locked()
+            self._configured = {
+                WorkUnit(self.source, account, folder)
+                for account, folders in configured.items()
+                for folder in folders
+            }
+            self._accounts = set(configured)
+            return self._wanted_locked() != before
 
     def record(self, unit: WorkUnit, state: str | None) -> bool:
         """Take one record into account; True when it changes the wanted units."""
         if unit.source != self.source:
             return False
-        if unit.account not in self._accounts:
-            if state == ADDED:
-                log.warning(
-                    "mailboxes topic names %s, but account %s is not in this instance's "
-                    "configuration (credentials live there): ignored",
-                    unit,
-                    unit.account,
-                )
-            return False
+        if unit.account not in self._accounts and state == ADDED:
+            log.warning(
+                "mailboxes topic names %s, but account %s is not in this instance's "
+                "configuration (credentials live there): ignored until it is",
+                unit,
+                unit.account,
+            )
         with self._lock:
             before = self._wanted_locked()
             if state is None:
@@ -130,7 +139,8 @@ class MailboxCatalog:
     def _wanted_locked(self) -> frozenset[WorkUnit]:
         added = {u for u, s in self._changes.items() if s == ADDED}
         removed = {u for u, s in self._changes.items() if s == REMOVED}
-        return frozenset((self._configured | added) - removed)
+        wanted = (self._configured | added) - removed
+        return frozenset(u for u in wanted if u.account in self._accounts)
 
 
 def read_changes(kafka: KafkaSettings, timeout: float = READ_TIMEOUT_S) -> dict[WorkUnit, str]:

@@ -105,6 +105,13 @@ class SourceMetrics:
             labels,
             registry=r,
         )
+        self.config_reloads = Counter(
+            f"{prefix}_config_reloads",
+            "Configuration reloads (SIGHUP) by result: ok (the accounts applied) or failed (the "
+            "file was refused; the running configuration stays)",
+            ("source", "result"),
+            registry=r,
+        )
         self.build_info = build_info(r, "source")
         #: The group membership behind the ownership (``connectors.core.assignment``), for /healthz.
         self.assignment: dict[str, Any] | None = None

@@ -37,6 +37,20 @@ class Sharing:
     assignment: Assignment
     watcher: MailboxWatcher
     membership: GroupMembership | None
+    catalog: MailboxCatalog
+
+    def reconfigure(
+        self, configured: Mapping[str, Sequence[str]], settings_changed: Callable[[], None]
+    ) -> None:
+        """A configuration reload (:mod:`connectors.core.reload`): the ``configured`` accounts
+        and folders from now on; ``settings_changed()`` swaps the source's account settings.
+        What this instance owns of them starts, stops or restarts before this returns."""
+
+        def change() -> None:
+            self.catalog.reconfigure(configured)
+            settings_changed()
+
+        self.assignment.reconfigure(change)
 
     def close(self) -> None:
         # Stop the mailboxes first, then leave: the next owners start them only once they
@@ -130,4 +144,4 @@ def start_sharing(
     else:
         assignment.refresh()
     watcher.start()
-    return Sharing(assignment, watcher, membership)
+    return Sharing(assignment, watcher, membership, catalog)

@@ -75,6 +75,10 @@ class EwsSource:
         # Settled: a cursor committed behind another source's open transaction counts. Shared:
         # the folders that start together (start-up, a failover) read the topic once.
         self._offset_reads = SharedReads(lambda: OffsetStore(cfg.kafka).read_all(settled=True))
+        #: Set once start() returned: the folders run and a reload may change them.
+        self.started = threading.Event()
+        #: Held while _apply stops and starts folders (wait() must not see them half-changed).
+        self._applying = threading.Lock()
 
     @classmethod
     def from_config(cls, cfg: MailtapConfig, **kwargs: Any) -> EwsSource:
@@ -144,10 +148,36 @@ class EwsSource:
             self._apply,
             self.metrics,
         )
+        self.started.set()
+
+    def reconfigure(self, settings: EwsSourceSettings) -> None:
+        """Run ``settings.accounts`` from now on (a config reload, connectors.core.reload):
+        folders of added accounts start (this instance's share with a group), those of removed
+        accounts stop, those of changed accounts restart with the new settings; the mailboxes
+        topic's changes still apply on top. The other settings must be the running ones."""
+        sharing = self._sharing
+        if sharing is None or self.stop_event.is_set():
+            return
+
+        def swap() -> None:
+            self.settings = settings
+            self._accounts = {a.name: a for a in settings.accounts}
+
+        sharing.reconfigure({a.name: a.folders for a in settings.accounts}, swap)
 
     def _apply(self, owned: frozenset[WorkUnit]) -> None:
-        """Run exactly the ``owned`` folders: stop and join the others first (Assignment)."""
-        leaving = [run for unit, run in self._runs.items() if unit not in owned]
+        """Run exactly the ``owned`` folders: stop and join the others first (Assignment). A
+        folder whose account's settings changed (a config reload) restarts with them."""
+        with self._applying:
+            self._apply_locked(owned)
+
+    def _apply_locked(self, owned: frozenset[WorkUnit]) -> None:
+        owned = frozenset(u for u in owned if u.account in self._accounts)
+        leaving = [
+            run
+            for unit, run in self._runs.items()
+            if unit not in owned or run.worker.account != self._accounts[unit.account]
+        ]
         self._end(leaving)
         if self.stop_event.is_set():
             return  # stopping: what ran stays listed in ``workers`` (their counts, fenced flags)
@@ -197,9 +227,14 @@ class EwsSource:
         while not self.stop_event.wait(1.0):
             if self.settings.group is not None:
                 continue
-            runs = list(self._runs.values())
-            if runs and not any(run.thread.is_alive() for run in runs):
-                return
+            if not self._applying.acquire(blocking=False):
+                continue  # a change is being applied: its stopped workers did not end by themselves
+            try:
+                runs = list(self._runs.values())
+                if runs and not any(run.thread.is_alive() for run in runs):
+                    return
+            finally:
+                self._applying.release()
 
 
 @dataclass
@@ -210,9 +245,8 @@ class _FolderRun:
     stop: threading.Event
 
 
-def run_forever(cfg: MailtapConfig, install_signals: Callable[[Callable[[], None]], None]) -> None:
-    """Start the source, let ``install_signals(stop)`` wire SIGTERM/SIGINT, block until stopped."""
-    source = EwsSource.from_config(cfg)
+def run_forever(source: EwsSource, install_signals: Callable[[Callable[[], None]], None]) -> None:
+    """Start ``source``, let ``install_signals(stop)`` wire SIGTERM/SIGINT, block until stopped."""
     install_signals(source.stop_event.set)
     source.start()
     log.info("ews source running: %d mailbox folders", len(source.workers))

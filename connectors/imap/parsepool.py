@@ -145,7 +145,10 @@ _stores: dict[ClaimCheckSettings, ClaimCheckStore] = {}
 
 
 def _init_child() -> None:
+    # The source decides: Ctrl-C stops it (and it closes the pool), SIGHUP reloads its
+    # configuration; a signal sent to the whole process group must not end a child behind it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     parent = multiprocessing.parent_process()
     if parent is None:  # pragma: no cover - the pool's children are always spawned
         raise RuntimeError("a parse process must be started by multiprocessing")

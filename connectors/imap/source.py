@@ -74,6 +74,10 @@ class ImapSource:
         # maybe behind another mailbox's open transaction, which a read_committed read stops at.
         # Shared: the mailboxes that start together (start-up, a failover) read the topic once.
         self._offset_reads = SharedReads(lambda: OffsetStore(self.kafka).read_all(settled=True))
+        #: Set once start() returned: the mailboxes run and a reload may change them.
+        self.started = threading.Event()
+        #: Held while _apply stops and starts accounts (run() must not see them half-changed).
+        self._applying = threading.Lock()
 
     @classmethod
     def from_config(cls, config: MailtapConfig) -> ImapSource:
@@ -166,14 +170,24 @@ class ImapSource:
 
         The unit of start and stop is the account: its folders share the key index and the
         tombstone clock, and a folder's worker must know every other watched folder of the
-        account. An account whose set of folders changes restarts with a fresh index.
+        account. An account whose set of folders or whose settings change (a config reload)
+        restarts with a fresh index.
         """
+        with self._applying:
+            self._apply_locked(owned)
+
+    def _apply_locked(self, owned: frozenset[WorkUnit]) -> None:
+        configured = {a.name: a for a in self.settings.accounts}
         folders: dict[str, list[str]] = {}
         for unit in sorted(owned):
-            folders.setdefault(unit.account, []).append(unit.folder)
+            if unit.account in configured:
+                folders.setdefault(unit.account, []).append(unit.folder)
         wanted = {name: tuple(f) for name, f in folders.items()}
         leaving = [
-            run for name, run in self._runs.items() if wanted.get(name) != run.account.folders
+            run
+            for name, run in self._runs.items()
+            if name not in wanted
+            or run.account != configured[name].model_copy(update={"folders": wanted[name]})
         ]
         for run in leaving:
             run.stop.set()
@@ -181,7 +195,6 @@ class ImapSource:
             self._end(run)
             if not self.stop_event.is_set():  # stopping: what ran stays listed in ``workers``
                 del self._runs[run.account.name]
-        configured = {a.name: a for a in self.settings.accounts}
         starting = [
             configured[name].model_copy(update={"folders": f})
             for name, f in wanted.items()
@@ -257,6 +270,21 @@ class ImapSource:
         )
         if self.settings.group is None:
             log.info("imap source: %d mailboxes started", len(self.workers))
+        self.started.set()
+
+    def reconfigure(self, settings: ImapSourceSettings) -> None:
+        """Run ``settings.accounts`` from now on (a config reload, connectors.core.reload):
+        accounts added start (this instance's share of them with a group), removed ones stop,
+        changed ones restart with their new settings; folders added or removed through the
+        mailboxes topic still apply on top. The other settings must be the running ones."""
+        sharing = self._sharing
+        if sharing is None or self.stop_event.is_set():
+            return
+
+        def swap() -> None:
+            self.settings = settings
+
+        sharing.reconfigure({a.name: a.folders for a in settings.accounts}, swap)
 
     def _warm_up(self) -> None:
         pool = self._pool
@@ -288,6 +316,17 @@ class ImapSource:
                 if thread.is_alive():
                     return False
         return True
+
+    def _all_ended(self) -> bool:
+        """Every worker ended by itself (fenced), not stopped for a moment by a change being
+        applied (a reload that replaces the only account). Owning nothing is not having ended:
+        every folder removed with `mailtap mailboxes` may come back."""
+        if not self._applying.acquire(blocking=False):
+            return False
+        try:
+            return bool(self._runs) and self.wait(timeout=0)
+        finally:
+            self._applying.release()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -325,7 +364,7 @@ class ImapSource:
             while not self.stop_event.wait(1.0):
                 # Without a group, the source ends once every mailbox ended (fenced); in a group
                 # it serves until stopped: owning nothing for a while is normal there.
-                if self.settings.group is None and self.wait(timeout=0):
+                if self.settings.group is None and self._all_ended():
                     break
         finally:
             self._fenced_at_end = self.all_fenced  # close() forgets the mailboxes
