@@ -140,13 +140,16 @@ def _parse_children(pid: int) -> set[int]:
     started: they ignore SIGINT (their initializer ran)."""
     found = set()
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
-            if b"multiprocessing.spawn" in cmdline and b"resource_tracker" not in cmdline:
-                status = Path(f"/proc/{child}/status").read_text()
-                [ignored] = [x.split()[1] for x in status.splitlines() if x.startswith("SigIgn")]
-                if int(ignored, 16) & (1 << (signal.SIGINT - 1)):
-                    found.add(int(child))
+        try:  # a thread or a child may end between the listing and the read
+            for child in (task / "children").read_text().split():
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                if b"multiprocessing.spawn" in cmdline and b"resource_tracker" not in cmdline:
+                    status = Path(f"/proc/{child}/status").read_text().splitlines()
+                    [ignored] = [x.split()[1] for x in status if x.startswith("SigIgn")]
+                    if int(ignored, 16) & (1 << (signal.SIGINT - 1)):
+                        found.add(int(child))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
     return found
 
 
