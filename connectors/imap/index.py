@@ -70,7 +70,12 @@ LOAD_BATCH = 1000
 
 # A temporary cache, rebuilt from Kafka at start: no durability (synchronous=OFF). The rollback
 # journal stays in memory so a failed batch still rolls back whole.
+# 1 KiB pages, set before the first table: SQLite allocates a database's first page-cache slab
+# by pages, and with 4 KiB pages that is ~60 KB more per account (measured: 119 -> 58 KB for an
+# empty index) in a process holding hundreds of accounts; the cache bound stays CACHE_KIB. The
+# price: ~2 us more per key placed (200,000 keys: 1.35 -> 1.8 s), against ms per mail ingested.
 _PRAGMAS = (
+    "PRAGMA page_size=1024",
     f"PRAGMA cache_size=-{CACHE_KIB}",
     "PRAGMA journal_mode=MEMORY",
     "PRAGMA synchronous=OFF",
