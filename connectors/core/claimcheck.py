@@ -484,11 +484,16 @@ def open_claim_check(
     """
     parts = urlsplit(url)
     if parts.scheme == "file":
-        if parts.netloc not in ("", "localhost") or not parts.path:
+        # file://./dir (the default, file://./.state/claims) is relative to the working
+        # directory; the store resolves it, so the URIs in events are absolute.
+        relative = parts.netloc == "."
+        if parts.netloc not in ("", "localhost", ".") or not parts.path:
             raise ConfigError(
-                f"claim-check URL {url!r}: use an absolute local path like file:///var/lib/mailtap/blobs"
+                f"claim-check URL {url!r}: use an absolute local path like "
+                "file:///var/lib/mailtap/blobs (or file://./dir, relative to the working directory)"
             )
-        return LocalClaimCheckStore(Path(unquote(parts.path)), fsync_threads, pack_max_blob)
+        path = Path("." + unquote(parts.path) if relative else unquote(parts.path))
+        return LocalClaimCheckStore(path, fsync_threads, pack_max_blob)
     if parts.scheme == "s3":
         try:
             from connectors.core.s3store import S3ClaimCheckStore

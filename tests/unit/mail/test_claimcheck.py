@@ -16,8 +16,10 @@ from connectors.core.claimcheck import (
     begin_batch,
     make_durable,
     open_claim_check,
+    open_configured,
     staged_batch,
 )
+from connectors.core.config import ClaimCheckSettings
 from connectors.core.errors import ConfigError, Disposition, classify
 
 pytestmark = pytest.mark.unit
@@ -97,6 +99,18 @@ def test_open_claim_check_file_url(tmp_path: Path) -> None:
     assert isinstance(store, LocalClaimCheckStore)
     ref = store.put(b"via url", kind="raw")
     assert ref.uri.startswith(f"file://{tmp_path}/blobs/raw/")
+
+
+def test_the_default_url_is_a_folder_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A configuration without claim_check used to stop at start on its own default.
+    monkeypatch.chdir(tmp_path)
+    store = open_configured(ClaimCheckSettings())
+    assert isinstance(store, LocalClaimCheckStore)
+    ref = store.put(b"default", kind="raw")
+    assert ref.uri.startswith(f"file://{tmp_path}/.state/claims/raw/")  # absolute in events
+    assert store.get(ref.uri) == b"default"
 
 
 @pytest.mark.parametrize(
