@@ -25,4 +25,5 @@ def test_the_scale_bench_counts_every_mail_and_a_failover(
     assert two["failover_s_max"] >= two["failover_s_p50"] > 0
     assert figures["rss_baseline_1_mailbox_mb"] > 0
     assert "rss_mb_per_idle_mailbox" in figures and "failover_meets_target" in figures
+    assert "rss_mb_per_mailbox_after_backfill" in figures
     assert figures["startup"].startswith("not run")
