@@ -175,6 +175,7 @@ def bench_scale(
         "rss_target_mb_per_idle_mailbox": RSS_TARGET_MB,
         "rss_measure": "PSS summed over the source and its parse processes (rss_bytes)",
     }
+    in_box = dict.fromkeys(accounts, mails)
     try:
         _say(f"creating {mailboxes} accounts with {mails} mails each ...")
         add_users(info.imap.passwd_file, [(u, PASSWORD) for u in users.values()])
@@ -183,14 +184,14 @@ def bench_scale(
         runs = []
         for n in instances:
             _say(f"{n} instance(s) ...")
-            runs.append(_round(info, work, tag, accounts, users, n, mails, session_timeout))
+            runs.append(_round(info, work, tag, accounts, users, n, in_box, session_timeout))
         figures["runs"] = runs
         with_rss = [r for r in runs if "rss_bytes" in r]
         if with_rss:
             # After the backfill: what M mailboxes with their mail cost against 1 (the
             # allocator keeps what the backfill of M x mails used).
             _say("RSS baseline: the same source with 1 mailbox ...")
-            base = _round(info, work, tag, accounts[:1], users, 1, mails, session_timeout)
+            base = _round(info, work, tag, accounts[:1], users, 1, in_box, session_timeout)
             figures["rss_baseline_1_mailbox_mb"] = round(base["rss_bytes"] / 2**20, 1)
             figures[f"rss_{mailboxes}_mailboxes_mb"] = round(with_rss[0]["rss_bytes"] / 2**20, 1)
             per = (with_rss[0]["rss_bytes"] - base["rss_bytes"]) / (mailboxes - 1) / 2**20
@@ -201,8 +202,9 @@ def bench_scale(
             users.update(idle)
             add_users(info.imap.passwd_file, [(u, PASSWORD) for u in idle.values()])
             names = list(idle)
-            many = _round(info, work, f"{tag}-idle", names, users, 1, 0, session_timeout)
-            one = _round(info, work, f"{tag}-idle", names[:1], users, 1, 0, session_timeout)
+            in_box.update(dict.fromkeys(names, 0))
+            many = _round(info, work, f"{tag}-idle", names, users, 1, in_box, session_timeout)
+            one = _round(info, work, f"{tag}-idle", names[:1], users, 1, in_box, session_timeout)
             per_idle = (many["rss_bytes"] - one["rss_bytes"]) / (mailboxes - 1) / 2**20
             figures["rss_mb_per_idle_mailbox"] = round(per_idle, 3)
             figures["rss_meets_target"] = per_idle <= RSS_TARGET_MB
@@ -338,9 +340,11 @@ def _round(
     accounts: list[str],
     users: dict[str, str],
     n: int,
-    mails: int,
+    in_box: dict[str, int],
     session_timeout: float,
 ) -> dict[str, Any]:
+    """One instance count on fresh topics; ``in_box``: the mails each account's INBOX holds
+    (a failover adds one to each orphaned mailbox)."""
     round_tag = f"{tag}-{n}-{len(accounts)}"
     names = {f: f"{getattr(TopicNames(), f)}.bench-{round_tag}" for f in TopicNames.model_fields}
     kafka = KafkaSettings(bootstrap_servers=info.bootstrap_servers, topics=TopicNames(**names))
@@ -350,7 +354,7 @@ def _round(
     ensure_topic_specs(kafka, specs)
     _listed(kafka, [spec.name for spec in specs])
     config = _config(info, kafka, accounts, users, round_tag, session_timeout, work)
-    expected = len(accounts) * mails
+    expected = sum(in_box[a] for a in accounts)
     run: dict[str, Any] = {"instances": n, "mailboxes": len(accounts)}
     watch = EventWatch(kafka)
     sources: list[Source] = []
@@ -358,7 +362,11 @@ def _round(
         spawned = time.monotonic()
         sources = [_spawn(config, work, f"r{round_tag}-i{k}") for k in range(n)]
         if expected:  # else: empty mailboxes, for the memory of idle ones
-            _wait(lambda: watch.count() >= expected, f"{expected} events", sources)
+            _wait(
+                lambda: all(watch.count(a) >= in_box[a] for a in accounts),
+                f"{expected} events",
+                sources,
+            )
             firsts = [watch.seen[a][0] for a in accounts]
             run["first_event_s"] = round(min(firsts) - spawned, 2)
             run["every_mailbox_first_event_s"] = round(max(firsts) - spawned, 2)
@@ -384,7 +392,7 @@ def _round(
             run["rss_bytes"] = rss_bytes(sources[0].proc.pid)
             run["rss_mb"] = round(run["rss_bytes"] / 2**20, 1)
         if n >= 2:
-            run.update(_failover(info, sources, users, watch, mails))
+            run.update(_failover(info, sources, users, watch, in_box))
     finally:
         for source in sources:
             source.stop()
@@ -402,7 +410,7 @@ def _failover(
     sources: list[Source],
     users: dict[str, str],
     watch: EventWatch,
-    mails: int,
+    in_box: dict[str, int],
 ) -> dict[str, Any]:
     owned = {i: _owned(s) or set() for i, s in enumerate(sources)}
     victim = max(owned, key=lambda i: len(owned[i]))
@@ -410,14 +418,16 @@ def _failover(
     sources[victim].proc.kill()
     killed = time.monotonic()
     sources[victim].proc.wait(10)
+    before = {a: in_box[a] for a in orphaned}
     for account in orphaned:
-        _append(info, users[account], [f"{account}-after-kill"])
+        _append(info, users[account], [f"{account}-after-kill-{before[account]}"])
+        in_box[account] += 1
     _wait(
-        lambda: all(watch.count(a) > mails for a in orphaned),
+        lambda: all(watch.count(a) > before[a] for a in orphaned),
         f"the new mail of {len(orphaned)} orphaned mailboxes",
         sources,
     )
-    delays = sorted(watch.seen[a][mails] - killed for a in orphaned)
+    delays = sorted(watch.seen[a][before[a]] - killed for a in orphaned)
     return {
         "orphaned_mailboxes": len(orphaned),
         "failover_s_p50": round(statistics.median(delays), 2),

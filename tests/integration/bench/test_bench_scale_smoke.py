@@ -1,4 +1,4 @@
-"""``mailtap bench scale`` on a small scale: it runs 1 and 2 instances over 4 mailboxes, every mail
+"""``mailtap bench scale`` on a small scale: it runs 1, 2 and 3 instances over 4 mailboxes, every mail
 arrives once, a kill orphans mailboxes whose new mails arrive; its times are figures, never
 asserted."""
 
@@ -15,10 +15,15 @@ def test_the_scale_bench_counts_every_mail_and_a_failover(
     services: DevServices, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(ingest.ENV_STATE_DIR, str(services.state_dir))
-    figures = bench_scale(json_out=True, mailboxes=4, instances=(1, 2), mails=2, session_timeout=6)
-    one, two = figures["runs"]
+    figures = bench_scale(
+        json_out=True, mailboxes=4, instances=(1, 2, 3), mails=2, session_timeout=6
+    )
+    one, two, three = figures["runs"]
     assert (one["instances"], one["mailboxes"], one["events"]) == (1, 4, 8)
     assert (two["instances"], two["mailboxes"], two["events"]) == (2, 4, 8)
+    # The mails the first failover added are read again (fresh topics), each once.
+    assert three["events"] == 8 + two["orphaned_mailboxes"]
+    assert three["failover_s_max"] >= three["failover_s_p50"] > 0
     assert one["rss_bytes"] > 0 and "failover_s_p50" not in one
     # The victim owns the most: at least half (every mailbox when all hash to its partitions).
     assert 2 <= two["orphaned_mailboxes"] <= 4
