@@ -441,7 +441,7 @@ class MailboxWorker:
         if hms is not None and conn.condstore:
             mails += self._sync_changes(conn, hms)
         if status.uidnext - 1 > self.cursor.last_uid:
-            mails += self._sync_new(conn, hms)
+            mails += self._sync_new(conn, hms, status.uidnext)
         if reconcile:
             # The HIGHESTMODSEQ of the check only matters to a later QRESYNC SELECT: without
             # QRESYNC no watermark is kept (nor committed).
@@ -497,10 +497,11 @@ class MailboxWorker:
             self._commit([], self.cursor)
         return count
 
-    def _sync_new(self, conn: ImapConnection, hms: int | None) -> int:
+    def _sync_new(self, conn: ImapConnection, hms: int | None, uidnext: int) -> int:
         assert self.cursor is not None
         uids = conn.uids_from(self.cursor.last_uid + 1)
         if not uids:
+            self._pass_expunged(conn, uidnext)
             return 0
         total = len(uids)
         if total > self.settings.batch_size:
@@ -525,6 +526,31 @@ class MailboxWorker:
             self._publish_new(conn, group, fetched, hms)
             progress.add(len(group))
         return total
+
+    def _pass_expunged(self, conn: ImapConnection, uidnext: int) -> None:
+        """UIDs up to ``uidnext - 1`` were given out, and no mail above the cursor is left:
+        they were expunged before this source read them (a mail deleted or moved away at once,
+        or while the source was down). Move the cursor past them. Otherwise the folder never
+        looks settled (UIDNEXT stays above the cursor), and the worker syncs again at once,
+        for ever, and never IDLEs: a busy loop of NOOP, STATUS and SEARCH.
+
+        Every UID below ``uidnext`` existed before the STATUS that reported it answered; a NOOP
+        now (a completed command: the server shows this session what other sessions did) and a
+        second SEARCH see any of them still there, so none is skipped unread. Never published,
+        they have no key: nothing to tombstone.
+        """
+        assert self.cursor is not None
+        conn.noop()
+        if conn.uids_from(self.cursor.last_uid + 1):
+            return  # mail arrived meanwhile: the next sync reads it
+        log.info(
+            "imap %s/%s: uid %d..%d expunged before they were read; the cursor moves past them",
+            self.account.name,
+            self.folder,
+            self.cursor.last_uid + 1,
+            uidnext - 1,
+        )
+        self._commit([], self.cursor.advanced(uidnext - 1))
 
     def _groups(self, conn: ImapConnection, uids: Sequence[int]) -> Iterator[list[int]]:
         """UIDs in FETCH round trips: ``batch_size`` mails, at most ``max_batch_bytes``.

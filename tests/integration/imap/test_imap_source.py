@@ -242,6 +242,24 @@ def test_mail_appended_during_idle_arrives_without_waiting_for_a_poll(imap: Imap
     assert keys_of(imap.events()) == {f"acct/mid:idle-{imap.unique}@example.com"}
 
 
+def test_mail_expunged_before_it_was_read_is_passed_and_the_worker_idles(
+    imap: ImapHarness,
+) -> None:
+    # UIDNEXT stays above the last mail: the worker synced again at once, for ever, instead of
+    # IDLE (a busy loop of NOOP, STATUS and SEARCH on the server), until new mail came.
+    ids = imap.append_numbered(3)
+    client = imap.client()
+    client.delete_messages([2, 3])
+    client.expunge()
+    client.logout()
+    with running(imap, catchup_poll_seconds=600, idle_renew_seconds=600) as source:
+        wait_for(lambda: imap.cursor_at(3), "the cursor past the expunged uids 2 and 3")
+        wait_for(lambda: source.workers[0].machine.state.value == "IDLE", "IDLE")
+        new = imap.append_numbered(1, start=3)
+        wait_for(lambda: imap.cursor_at(4), "the next mail, via IDLE")
+    assert keys_of(imap.events()) == {f"acct/mid:{ids[0]}", f"acct/mid:{new[0]}"}
+
+
 def test_starttls_that_the_server_does_not_offer_is_never_skipped(imap: ImapHarness) -> None:
     imap.append_numbered(1)
     with running(imap, account={"security": "starttls"}) as source:
