@@ -39,6 +39,8 @@ SourceOffset = Mapping[str, Any]
 #: transaction first, and another source's crashed one ends at its transaction timeout, so a
 #: longer wait means the cluster is unwell: fail the read (the caller retries) rather than hang.
 READ_TIMEOUT_S = 60.0
+#: A read slower than this says so in the log (it delays every mailbox start waiting for it).
+SLOW_READ_S = 1.0
 
 
 def canonical_json(value: Mapping[str, Any]) -> bytes:
@@ -119,8 +121,10 @@ class OffsetStore:
         (KIP-618), so that the result holds every offset committed before the call.
         """
         topic = self._kafka.topics.offsets
+        started = time.monotonic()
         if settled:
             wait_transactions_settled(self._kafka, topic, timeout)
+        settling = time.monotonic() - started
         consumer = Consumer(
             consumer_config(
                 self._kafka,
@@ -177,6 +181,16 @@ class OffsetStore:
                     offsets[key] = json.loads(value)
         finally:
             consumer.close()
+        took = time.monotonic() - started
+        if took > SLOW_READ_S:
+            log.info(
+                "reading %s took %.1fs (%.1fs waiting for open transactions to end, "
+                "%d partitions' cursors)",
+                topic,
+                took,
+                settling,
+                len(offsets),
+            )
         return offsets
 
     def read(self, partition: SourcePartition) -> dict[str, Any] | None:
