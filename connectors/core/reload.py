@@ -3,10 +3,8 @@
 Credentials live in the configuration's account definitions, so a new account needs the file
 changed; a reload lets every running instance take it without a restart (issue 12)::
 
-    reloader = ConfigReloader(path, "imap", ImapSourceSettings, config, source.settings,
-                              source.reconfigure, source.metrics)
-    signal.signal(signal.SIGHUP, lambda *_: reloader.request())
-    reloader.follow(ready=source.started, stopping=source.stop_event)
+    reload_on_sighup(path, "imap", ImapSourceSettings, config, source)   # main thread
+    source.run()
 
 What a reload applies: the source section's ``accounts``. An account added starts (with a group,
 on the instance whose share it falls in: every instance gets the same file and signal), one
@@ -29,10 +27,11 @@ and what is wrong, the source goes on with what it runs, and a later good file a
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -59,6 +58,20 @@ class _Account(Protocol):
 class _SourceSettings(Protocol):
     @property
     def accounts(self) -> Sequence[_Account]: ...
+
+
+class _Reloadable(Protocol):
+    """What a source offers a reload (ImapSource, EwsSource)."""
+
+    @property
+    def settings(self) -> Any: ...
+    @property
+    def metrics(self) -> SourceMetrics: ...
+    @property
+    def started(self) -> threading.Event: ...
+    @property
+    def stop_event(self) -> threading.Event: ...
+    def reconfigure(self, settings: Any) -> None: ...
 
 
 S = TypeVar("S", bound=BaseModel)
@@ -214,3 +227,21 @@ class ConfigReloader(Generic[S]):
 def _accounts(settings: BaseModel) -> tuple[_Account, ...]:
     source: _SourceSettings = settings  # type: ignore[assignment]
     return tuple(source.accounts)
+
+
+def reload_on_sighup(
+    path: str, section: str, model: type[S], config: MailtapConfig, source: _Reloadable
+) -> ConfigReloader[S]:
+    """Reload ``source``'s accounts from ``path`` on SIGHUP, from the time it has started until
+    it stops. Call it from the main thread (signal handlers are set there) before the source
+    starts: SIGHUP would otherwise end the process, and one sent during start-up waits for it."""
+    # One line per reload, shown even when the CLI's default level is WARNING.
+    logger = logging.getLogger(__name__)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    reloader = ConfigReloader(
+        path, section, model, config, source.settings, source.reconfigure, source.metrics
+    )
+    signal.signal(signal.SIGHUP, lambda _signum, _frame: reloader.request())
+    reloader.follow(ready=source.started, stopping=source.stop_event)
+    return reloader

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from connectors.core.config import load_config
 from connectors.core.kafka import request_stop
-from connectors.core.reload import ConfigReloader
+from connectors.core.reload import reload_on_sighup
 from connectors.ews.config import SECTION, EwsSourceSettings
 from connectors.ews.source import EwsSource, run_forever
 
@@ -27,22 +27,8 @@ def _install(stop: Callable[[], None]) -> None:
 
 def run_ews_source(config_path: str) -> None:
     """Load the config (``ews``, ``kafka``, ``claim_check``, ``health``) and run until stopped."""
-    logger = logging.getLogger("connectors.core.reload")
-    if logger.getEffectiveLevel() > logging.INFO:  # one line per reload, shown by default
-        logger.setLevel(logging.INFO)
     config = load_config(config_path)
     source = EwsSource.from_config(config)
-    reloader = ConfigReloader(
-        config_path,
-        SECTION,
-        EwsSourceSettings,
-        config,
-        source.settings,
-        source.reconfigure,
-        source.metrics,
-    )
-    # SIGHUP would end the process by default; a reload asked for during start-up waits for it.
-    signal.signal(signal.SIGHUP, lambda _signum, _frame: reloader.request())
-    reloader.follow(ready=source.started, stopping=source.stop_event)
+    reload_on_sighup(config_path, SECTION, EwsSourceSettings, config, source)
     run_forever(source, _install)
     log.info("ews source stopped")
