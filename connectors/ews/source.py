@@ -172,7 +172,8 @@ class EwsSource:
             self._apply_locked(owned)
 
     def _apply_locked(self, owned: frozenset[WorkUnit]) -> None:
-        owned = frozenset(u for u in owned if u.account in self._accounts)
+        # Every owned unit's account is configured: MailboxCatalog.wanted keeps only those, and
+        # a reload swaps it and self._accounts together, under the Assignment's lock.
         leaving = [
             run
             for unit, run in self._runs.items()

@@ -177,11 +177,12 @@ class ImapSource:
             self._apply_locked(owned)
 
     def _apply_locked(self, owned: frozenset[WorkUnit]) -> None:
+        # Every owned unit's account is configured: MailboxCatalog.wanted keeps only those, and
+        # a reload swaps it and self.settings together, under the Assignment's lock.
         configured = {a.name: a for a in self.settings.accounts}
         folders: dict[str, list[str]] = {}
         for unit in sorted(owned):
-            if unit.account in configured:
-                folders.setdefault(unit.account, []).append(unit.folder)
+            folders.setdefault(unit.account, []).append(unit.folder)
         wanted = {name: tuple(f) for name, f in folders.items()}
         leaving = [
             run
