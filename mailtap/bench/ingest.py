@@ -179,10 +179,12 @@ def _raw_fetch_rate(
     return RawFetch(fetched / elapsed, fetched, client_cpu, dovecot_cpu)
 
 
-def _account(info: DevServices, username: str, password: str) -> dict[str, Any]:
-    """The bench mailbox as an ``imap.accounts`` entry."""
+def _account(
+    info: DevServices, username: str, password: str, name: str = ACCOUNT
+) -> dict[str, Any]:
+    """A bench mailbox of the dev Dovecot as an ``imap.accounts`` entry."""
     return {
-        "name": ACCOUNT,
+        "name": name,
         "host": info.imap.host,
         "port": info.imap.port,
         "security": "plain",

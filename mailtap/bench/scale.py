@@ -53,7 +53,7 @@ from connectors.core.kafka import (
     topic_specs,
 )
 from connectors.imap.indexlog import topic_spec as index_topic_spec
-from mailtap.bench.ingest import _delete_topics, _say, _services
+from mailtap.bench.ingest import _account, _delete_topics, _say, _services
 from mailtap.dev import DevServices
 from mailtap.dev.dovecot import add_users
 from mailtap.dev.layout import REPO_ROOT
@@ -261,12 +261,7 @@ def _config(
         "imap": {
             "accounts": [
                 {
-                    "name": account,
-                    "host": info.imap.host,
-                    "port": info.imap.port,
-                    "security": "plain",
-                    "username": users[account],
-                    "password": PASSWORD,
+                    **_account(info, users[account], PASSWORD, name=account),
                     "folders": ["INBOX"],
                     "start": "all",
                 }
