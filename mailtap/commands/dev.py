@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from mailtap.dev import DevServices, ServiceStartError, down, status, up
+from mailtap.dev.imapservers import KINDS
 from mailtap.dev.layout import DEFAULT_STATE_DIR
 
 _state_dir_option = click.option(
@@ -33,7 +34,7 @@ def _describe(info: DevServices) -> str:
         [
             f"kafka   {info.kafka.bootstrap_servers}  ({kafka_origin}; log {info.kafka.log_path})",
             f"schema registry {registry}",
-            f"imap    {info.imap.host}:{info.imap.port}  (pid {info.imap.pid}; "
+            f"imap    {info.imap.host}:{info.imap.port}  ({info.imap.kind}, pid {info.imap.pid}; "
             f"log {info.imap.log_path})",
             f"        accounts: {accounts}",
             f"smtp    {info.smtp.host}:{info.smtp.port}  (pid {info.smtp.pid}; "
@@ -60,12 +61,21 @@ def dev() -> None:
 
 @dev.command("up")
 @click.option("--json", "as_json", is_flag=True, help="Print the connection details as JSON.")
+@click.option(
+    "--imap",
+    "imap_kind",
+    type=click.Choice(KINDS),
+    default="dovecot",
+    show_default=True,
+    help="The IMAP server: Dovecot, Dovecot trimmed to IMAP4rev1 + UIDPLUS, Cyrus or Courier "
+    "(connectors/imap/README.md, 'Servers').",
+)
 @_state_dir_option
-def up_command(as_json: bool, state_dir: Path) -> None:
+def up_command(as_json: bool, imap_kind: str, state_dir: Path) -> None:
     """Start the services (a no-op when they already run) and write a mailtap config."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
-        info = up(state_dir)
+        info = up(state_dir, imap=imap_kind)
     except ServiceStartError as exc:
         raise click.ClickException(str(exc)) from exc
     _emit(info, as_json)

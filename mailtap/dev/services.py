@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from mailtap.dev import dovecot, kafka, process, received, registry, smtp_server
+from mailtap.dev import dovecot, imapservers, kafka, process, received, registry, smtp_server
 from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY, ENV_KAFKA_BOOTSTRAP
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,17 @@ class ImapInfo:
     config_path: Path
     passwd_file: Path
     mail_dir: Path
+    #: Which server (`mailtap.dev.imapservers.KINDS`); state files from before it are Dovecot's.
+    kind: str = "dovecot"
+
+    @property
+    def root(self) -> Path:
+        """Where the server keeps its config, accounts and mail."""
+        return self.passwd_file.parent
+
+    def add_users(self, accounts: list[tuple[str, str]]) -> None:
+        """Create (or replace) accounts; each can log in when this returns."""
+        imapservers.add_users(self.kind, self.root, accounts)
 
 
 @dataclass(frozen=True)
@@ -104,14 +115,16 @@ class DevServices:
         return [self.kafka.pid, *own] if self.kafka.pid is not None else own
 
     def add_user(self, username: str, password: str = dovecot.DEFAULT_PASSWORD) -> Account:
-        """Create an IMAP account at runtime (usable at once)."""
-        dovecot.add_user(self.imap.passwd_file, username, password)
+        """Create an IMAP account at runtime (usable at once), on whichever server runs."""
+        self.imap.add_users([(username, password)])
         return Account(username, password)
 
     def doveadm(self, *args: str, check: bool = True) -> dovecot.DoveadmResult:
         """Run doveadm against this Dovecot, e.g. ``doveadm("expunge", "-u", u, "mailbox",
         "INBOX", "all")`` or ``doveadm("mailbox", "update", "-u", u, "--uid-validity", "9",
         "INBOX")``."""
+        if not self.imap.kind.startswith("dovecot"):
+            raise RuntimeError(f"doveadm needs Dovecot; these services run {self.imap.kind}")
         return dovecot.doveadm(self.imap.config_path, *args, check=check)
 
     def received_messages(self) -> list[received.ReceivedMessage]:
@@ -146,6 +159,7 @@ class DevServices:
                 config_path=Path(i["config_path"]),
                 passwd_file=Path(i["passwd_file"]),
                 mail_dir=Path(i["mail_dir"]),
+                kind=i.get("kind", "dovecot"),
             ),
             smtp=SmtpInfo(
                 host=s["host"],
@@ -264,11 +278,13 @@ def healthy(info: DevServices) -> bool:
     return True
 
 
-def up(state_dir: Path | str | None = None) -> DevServices:
-    """Start the services (or return the running ones when ``state_dir``'s set is healthy)."""
+def up(state_dir: Path | str | None = None, imap: str = "dovecot") -> DevServices:
+    """Start the services (or return the running ones when ``state_dir``'s set is healthy and
+    runs the IMAP server ``imap``, one of `mailtap.dev.imapservers.KINDS`)."""
+    imapservers.check_kind(imap)
     root = resolve_state_dir(state_dir)
     running = status(root)
-    if running is not None:
+    if running is not None and running.imap.kind == imap:
         log.info("services in %s already up", root)
         return running
     down(root)  # a partial or dead earlier set: clear it before starting afresh
@@ -276,7 +292,7 @@ def up(state_dir: Path | str | None = None) -> DevServices:
     started: dict[str, Any] = {"processes": []}
     _write_state(root, started)
     try:
-        info = _start_all(root, started)
+        info = _start_all(root, started, imap)
     except BaseException:
         down(root)
         raise
@@ -286,7 +302,7 @@ def up(state_dir: Path | str | None = None) -> DevServices:
     return info
 
 
-def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
+def _start_all(root: Path, started: dict[str, Any], imap_kind: str) -> DevServices:
     external = os.environ.get(ENV_KAFKA_BOOTSTRAP)
     names = ["imap", "smtp"] if external else ["kafka", "kafka_controller", "imap", "smtp"]
     ports = _pick_ports(root, names)
@@ -321,10 +337,8 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
         schema_registry = registry.launch(registry_dir, HOST, _registry_port(root))
         record(schema_registry.pid)
 
-    dc = dovecot.layout_for(root)
-    dovecot.render(dc, HOST, ports["imap"])
-    dovecot_pid = dovecot.start(dc)
-    record(dovecot_pid)
+    imap = imapservers.launch(imap_kind, root, HOST, ports["imap"])
+    record(imap.pid)
 
     smtp_root = root / "smtp"
     received_dir = smtp_root / "received"
@@ -346,8 +360,10 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
     record(smtp_pid)
 
     t0 = time.monotonic()
-    dovecot.wait_ready(dc, dovecot_pid, HOST, ports["imap"])
-    log.info("dovecot ready on %s:%d after %.2f s", HOST, ports["imap"], time.monotonic() - t0)
+    imapservers.wait_ready(imap, HOST, ports["imap"])
+    log.info(
+        "%s ready on %s:%d after %.2f s", imap_kind, HOST, ports["imap"], time.monotonic() - t0
+    )
     process.wait_until_ready(
         "smtp",
         smtp_pid,
@@ -385,12 +401,13 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
         imap=ImapInfo(
             host=HOST,
             port=ports["imap"],
-            accounts=tuple(Account(u, p) for u, p in dovecot.users(dc.passwd_file)),
-            pid=dovecot_pid,
-            log_path=dc.log,
-            config_path=dc.config,
-            passwd_file=dc.passwd_file,
-            mail_dir=dc.mail_dir,
+            accounts=tuple(Account(u, p) for u, p in dovecot.users(imap.passwd_file)),
+            pid=imap.pid,
+            log_path=imap.log_path,
+            config_path=imap.config_path,
+            passwd_file=imap.passwd_file,
+            mail_dir=imap.mail_dir,
+            kind=imap_kind,
         ),
         smtp=SmtpInfo(
             host=HOST,
