@@ -43,6 +43,7 @@ from connectors.core.faults import CrashPoints
 from connectors.core.metrics import SourceMetrics
 from connectors.core.offsets import canonical_json
 from connectors.core.reconnect import backoff_delay
+from connectors.imap.capabilities import fallbacks
 from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import SEEN, FetchedMail, ImapConnection
 from connectors.imap.cursor import (
@@ -55,6 +56,7 @@ from connectors.imap.cursor import (
     split_by_bytes,
 )
 from connectors.imap.errors import ConnectionLost, FolderMissing, ImapProtocolError
+from connectors.imap.flaglisting import FlagSnapshot, uid_windows
 from connectors.imap.index import AccountIndex
 from connectors.imap.qresync import ExpungeCheck, QresyncRequest, vanished_candidates
 from connectors.imap.records import BuiltMail, ChangeKind, ParsedBatch, Placement, RecordBuilder
@@ -197,6 +199,11 @@ class MailboxWorker:
         #: The expunge checks not settled yet: ``vanished_modseq`` moves once they are.
         self._unsettled_check: ExpungeCheck | None = None
         self._labels = (SOURCE_KIND, account.name, folder)
+        #: Without CONDSTORE: the flags last seen per UID, compared at each catch-up.
+        self._flags_seen = FlagSnapshot()
+        self._list_flags = False
+        #: The server's missing extensions and their fallbacks, as last said in the log.
+        self._fallbacks: tuple[str, ...] = ()
 
     # --- thread body ---------------------------------------------------------------------------
 
@@ -275,6 +282,8 @@ class MailboxWorker:
         self.machine.to(S.AUTHENTICATING)
         conn.login()
         conn.enable_condstore(qresync=self.settings.qresync == "auto")
+        self._list_flags = not conn.condstore
+        self._say_fallbacks(conn)
         self.machine.to(S.SELECTING)
         try:
             self._select(conn)
@@ -304,6 +313,29 @@ class MailboxWorker:
                 continue
             round_mails = 0
             full = self._wait(conn)
+
+    def _say_fallbacks(self, conn: ImapConnection) -> None:
+        """Log the server's missing extensions and what the source does instead, once (again
+        only if they change), and show them in /healthz (connectors/imap/capabilities.py)."""
+        notes = fallbacks(
+            conn.capabilities,
+            mode=self.account.mode,
+            poll_interval=self.settings.poll_interval_seconds,
+            catchup_interval=self.settings.catchup_poll_seconds,
+            moves=self.account.after_commit.startswith("move:"),
+        )
+        if notes == self._fallbacks:
+            return
+        self._fallbacks = notes
+        self.metrics.set_fallbacks(*self._labels, notes)
+        if notes:
+            log.warning(
+                "imap %s/%s: the server %s: %s",
+                self.account.name,
+                self.folder,
+                self.account.host,
+                "; ".join(notes),
+            )
 
     def _await_folder(self, conn: ImapConnection, missing: FolderMissing) -> None:
         """The folder is gone (or was never created): say so once, then look for it at the
@@ -397,7 +429,10 @@ class MailboxWorker:
             period = min(self.settings.idle_renew_seconds, self.settings.uidvalidity_check_seconds)
             deadline = min(now + period, catchup_due)
             outcome = conn.idle_until(deadline, self._interrupted, IDLE_SLICE_S)
-            expunged = outcome.expunged or outcome.other
+            # Without CONDSTORE a FETCH announced in IDLE is found by the flag listing.
+            expunged = (
+                outcome.expunged or outcome.other or (outcome.flags_changed and not conn.condstore)
+            )
         else:
             self.machine.to(S.POLLING)
             self.stop.wait(max(0.0, min(self.settings.poll_interval_seconds, catchup_due - now)))
@@ -440,6 +475,8 @@ class MailboxWorker:
         )
         if hms is not None and conn.condstore:
             mails += self._sync_changes(conn, hms)
+        elif reconcile:
+            mails += self._sync_flags_listed(conn)  # no MODSEQs: no CONDSTORE, or NOMODSEQ
         if status.uidnext - 1 > self.cursor.last_uid:
             mails += self._sync_new(conn, hms, status.uidnext)
         if reconcile:
@@ -495,6 +532,24 @@ class MailboxWorker:
         )
         if count or cursor.fresh or cursor.changes_done:
             self._commit([], self.cursor)
+        return count
+
+    def _sync_flags_listed(self, conn: ImapConnection) -> int:
+        """Flag changes without MODSEQs (:mod:`connectors.imap.flaglisting`): UPDATED events for
+        the published mails whose FLAGS differ from those last seen, cursor unchanged."""
+        cursor = self.cursor
+        assert cursor is not None
+        count = 0
+        for low, high in uid_windows(cursor.floor_uid + 1, cursor.last_uid):
+            listed = conn.flags_between(low, high)
+            changed = self._flags_seen.changed(cursor.uidvalidity, listed)
+            for group in chunks(changed, self.settings.batch_size):
+                fetched = conn.fetch(group)
+                with self.builder.staged_blobs() as blobs:
+                    built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
+                    self._commit_batch(built, cursor, blobs)
+                self._flags_seen.remember(cursor.uidvalidity, ((m.uid, m.flags) for m in fetched))
+                count += len(fetched)
         return count
 
     def _sync_new(self, conn: ImapConnection, hms: int | None, uidnext: int) -> int:
@@ -659,6 +714,10 @@ class MailboxWorker:
             self._count(built)
             for part, _ in parts:
                 part.progress.add(part.uids)
+                if self._list_flags:
+                    self._flags_seen.remember(
+                        part.cursor.uidvalidity, ((m.uid, m.flags) for m in part.fetched)
+                    )
         except BaseException:
             self._commit_failed = True
             raise
@@ -700,6 +759,8 @@ class MailboxWorker:
         assert cursor is not None
         with self.builder.staged_blobs() as blobs:
             self._publish_new_batch(conn, group, fetched, hms, cursor, blobs)
+        if self._list_flags:
+            self._flags_seen.remember(cursor.uidvalidity, ((m.uid, m.flags) for m in fetched))
 
     def _publish_new_batch(
         self,
@@ -885,6 +946,7 @@ class MailboxWorker:
             found_gone = found_gone or removed is not None
             if removed is not None and not removed[1]:
                 self._expunged.setdefault(removed[0], seen_at)
+        self._flags_seen.forget(gone)
         if hms is not None:
             self._checked(ExpungeCheck(hms, seen_at, found_gone=found_gone))
         if len(self._expunged) > waiting and self._watched_others:

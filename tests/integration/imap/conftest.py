@@ -52,6 +52,7 @@ def on_server(
         services, account, unique, tmp_path, host=imap_server.host, port=imap_server.port
     )
     harness.account_name = f"{imap_server.kind}-{unique}"
+    harness.multiappend = imap_server.kind == "dovecot"
     try:
         yield harness
     finally:
