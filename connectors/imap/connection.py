@@ -354,6 +354,12 @@ class ImapConnection:
             raise
         hms = info.get(b"HIGHESTMODSEQ")
         uidvalidity = int(info[b"UIDVALIDITY"])
+        uidnext = info.get(b"UIDNEXT")
+        if uidnext is None:
+            # Optional in a SELECT answer (RFC 3501 6.3.1), and Courier leaves it out; the start
+            # position and a new epoch's rescan mark need it. STATUS has it (Courier answers
+            # STATUS on the selected folder).
+            uidnext = self.status(folder).uidnext
         vanished = None
         # RFC 7162 3.2.5: another UIDVALIDITY makes the server ignore the parameter, and a
         # NOMODSEQ folder has no history: neither answer says "nothing vanished".
@@ -364,7 +370,7 @@ class ImapConnection:
                 raise ImapProtocolError(f"select {folder}: {exc}") from exc
         return FolderStatus(
             uidvalidity=uidvalidity,
-            uidnext=int(info.get(b"UIDNEXT", 0)),
+            uidnext=int(uidnext),
             highestmodseq=int(hms) if hms is not None and self.condstore else None,
             exists=int(info.get(b"EXISTS", 0)),
             vanished=vanished,

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from mailtap.cli import import_optional
+from mailtap.dev.imapservers import KINDS
 
 
 def _emit(figures: dict[str, Any], as_json: bool) -> None:
@@ -38,10 +39,20 @@ def bench() -> None:
     show_default=True,
     help="Seconds of produce that warm the broker's JIT up first (0: none).",
 )
-def ingest(as_json: bool, mails: int, rounds: int, warm_up: float) -> None:
-    """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, IDLE latency, peak RSS."""
+@click.option(
+    "--imap-server",
+    "imap_server",
+    type=click.Choice(KINDS),
+    default="dovecot",
+    show_default=True,
+    help="The IMAP server of the dev stack to read from (started next to the running Kafka).",
+)
+def ingest(as_json: bool, mails: int, rounds: int, warm_up: float, imap_server: str) -> None:
+    """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, new-mail latency, peak RSS."""
     module = import_optional("mailtap.bench.ingest")
-    figures = module.bench_ingest(json_out=as_json, mails=mails, rounds=rounds, warm_up_s=warm_up)
+    figures = module.bench_ingest(
+        json_out=as_json, mails=mails, rounds=rounds, warm_up_s=warm_up, imap_server=imap_server
+    )
     _emit(figures, as_json)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from imapclient import IMAPClient
 
 from connectors.core.avro.serde import AvroSerde
@@ -101,6 +101,30 @@ class ImapHarness:
         # broker holds the topics of every test; the source uses the count it finds.
         ensure_topic_specs(self.kafka, [TopicSpec(self.kafka.topics.imap_index, 4, COMPACTED)])
         self.serde = AvroSerde.for_schema("MailEvent", self.kafka)
+        self._wait_for_leaders()
+
+    def _wait_for_leaders(self) -> None:
+        """Until the new topics answer a watermark query: on a loaded broker a partition
+        created a moment ago answers NOT_LEADER_FOR_PARTITION for a while, and the source's
+        start-up read of ``mailboxes`` fails on it (seen in test_imap_servers.py)."""
+        consumer = Consumer(consumer_config(self.kafka, f"t-{uuid.uuid4().hex[:8]}"))
+        deadline = time.monotonic() + 60
+        try:
+            for topic in (self.kafka.topics.mailboxes, self.kafka.topics.offsets):
+                partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+                for partition in partitions:
+                    while True:
+                        try:
+                            consumer.get_watermark_offsets(
+                                TopicPartition(topic, partition), timeout=5, cached=False
+                            )
+                            break
+                        except KafkaException:
+                            if time.monotonic() > deadline:
+                                raise
+                            time.sleep(0.2)
+        finally:
+            consumer.close()
 
     # --- configuration -------------------------------------------------------------------------
 

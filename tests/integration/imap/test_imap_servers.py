@@ -153,8 +153,8 @@ def test_kill_9_loses_and_duplicates_nothing_and_the_move_is_repaired(
 def test_uidvalidity_change_rescans_without_new_keys(
     on_server: ImapHarness, imap_server: ImapInfo
 ) -> None:
-    """A folder deleted and created again has a new UIDVALIDITY on every server (the only way
-    to change it over IMAP; doveadm does it in place on Dovecot, test_imap_source.py)."""
+    """A folder replaced by another of the same name has a new UIDVALIDITY on every server (the
+    only way to change it over IMAP; doveadm does it in place on Dovecot, test_imap_source.py)."""
     imap = on_server
     archive = folder(imap_server, "Archive")
     client = imap.client(folder="")
@@ -169,11 +169,18 @@ def test_uidvalidity_change_rescans_without_new_keys(
         before = imap.cursor(archive)
         assert before is not None
         time.sleep(1.1)  # Courier's UIDVALIDITY is the creation time in seconds
+        # The same mails in a new folder that takes the old one's place: all six at once, so
+        # every one is below the new epoch's rescan mark (appended one by one into a recreated
+        # folder, the later ones would rightly count as arrivals).
+        refilled = folder(imap_server, "Refilled")
+        client = imap.client(folder="")
+        client.create_folder(refilled)
+        client.logout()
+        imap.append(mails, folder=refilled)
         client = imap.client(folder="")
         client.delete_folder(archive)
-        client.create_folder(archive)
+        client.rename_folder(refilled, archive)
         client.logout()
-        imap.append(mails, folder=archive)
         wait_for(
             lambda: (
                 (c := imap.cursor(archive)) is not None and c["epoch"] == 1 and c["last_uid"] >= 6
@@ -198,12 +205,16 @@ def test_mail_during_a_backfill_and_a_cut_connection_each_once(on_server: ImapHa
         ) as source:
             worker = source.workers[0]
             wait_for(lambda: worker.cursor and worker.cursor.last_uid >= 20, "backfill under way")
+            # The backfill waits for an answer while mail arrives (appended directly to the
+            # server, not through the link); then its connection is cut.
+            link.stall()
             late = imap.append_numbered(10, start=200, tag="late")
             assert worker.cursor is not None and worker.cursor.last_uid < 200
             assert link.cut() >= 1  # the source reconnects and goes on from its cursor
+            link.resume()
             wait_for(lambda: imap.cursor_at(210), "the backfill and the late mails")
             connects = source.metrics.registry.get_sample_value(
-                "mailtap_source_connects_total",
+                "mailtap_connects_total",
                 {"source": "imap", "account": imap.account_name, "folder": "INBOX"},
             )
     events = imap.events()
