@@ -5,9 +5,11 @@ Without MODSEQs (RFC 7162) nothing says which mails changed, so each catch-up li
 every published mail and publishes UPDATED for those whose flags differ from what this worker
 saw last: when it published the mail, or at the previous listing.
 
-Cost, measured here: one listing of 10,000 mails is ~0.6 MB on the wire (``* n FETCH (UID u
-FLAGS (\\Seen))`` ~ 45-60 bytes a mail) and ~60-120 ms on loopback; memory holds one interned
-flag set per UID (~100 bytes each: 1 MB per 10,000 mails).
+Cost per 10,000 mails (``mailtap bench flag-listing``: Dovecot on loopback, half of them
+\\Seen, the shared 2-core machine while another benchmark ran): 0.44 MB of FETCH answers
+(44 bytes a mail) per listing; 0.21 s (min of 5; median 0.53 s) for the listing and the
+comparison, most of it imapclient parsing the answer; the snapshot holds 0.3 MB (a dict entry
+per UID, one interned flag set per distinct combination).
 
 Not durable: after a restart the first listing is the baseline, so a flag change made while the
 source was down (or between its start and that first listing) is not published; the next

@@ -89,6 +89,15 @@ def reconnect(as_json: bool, mails: int, expunged: int, rounds: int) -> None:
     )
 
 
+@bench.command("flag-listing")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--mails", type=click.IntRange(1), default=10_000, show_default=True)
+def flag_listing(as_json: bool, mails: int) -> None:
+    """Flag changes without CONDSTORE: bytes, time and memory of one FLAGS listing."""
+    module = import_optional("mailtap.bench.flaglisting")
+    _emit(module.bench_flag_listing(mails=mails), as_json)
+
+
 @bench.command("startup")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
 @click.option(
