@@ -283,7 +283,6 @@ class MailboxWorker:
         self.machine.to(S.AUTHENTICATING)
         conn.login()
         conn.enable_condstore(qresync=self.settings.qresync == "auto")
-        self._list_flags = not conn.condstore
         self._say_fallbacks(conn)
         self.machine.to(S.SELECTING)
         try:
@@ -368,6 +367,8 @@ class MailboxWorker:
             self.cursor = Cursor.from_json(dict(stored)) if stored else None
             self._reload_cursor = False
         status = conn.select(self.folder, readonly=readonly, qresync=self._qresync_request())
+        # No MODSEQs (no CONDSTORE, or a NOMODSEQ folder): flag changes by the FLAGS listing.
+        self._list_flags = status.highestmodseq is None
         self._vanished = None
         first_since = None
         if self.cursor is None and self.account.start_since is not None:
