@@ -84,7 +84,7 @@ def _binary(path: Path) -> str:
 def render(layout: CyrusLayout, host: str, port: int) -> None:
     mail_user, mail_group = dovecot.mail_identity()
     root = layout.root
-    for sub in ("lib", "spool", "sieve", "run/proc", "run/lock", "run/socket"):
+    for sub in ("lib/socket", "spool", "sieve", "run/proc", "run/lock"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     imapd_bin = IMAPD_ROOT / "usr" / "lib" / "cyrus" / "bin"
     values = {
