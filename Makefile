@@ -7,7 +7,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_FLAGS ?= -ra --durations=15
 
-.PHONY: venv test demo lint registry s3proxy image deploy-test
+.PHONY: venv test demo lint registry s3proxy greenmail image deploy-test
 
 venv:
 	./deploy/bootstrap.sh
@@ -17,7 +17,7 @@ venv:
 # S3Proxy (resolved with Maven, cached) is the S3-compatible server of the S3 claim-check tests.
 # One pytest session for everything, the deployment tests (tests/deploy) included, so that the
 # whole suite shares one Kafka broker, one Dovecot and one SMTP server.
-test: venv registry s3proxy
+test: venv registry s3proxy greenmail
 	$(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
 # The demo runs on the schema registry `mailtap dev up` starts (Confluent wire format).
@@ -34,6 +34,11 @@ registry: venv
 # tests/integration/core/test_s3_claimcheck.py skips, saying so, where it is not resolved.
 s3proxy: venv
 	$(PYTHON) -m mailtap.dev.s3proxy build
+
+# GreenMail (resolved with Maven into .cache/greenmail/libs), one of the IMAP servers of the
+# server-matrix tests (tests/integration/imap/test_imap_servers.py) and `mailtap dev up --imap`.
+greenmail: venv
+	$(PYTHON) -c "from mailtap.dev import greenmail; print(greenmail.build())"
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -14,7 +14,7 @@ One run measures, on the same freshly populated mailbox:
 
 The mailbox is populated by writing maildir files directly and ``doveadm force-resync``
 (APPEND is ~150 mail/s on maildir, PITFALLS.md); on Courier (maildir, no index) by the files
-alone; on Cyrus by APPEND. ``--imap-server cyrus|courier|dovecot-minimal`` runs the same rounds
+alone; on Cyrus and GreenMail by APPEND. ``--imap-server cyrus|courier|dovecot-minimal`` runs the same rounds
 against that server of the dev stack (`mailtap.dev.imapservers`), started next to the running
 Kafka: the ratio is always to raw FETCH on the same server. Figures, not assertions.
 """
@@ -121,7 +121,7 @@ def _populate(info: DevServices, username: str, password: str, tag: str, count: 
     client.login(username, password)
     client.select_folder("INBOX")  # creates the maildir
     client.logout()
-    if info.imap.kind == "cyrus":
+    if info.imap.kind in ("cyrus", "greenmail"):
         return _populate_by_append(info, username, password, tag, count, started)
     maildir = info.imap.mail_dir / username / "Maildir"
     owner = maildir.stat()
@@ -144,8 +144,8 @@ def _populate(info: DevServices, username: str, password: str, tag: str, count: 
 def _populate_by_append(
     info: DevServices, username: str, password: str, tag: str, count: int, started: float
 ) -> float:
-    """APPEND one mail per command (Cyrus keeps its own index; imapclient's MULTIAPPEND gets
-    "BAD Missing required argument" from it)."""
+    """APPEND one mail per command (Cyrus keeps its own index, GreenMail its mail in memory;
+    imapclient's MULTIAPPEND gets "BAD Missing required argument" from Cyrus)."""
     client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
     client.login(username, password)
     for i in range(count):

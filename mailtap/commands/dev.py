@@ -67,8 +67,8 @@ def dev() -> None:
     type=click.Choice(KINDS),
     default="dovecot",
     show_default=True,
-    help="The IMAP server: Dovecot, Dovecot trimmed to IMAP4rev1 + UIDPLUS, Cyrus or Courier "
-    "(connectors/imap/README.md, 'Servers').",
+    help="The IMAP server: Dovecot, Dovecot trimmed to IMAP4rev1 + UIDPLUS, Cyrus, Courier or "
+    "GreenMail (connectors/imap/README.md, 'Servers').",
 )
 @_state_dir_option
 def up_command(as_json: bool, imap_kind: str, state_dir: Path) -> None:

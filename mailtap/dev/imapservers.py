@@ -12,6 +12,8 @@ dovecot-minimal Dovecot with ``imap_capability = IMAP4rev1 UIDPLUS``: the bare R
 cyrus          Cyrus IMAP 3.6: the same extensions as Dovecot, another implementation
 courier        Courier-IMAP 5: IDLE (polled by the server), UIDPLUS; no CONDSTORE, QRESYNC,
                MOVE, ESEARCH (hosting providers)
+greenmail      GreenMail 2.1, in memory: IDLE, MOVE, UIDPLUS; no CONDSTORE, QRESYNC, ESEARCH
+               (the server Java teams test against; ``make greenmail`` resolves it)
 ============== ============================================================================
 """
 
@@ -21,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from mailtap.dev import courier, cyrus, dovecot, process
+from mailtap.dev import courier, cyrus, dovecot, greenmail, process
 
-ImapKind = Literal["dovecot", "dovecot-minimal", "cyrus", "courier"]
+ImapKind = Literal["dovecot", "dovecot-minimal", "cyrus", "courier", "greenmail"]
 KINDS: tuple[ImapKind, ...] = get_args(ImapKind)
 
 
@@ -60,6 +62,11 @@ def launch(kind: str, state_dir: Path, host: str, port: int) -> StartedImap:
         cyrus.render(cy, host, port)
         pid = cyrus.start(cy)
         return StartedImap(kind, pid, cy.root, cy.log, cy.config, cy.accounts_file, cy.mail_dir)
+    if kind == "greenmail":
+        gm = greenmail.layout_for(state_dir)
+        greenmail.render(gm, host, port)
+        pid = greenmail.start(gm)
+        return StartedImap(kind, pid, gm.root, gm.log, gm.config, gm.accounts_file, gm.mail_dir)
     co = courier.layout_for(state_dir)
     courier.render(co, host, port)
     pid = courier.start(co)
@@ -71,6 +78,8 @@ def wait_ready(started: StartedImap, host: str, port: int) -> None:
         cyrus.wait_ready(cyrus.CyrusLayout(started.root), started.pid, host, port)
     elif started.kind == "courier":
         courier.wait_ready(courier.CourierLayout(started.root), started.pid, host, port)
+    elif started.kind == "greenmail":
+        greenmail.wait_ready(greenmail.GreenMailLayout(started.root), started.pid, host, port)
     else:
         dovecot.wait_ready(dovecot.DovecotLayout(started.root), started.pid, host, port)
 
@@ -95,5 +104,7 @@ def add_users(kind: str, root: Path, accounts: list[tuple[str, str]]) -> None:
         cyrus.add_users(cyrus.CyrusLayout(root), accounts)
     elif kind == "courier":
         courier.add_users(courier.CourierLayout(root), accounts)
+    elif kind == "greenmail":
+        greenmail.add_users(greenmail.GreenMailLayout(root), accounts)
     else:
         dovecot.add_users(dovecot.DovecotLayout(root).passwd_file, accounts)

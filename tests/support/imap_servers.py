@@ -11,7 +11,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mailtap.dev import DevServices, ImapInfo, imapservers, process
+from mailtap.dev import DevServices, ImapInfo, greenmail, imapservers, process
 
 HOST = "127.0.0.1"
 
@@ -33,6 +33,8 @@ class ImapServerPool:
             state_dir.chmod(0o755)
             self._state_dirs.append(state_dir)
             port = process.free_port(HOST)
+            if kind == "greenmail":
+                greenmail.build()  # a no-op once resolved (`make test` resolves it first)
             started = imapservers.start(kind, state_dir, HOST, port)
             self._started[kind] = ImapInfo(
                 host=HOST,

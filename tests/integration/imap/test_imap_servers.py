@@ -1,5 +1,5 @@
 """The IMAP source's correctness on every server of the dev stack (`mailtap.dev.imapservers`):
-Dovecot, Dovecot trimmed to IMAP4rev1 + UIDPLUS, Cyrus, Courier.
+Dovecot, Dovecot trimmed to IMAP4rev1 + UIDPLUS, Cyrus, Courier, GreenMail.
 
 Where a server lacks an extension, the test asserts the documented fallback
 (connectors/imap/README.md, "Servers"): polling instead of IDLE, the FLAGS listing instead of
@@ -31,9 +31,27 @@ from tests.integration.imap.imap_harness import (
 from tests.support.tcp_proxy import TcpProxy
 
 #: What each server offers after login, as the source's fallbacks depend on it.
-CONDSTORE = {"dovecot": True, "cyrus": True, "courier": False, "dovecot-minimal": False}
-IDLE = {"dovecot": True, "cyrus": True, "courier": True, "dovecot-minimal": False}
-MOVE = {"dovecot": True, "cyrus": True, "courier": False, "dovecot-minimal": False}
+CONDSTORE = {
+    "dovecot": True,
+    "cyrus": True,
+    "courier": False,
+    "dovecot-minimal": False,
+    "greenmail": False,
+}
+IDLE = {
+    "dovecot": True,
+    "cyrus": True,
+    "courier": True,
+    "dovecot-minimal": False,
+    "greenmail": True,
+}
+MOVE = {
+    "dovecot": True,
+    "cyrus": True,
+    "courier": False,
+    "dovecot-minimal": False,
+    "greenmail": True,
+}
 
 BROKEN = (
     b"From: a@example.org\r\nTo: b@example.org\r\nMessage-ID: <b64-{unique}@x>\r\n"
