@@ -35,6 +35,8 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -381,26 +383,33 @@ def bench_ingest(
     shared 2-core machine is noisy; the median ratio is the figure. The last round also
     measures IDLE latency (new-mail latency, polled where the server has no IDLE), and its
     full figures are printed. ``imap_server``: one of `mailtap.dev.imapservers.KINDS`."""
-    imapservers.check_kind(imap_server)
-    info = _services()
-    other: imapservers.StartedImap | None = None
-    if imap_server != info.imap.kind:
-        _say(f"starting {imap_server} next to the running services ...")
-        state = Path(tempfile.mkdtemp(prefix=f"mailtap-bench-{imap_server}-"))
-        state.chmod(0o755)  # the server's unprivileged processes read under it
-        port = process.free_port(info.imap.host)
-        other = imapservers.start(imap_server, state, info.imap.host, port)
-        info = replace(info, imap=_imap_info(other, info.imap.host, port))
-    try:
+    with services_with(imap_server) as info:
         figures = _rounds(info, mails, rounds, warm_up_s)
-    finally:
-        if other is not None:
-            process.stop_group(other.pid)
-            shutil.rmtree(other.root.parent, ignore_errors=True)
     if not json_out:
         for name, value in figures.items():
             print(f"{name:40s} {value}")
     return figures
+
+
+@contextmanager
+def services_with(imap_server: str) -> Iterator[DevServices]:
+    """The local services with the IMAP server ``imap_server``: the running set's own, or one
+    started next to its Kafka for the block (and stopped after)."""
+    imapservers.check_kind(imap_server)
+    info = _services()
+    if imap_server == info.imap.kind:
+        yield info
+        return
+    _say(f"starting {imap_server} next to the running services ...")
+    state = Path(tempfile.mkdtemp(prefix=f"mailtap-bench-{imap_server}-"))
+    state.chmod(0o755)  # the server's unprivileged processes read under it
+    port = process.free_port(info.imap.host)
+    other = imapservers.start(imap_server, state, info.imap.host, port)
+    try:
+        yield replace(info, imap=_imap_info(other, info.imap.host, port))
+    finally:
+        process.stop_group(other.pid)
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def _imap_info(started: imapservers.StartedImap, host: str, port: int) -> ImapInfo:

@@ -98,6 +98,16 @@ def flag_listing(as_json: bool, mails: int) -> None:
     _emit(module.bench_flag_listing(mails=mails), as_json)
 
 
+@bench.command("changes")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--imap-server", "imap_server", type=click.Choice(KINDS), default="dovecot")
+@click.option("--samples", type=click.IntRange(1), default=3, show_default=True)
+def changes(as_json: bool, imap_server: str, samples: int) -> None:
+    """New mail, flag change, expunge -> Kafka latency with the source's default timing."""
+    module = import_optional("mailtap.bench.changes")
+    _emit(module.bench_changes(imap_server=imap_server, samples=samples), as_json)
+
+
 @bench.command("startup")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
 @click.option(
