@@ -455,7 +455,11 @@ class MailboxWorker:
         ticket = self.index.rounds.begin(self.folder)
         # Dovecot shows other sessions' changes to the selected folder only after a command
         # completes: NOOP first, or SEARCH may miss a mail appended a moment ago.
-        conn.noop()
+        told = conn.noop()
+        # What the NOOP announces and no MODSEQ or VANISHED will tell (a server that reports
+        # changes only when asked, as Courier between its IDLE polls): an expunge, or a FETCH
+        # on a folder without MODSEQs, is looked for now rather than at the catch-up.
+        reconcile = reconcile or told.expunged or (told.flags_changed and self._list_flags)
         try:
             status = conn.status(self.folder)
         except ImapProtocolError:
