@@ -39,7 +39,6 @@ from mailtap.dev.layout import REPO_ROOT
 
 #: Longer than the default catch-up (300 s): what nothing announces is found by then.
 TIMEOUT_S = 330.0
-ACCOUNT = "bench"
 
 
 @dataclass
@@ -105,6 +104,7 @@ def bench_changes(imap_server: str, samples: int) -> dict[str, Any]:
     with services_with(imap_server) as info:
         tag = uuid.uuid4().hex[:8]
         username, password = f"changes-{tag}@example.com", "bench"
+        account = f"changes-{tag}"
         info.add_user(username, password)
         names = {f: f"{getattr(TopicNames(), f)}.bench-{tag}" for f in TopicNames.model_fields}
         kafka = KafkaSettings(bootstrap_servers=info.bootstrap_servers, topics=TopicNames(**names))
@@ -116,7 +116,13 @@ def bench_changes(imap_server: str, samples: int) -> dict[str, Any]:
             "health": {"port": 0},
             "imap": {
                 "accounts": [
-                    {**_account(info, username, password), "folders": ["INBOX"], "start": "all"}
+                    # Its own account name: the transactional id derives from (account, folder),
+                    # so another bench's source under "bench" would fence this one.
+                    {
+                        **_account(info, username, password, name=account),
+                        "folders": ["INBOX"],
+                        "start": "all",
+                    }
                 ]
             },
         }
@@ -141,7 +147,7 @@ def bench_changes(imap_server: str, samples: int) -> dict[str, Any]:
             client.select_folder("INBOX")
             time.sleep(5.0)  # the source's start and first sync, then IDLE (or polling)
             for i in range(samples):
-                key = f"{ACCOUNT}/mid:bench-{i}-{tag}@example.com"
+                key = f"{account}/mid:bench-{i}-{tag}@example.com"
                 _say(f"{imap_server}: sample {i + 1} of {samples}")
                 since = time.monotonic()
                 client.append("INBOX", _mail(tag, i))
