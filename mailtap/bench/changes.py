@@ -39,6 +39,9 @@ from mailtap.dev.layout import REPO_ROOT
 
 #: Longer than the default catch-up (300 s): what nothing announces is found by then.
 TIMEOUT_S = 330.0
+#: Before each change: the worker is back in IDLE (or polling) after the previous change's
+#: sync, so the figure is that of a change arriving while the source waits, not during a sync.
+SETTLE_S = 3.0
 
 
 @dataclass
@@ -154,9 +157,11 @@ def bench_changes(imap_server: str, samples: int) -> dict[str, Any]:
                 new.append(seen.wait(key, since, lambda c, _f: c == "ADDED"))
                 client.noop()
                 (uid,) = client.search(["HEADER", "Message-ID", f"bench-{i}-{tag}@example.com"])
+                time.sleep(SETTLE_S)
                 since = time.monotonic()
                 client.add_flags([uid], [b"\\Flagged"])
                 flagged.append(seen.wait(key, since, lambda c, f: "\\Flagged" in f))
+                time.sleep(SETTLE_S)
                 since = time.monotonic()
                 client.delete_messages([uid])
                 client.uid_expunge([uid])
