@@ -27,10 +27,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from connectors.core.config import ClientCredentialsSettings
-from connectors.core.source.ownership.group import GroupSettings
 from connectors.core.source.settings import (
     START_DESCRIPTION,
-    check_section,
+    SourceSettings,
     start_since,
     validate_start,
 )
@@ -163,8 +162,10 @@ class ImapAccountSettings(_Strict):
         return self.after_commit[5:].strip() if self.after_commit.startswith("move:") else None
 
 
-class ImapSourceSettings(_Strict):
+class ImapSourceSettings(SourceSettings):
     """The whole ``imap`` section."""
+
+    ACCOUNTS_KEY = "imap.accounts"
 
     # Non-empty is checked in _unique_names: a min_length here makes pydantic add a second error
     # whose "input" is the whole account list, and the core's message would quote the passwords.
@@ -208,12 +209,6 @@ class ImapSourceSettings(_Strict):
         default="auto",
         description="auto: use QRESYNC on reconnect where the server offers it; off: list the folder",
     )
-    backoff_initial_seconds: float = Field(
-        default=1.0, gt=0, description="first reconnect delay (exponential, full jitter)"
-    )
-    backoff_cap_seconds: float = Field(
-        default=300.0, gt=0, description="longest reconnect delay; auth failures always wait it"
-    )
     dlq_topic: str | None = Field(
         default=None, description="where unparseable mails are reported; kafka.topics.dlq if unset"
     )
@@ -231,25 +226,6 @@ class ImapSourceSettings(_Strict):
     max_batch_bytes: int = Field(
         default=32 * 1024 * 1024, gt=0, description="bytes of mail per FETCH round trip"
     )
-    #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
-    max_record_bytes: int = Field(
-        default=900_000, gt=1024, description="largest event record; bodies dropped above it"
-    )
     limits: ParseLimitSettings = Field(
         default=ParseLimitSettings(), description="caps applied before parsing"
     )
-    group: GroupSettings | None = Field(
-        default=None,
-        description="share the mailboxes among the instances with the same group id "
-        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
-    )
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> ImapSourceSettings:
-        check_section(
-            [a.name for a in self.accounts],
-            self.backoff_initial_seconds,
-            self.backoff_cap_seconds,
-            accounts_key="imap.accounts",
-        )
-        return self
