@@ -52,6 +52,7 @@ from connectors.core.kafka.clients import consumer_config
 from connectors.core.kafka.readtoend import read_batches_to_end, topic_partitions
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SuppressionSettings
+from connectors.smtp.errors import AddressError
 from connectors.smtp.render import RenderedMessage
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,6 @@ CATCH_UP_TIMEOUT_S = 120.0
 #: The background consumer's poll: an entry another team writes is honoured about this soon.
 POLL_TIMEOUT_S = 0.5
 REASONS = ("HARD_BOUNCE", "SOFT_BOUNCES", "COMPLAINT", "UNSUBSCRIBE", "MANUAL")
-
-
-class AddressError(ValueError):
-    """Not an address that can be put on the list."""
 
 
 def normalize(address: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from mailtap.dev import dovecot, kafka, process, received, registry, smtp_server
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY, ENV_KAFKA_BOOTSTRAP
 
 log = logging.getLogger(__name__)
@@ -313,7 +314,7 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
     schema_registry: registry.RunningRegistry | None = None
     if registry_wanted():
         if not registry.is_installed():
-            raise process.ServiceStartError(
+            raise ServiceStartError(
                 f"registry: not built ({registry.run_jar()} is missing): run `make registry`, "
                 f"or set {ENV_DEV_REGISTRY}=off for services and a config without a schema "
                 "registry (single-object encoding)"

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from connectors.core.errors import MailtapError
+from connectors.core.errors import ConfigError, MailtapError
+
+
+class StopRequested(MailtapError):
+    """The process was asked to stop while it waited for Kafka; nothing was left half-done."""
+
+
+class KafkaUnavailable(ConfigError):
+    """The cluster did not answer within the wait; the message names the setting to check."""
 
 
 class KafkaTimeout(MailtapError, TimeoutError):
@@ -12,3 +20,11 @@ class KafkaTimeout(MailtapError, TimeoutError):
 
 class TopicReadError(MailtapError, RuntimeError):
     """Reading a topic failed with an error that a retry would not cure."""
+
+
+class FencedError(MailtapError):
+    """Another instance took over this source partition; this one must stop, not retry."""
+
+
+class TransactionAborted(MailtapError):
+    """The batch was aborted; nothing of it is visible. Re-read from the last committed cursor."""

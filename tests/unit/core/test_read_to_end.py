@@ -18,7 +18,7 @@ from confluent_kafka import (
 
 from connectors.core.errors import MailtapError
 from connectors.core.kafka import clients
-from connectors.core.kafka.errors import KafkaTimeout
+from connectors.core.kafka.errors import KafkaTimeout, StopRequested
 from connectors.core.kafka.readtoend import still_short, unread
 from connectors.core.kafka.retry import is_retriable, retry_retriable
 
@@ -116,7 +116,7 @@ def test_a_stop_request_ends_the_retries() -> None:
         raise _error(KafkaError.LEADER_NOT_AVAILABLE)
 
     try:
-        with pytest.raises(clients.StopRequested):
+        with pytest.raises(StopRequested):
             retry_retriable(call, time.monotonic() + 10, "finding the end of t")
     finally:
         clients._stop.clear()
