@@ -222,6 +222,32 @@ class ClientCredentialsSettings(StrictModel):
         return value
 
 
+class ParseLimitSettings(StrictModel):
+    """Caps applied before parsing (Python's email package is slow on hostile input).
+
+    Mirrors ``connectors.core.mail.limits.ParseLimits``; unset fields keep the parser's defaults.
+    The ``limits`` of every source section (``imap``, ``ews``).
+    """
+
+    max_message_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_lines: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_mime_depth: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_params: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_parts: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_body_bytes: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_attachments: int | None = Field(default=None, gt=0, description="parser default when unset")
+
+    def overrides(self) -> dict[str, int]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class ClaimCheckSettings(StrictModel):
     """Where large bodies, attachments and raw MIME go (referenced from events by URI)."""
 

@@ -27,8 +27,9 @@ import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from connectors.core.config import ParseLimitSettings, StrictModel
 from connectors.core.source.ownership.group import GroupSettings
 from connectors.core.source.settings import (
     START_DESCRIPTION,
@@ -43,11 +44,7 @@ SECTION = "ews"
 MAIL_FOLDERS = frozenset({"inbox", "junkemail", "sentitems", "deleteditems", "drafts"})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EwsAccountSettings(_Strict):
+class EwsAccountSettings(StrictModel):
     """One Exchange mailbox; each folder gets its own worker, subscription and cursor."""
 
     name: str = Field(min_length=1, description="account name in keys, offsets and metrics")
@@ -153,7 +150,7 @@ class EwsAccountSettings(_Strict):
         return start_since(self.start)
 
 
-class EwsSourceSettings(_Strict):
+class EwsSourceSettings(StrictModel):
     """The whole ``ews`` section."""
 
     # Not Field(min_length=1): pydantic would then echo the whole accounts list, passwords
@@ -205,6 +202,9 @@ class EwsSourceSettings(_Strict):
         default=900_000,
         gt=1024,
         description="largest Kafka record the source writes; bigger events shed bodies first",
+    )
+    limits: ParseLimitSettings = Field(
+        default=ParseLimitSettings(), description="caps applied before parsing"
     )
     group: GroupSettings | None = Field(
         default=None,
