@@ -27,8 +27,9 @@ import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from connectors.core.config import StrictModel
 from connectors.core.source.settings import (
     START_DESCRIPTION,
     SourceSettings,
@@ -42,11 +43,7 @@ SECTION = "ews"
 MAIL_FOLDERS = frozenset({"inbox", "junkemail", "sentitems", "deleteditems", "drafts"})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EwsAccountSettings(_Strict):
+class EwsAccountSettings(StrictModel):
     """One Exchange mailbox; each folder gets its own worker, subscription and cursor."""
 
     name: str = Field(min_length=1, description="account name in keys, offsets and metrics")

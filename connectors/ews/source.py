@@ -70,6 +70,7 @@ class EwsSource:
         self._serve_health = serve_health
         self._health: HealthServer | None = None
         self._claim_check = open_configured(cfg.claim_check)
+        self._limits = ParseLimits(**settings.limits.overrides())
         self._accounts = {a.name: a for a in settings.accounts}
         #: The mailbox folders this instance owns now, each with its worker and thread.
         self._runs: dict[WorkUnit, _FolderRun] = {}
@@ -95,12 +96,12 @@ class EwsSource:
         self, account: EwsAccountSettings, folder: str, stop: threading.Event
     ) -> EwsFolderWorker:
         kafka = self.cfg.kafka
-        parser = functools.partial(parse_mail, limits=ParseLimits(), claim_check=self._claim_check)
+        parser = functools.partial(parse_mail, limits=self._limits, claim_check=self._claim_check)
         builder = EwsRecordBuilder(
             account=account.name,
             folder=folder,
             parser=parser,
-            serde=AvroSerde.for_schema("MailEvent", kafka),
+            serde=AvroSerde.shared("MailEvent", kafka),
             events_topic=kafka.topics.events,
             dlq_topic=kafka.topics.dlq,
             max_record_bytes=self.settings.max_record_bytes,

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.core.config import ClientCredentialsSettings
+from connectors.core.config import ClientCredentialsSettings, StrictModel
 from connectors.core.source.settings import (
     START_DESCRIPTION,
     SourceSettings,
@@ -37,36 +37,7 @@ from connectors.core.source.settings import (
 SECTION = "imap"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ParseLimitSettings(_Strict):
-    """Caps applied before parsing (Python's email package is slow on hostile input).
-
-    Mirrors ``connectors.core.mail.limits.ParseLimits``; unset fields keep the parser's defaults.
-    """
-
-    max_message_bytes: int | None = Field(
-        default=None, gt=0, description="parser default when unset"
-    )
-    max_header_bytes: int | None = Field(
-        default=None, gt=0, description="parser default when unset"
-    )
-    max_header_lines: int | None = Field(
-        default=None, gt=0, description="parser default when unset"
-    )
-    max_mime_depth: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_params: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_parts: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_body_bytes: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_attachments: int | None = Field(default=None, gt=0, description="parser default when unset")
-
-    def overrides(self) -> dict[str, int]:
-        return {k: v for k, v in self.model_dump().items() if v is not None}
-
-
-class ImapAccountSettings(_Strict):
+class ImapAccountSettings(StrictModel):
     """One mailbox account; each folder gets its own worker, connection and cursor."""
 
     name: str = Field(min_length=1, description="account name in keys, offsets and metrics")
@@ -209,9 +180,6 @@ class ImapSourceSettings(SourceSettings):
         default="auto",
         description="auto: use QRESYNC on reconnect where the server offers it; off: list the folder",
     )
-    dlq_topic: str | None = Field(
-        default=None, description="where unparseable mails are reported; kafka.topics.dlq if unset"
-    )
     #: Claim-check blobs are fsynced on this many threads (shared by all mailboxes) while the
     #: parser goes on; a batch's blobs are durable before its transaction commits.
     claim_check_threads: int = Field(
@@ -226,6 +194,17 @@ class ImapSourceSettings(SourceSettings):
     max_batch_bytes: int = Field(
         default=32 * 1024 * 1024, gt=0, description="bytes of mail per FETCH round trip"
     )
-    limits: ParseLimitSettings = Field(
-        default=ParseLimitSettings(), description="caps applied before parsing"
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_own_dlq(cls, data: Any) -> Any:
+        # One DLQ for every component: a topic only the IMAP source wrote to was invisible to
+        # `mailtap dlq` and `mailtap status`, and the EWS source never honoured it.
+        if isinstance(data, dict) and data.get("dlq_topic") is not None:
+            raise ValueError(
+                "imap.dlq_topic is no longer read: set kafka.topics.dlq instead (the DLQ of "
+                "both sources, the sink, `mailtap dlq` and `mailtap status`)"
+            )
+        if isinstance(data, dict) and "dlq_topic" in data:
+            data = {k: v for k, v in data.items() if k != "dlq_topic"}
+        return data

@@ -110,7 +110,7 @@ class ImapSource:
         network, so start-up pays the longer one only. Not while the topics are ensured: a
         topic created a moment ago has no partition leader yet, and reading it then fails.
         """
-        serde = AvroSerde.for_schema("MailEvent", self.kafka)
+        serde = AvroSerde.shared("MailEvent", self.kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
         ensure_topics(self.kafka)
@@ -131,13 +131,12 @@ class ImapSource:
     def _account_run(self, account: ImapAccountSettings, index: AccountIndex) -> _AccountRun:
         """The workers of one account's owned folders, around the account's key index."""
         run = _AccountRun(account, index)
-        dlq_topic = self.settings.dlq_topic or self.kafka.topics.dlq
         for folder in account.folders:
             spec = BuilderSpec(
                 account=account.name,
                 folder=folder,
                 kafka=self.kafka,
-                dlq_topic=dlq_topic,
+                dlq_topic=self.kafka.topics.dlq,
                 max_record_bytes=self.settings.max_record_bytes,
                 limits=self._limits,
                 claim_check=self.config.claim_check,

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from connectors.core.config import StrictModel
+from connectors.core.config import ParseLimitSettings, StrictModel
 from connectors.core.source.ownership.group import GroupSettings
 
 __all__ = ["START_DESCRIPTION", "SourceSettings", "check_section", "start_since", "validate_start"]
@@ -85,6 +85,9 @@ class SourceSettings(StrictModel):
         default=900_000,
         gt=1024,
         description="largest Kafka record the source writes; bigger events shed bodies first",
+    )
+    limits: ParseLimitSettings = Field(
+        default=ParseLimitSettings(), description="caps applied before parsing"
     )
     group: GroupSettings | None = Field(
         default=None,

@@ -18,8 +18,8 @@ import pytest
 from connectors.core.claimcheck.local import LocalClaimCheckStore
 from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.errors import AuthenticationError
+from connectors.core.kafka.errors import FencedError, TransactionAborted
 from connectors.core.kafka.offsets import canonical_json
-from connectors.core.kafka.transactions import FencedError, TransactionAborted
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.location import SourceLocation
 from connectors.imap import backfill as backfill_module
