@@ -22,11 +22,22 @@ any TLS                ``ssl.ca.location``; verification of the chain and of the
 
 from __future__ import annotations
 
+import datetime
+import re
+from pathlib import Path
 from typing import Any
 
-from connectors.core.config import KafkaSettings
+from confluent_kafka import KafkaError
 
-__all__ = ["librdkafka_security", "uses_tls"]
+from connectors.core.config import KafkaSettings
+from connectors.core.errors import ConfigError
+
+__all__ = ["KafkaSecurityRefused", "librdkafka_security", "refusal", "uses_tls"]
+
+
+class KafkaSecurityRefused(ConfigError):
+    """The cluster answered, but the login or the TLS handshake failed: waiting longer or
+    retrying will not help; the message says which setting to change."""
 
 
 def uses_tls(kafka: KafkaSettings) -> bool:
@@ -67,3 +78,96 @@ def librdkafka_security(kafka: KafkaSettings) -> dict[str, Any]:
         if kafka.sasl_password:
             conf["sasl.password"] = kafka.sasl_password.get_secret_value()
     return conf
+
+
+#: TLS alerts a broker sends when it refuses the client's certificate (or its absence); librdkafka
+#: reports them as transport errors ("Receive failed: ... alert certificate unknown").
+_CLIENT_CERTIFICATE_REFUSED = re.compile(
+    r"alert (certificate unknown|bad certificate|certificate expired|certificate revoked|"
+    r"unknown ca|certificate required|unsupported certificate)",
+    re.IGNORECASE,
+)
+#: "sasl_ssl://127.0.0.1:9093/bootstrap: " before, "(after 5ms in state AUTH_REQ)" after.
+_BROKER_PREFIX = re.compile(r"^\S+://\S+?/\S+?: ")
+_STATE_SUFFIX = re.compile(r"\s*\(after \d+ms in state \w+\)")
+
+
+def _detail(text: str) -> str:
+    return _STATE_SUFFIX.sub("", _BROKER_PREFIX.sub("", text)).strip()
+
+
+def _expired_on(certificate: str) -> datetime.datetime | None:
+    """When the client certificate expired, if it has; None when valid or unreadable."""
+    from cryptography import x509
+
+    try:
+        cert = x509.load_pem_x509_certificate(Path(certificate).read_bytes())
+    except (OSError, ValueError):
+        return None
+    expiry = cert.not_valid_after_utc
+    return expiry if expiry < datetime.datetime.now(datetime.UTC) else None
+
+
+def refusal(kafka: KafkaSettings, error: KafkaError) -> str | None:
+    """The sentence for a client error that is an authentication or TLS failure (what was
+    refused, by whom, which setting to change), or None for any other error.
+
+    librdkafka reports these within a second of the first connection attempt, then keeps
+    retrying; only a metadata timeout ("Broker transport failure") would follow.
+
+    >>> k = KafkaSettings(bootstrap_servers="b:9093", security_protocol="SASL_SSL",
+    ...     sasl_mechanism="SCRAM-SHA-512", sasl_username="mailtap-smtp-sink", sasl_password="x")
+    >>> print(refusal(k, KafkaError(KafkaError._AUTHENTICATION, "sasl_ssl://b:9093/bootstrap: "
+    ...     "SASL authentication error: Authentication failed during authentication due to "
+    ...     "invalid credentials with SASL mechanism SCRAM-SHA-512 (after 321ms in state AUTH_REQ)")))
+    kafka: b:9093 refused the login of mailtap-smtp-sink with SCRAM-SHA-512 (SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512); check kafka.sasl_username and kafka.sasl_password
+    """
+    code, text = error.code(), error.str()
+    servers = kafka.bootstrap_servers
+    detail = _detail(text)
+    oauth = kafka.sasl_oauthbearer
+    if code == KafkaError._AUTHENTICATION:
+        if oauth is not None and ("OAUTHBEARER token" in text or "OIDC" in text):
+            return (
+                f"kafka: the token endpoint {oauth.token_url} gave client {oauth.client_id} no "
+                f"token ({detail}); check kafka.sasl_oauthbearer.client_id, client_secret and "
+                "scope"
+            )
+        if oauth is not None:
+            return (
+                f"kafka: {servers} refused the OAUTHBEARER token of client {oauth.client_id} "
+                f"({detail}); the broker must accept tokens of {oauth.token_url} (its JWKS, "
+                "issuer and audience settings)"
+            )
+        return (
+            f"kafka: {servers} refused the login of {kafka.sasl_username} with "
+            f"{kafka.sasl_mechanism} ({detail}); check kafka.sasl_username and "
+            "kafka.sasl_password"
+        )
+    if code == KafkaError._SSL or "certificate verify failed" in text:
+        trusted = kafka.ssl_ca_location or "the system's CA store"
+        return (
+            f"kafka: the TLS certificate of {servers} is not trusted ({detail}); "
+            f"kafka.ssl_ca_location ({trusted}) must hold the CA that signed the broker's "
+            "certificate, for a host name the certificate names"
+        )
+    if _CLIENT_CERTIFICATE_REFUSED.search(text):
+        certificate = kafka.ssl_certificate_location
+        if certificate is None:
+            return (
+                f"kafka: {servers} requires a client certificate (mTLS) and refused the "
+                f"connection ({detail}); set kafka.ssl_certificate_location and "
+                "kafka.ssl_key_location, or use the listener for your mechanism"
+            )
+        expired = _expired_on(certificate)
+        if expired is not None:
+            return (
+                f"kafka: {servers} refused the client certificate {certificate}: it expired on "
+                f"{expired:%Y-%m-%d %H:%M} UTC ({detail}); renew it "
+                "(kafka.ssl_certificate_location, kafka.ssl_key_location)"
+            )
+        return (
+            f"kafka: {servers} refused the client certificate {certificate} ({detail}); it "
+            "must be signed by a CA the broker trusts (kafka.ssl_certificate_location)"
+        )
+    return None

@@ -384,3 +384,24 @@ def write_client_configs(
             path.chmod(0o600)
             written.setdefault(component, {})[mechanism] = path
     return written
+
+
+def start_standalone(folder: Path, host: str = "127.0.0.1") -> tuple[SecureKafka, list[int]]:
+    """The secured broker and its OAuth server alone (no Dovecot, SMTP or registry), on free
+    ports, ready: what the secured integration tests start once per session. Returns the
+    details and the process groups to stop (`process.stop_group`)."""
+    names = ["kafka", "kafka_controller", *PORT_NAMES]
+    ports: dict[str, int] = {}
+    while len(ports) < len(names):
+        port = process.free_port(host)
+        if port not in ports.values():
+            ports[names[len(ports)]] = port
+    pids: list[int] = []
+    try:
+        info, kafka_pid, layout = launch(folder, host, ports, pids.append)
+        kafka.wait_ready(layout, kafka_pid, info.admin_bootstrap)
+    except BaseException:
+        for pid in pids:
+            process.stop_group(pid)
+        raise
+    return info, pids
