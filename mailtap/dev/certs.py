@@ -44,10 +44,12 @@ class KeyPair:
 
 
 def _name(common_name: str) -> x509.Name:
+    # Most significant first in the encoding, so the RFC 2253 form the broker's principal
+    # mapping reads is "CN=<name>,O=mailtap dev".
     return x509.Name(
         [
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANISATION),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
         ]
     )
 

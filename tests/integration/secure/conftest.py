@@ -9,6 +9,7 @@ session and shared by the tests of this folder, which keep apart by unique topic
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -62,7 +63,9 @@ def kafka_settings(secure_kafka: secure.SecureKafka) -> KafkaSettingsFor:
 @pytest.fixture(scope="session")
 def admin(secure_kafka: secure.SecureKafka) -> AdminClient:
     """An admin client on the PLAINTEXT listener: User:ANONYMOUS, a super user."""
-    return AdminClient({"bootstrap.servers": secure_kafka.admin_bootstrap})
+    # Its log lines through Python logging: librdkafka would print them to stderr itself.
+    logger = logging.getLogger("tests.secure.admin")
+    return AdminClient({"bootstrap.servers": secure_kafka.admin_bootstrap, "logger": logger})
 
 
 def create_topic(admin: AdminClient, name: str, partitions: int = 1) -> None:
