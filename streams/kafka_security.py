@@ -1,7 +1,7 @@
 """The security settings of :class:`KafkaSettings` for aiokafka (through faust), in one place.
 
-The same settings reach librdkafka through :mod:`connectors.core.kafka_security`;
-``tests/unit/streams/test_kafka_security_agree.py`` checks that both mappings agree for every
+The same settings reach librdkafka through :mod:`connectors.core.kafka.security`;
+``tests/unit/streams/test_streams_kafka_security.py`` checks that both mappings agree for every
 combination the settings model accepts.
 
 aiokafka takes TLS as an :class:`ssl.SSLContext`: the CA (``ssl_ca_location``, else the system

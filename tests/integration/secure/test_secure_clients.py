@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AclOperation, AdminClient, ResourceType
 
-from connectors.core.kafka import consumer_config, producer_config
+from connectors.core.kafka.clients import consumer_config, producer_config
 from mailtap.dev.secure import SecureKafka
 from streams.kafka_security import aiokafka_security
 from tests.integration.secure.conftest import KafkaSettingsFor, allow, create_topic, grant

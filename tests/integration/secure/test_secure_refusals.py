@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import admin_client, cluster_metadata
-from connectors.core.kafka_security import KafkaSecurityRefused
+from connectors.core.kafka.clients import admin_client, cluster_metadata
+from connectors.core.kafka.security import KafkaSecurityRefused
 from mailtap.dev.certs import CertificateAuthority
 from mailtap.dev.secure import SecureKafka
 from tests.integration.secure.conftest import KafkaSettingsFor

@@ -1,4 +1,4 @@
-"""The librdkafka mapping (connectors.core.kafka_security) and the aiokafka mapping
+"""The librdkafka mapping (connectors.core.kafka.security) and the aiokafka mapping
 (streams.kafka_security, as faust hands it to aiokafka) agree for every security combination the
 settings model accepts; the combinations it refuses are refused with a sentence.
 
@@ -21,7 +21,8 @@ from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from pydantic import ValidationError
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka_security import librdkafka_security
+from connectors.core.kafka.clients import client_config
+from connectors.core.kafka.security import librdkafka_security
 from mailtap.dev.certs import CertificateAuthority, KeyPair
 from streams.kafka_security import ClientCredentialsTokenProvider, faust_credentials
 
@@ -194,6 +195,16 @@ def test_both_client_libraries_get_the_same_security_for_every_combination(
         assert librdkafka == aiokafka, (protocol, mechanism, cert, ca)
     # PLAINTEXT/SASL_PLAINTEXT take neither certificates nor a CA; SSL takes no mechanism.
     assert (accepted, refused) == (1 + 4 + 3 * 2 + 4 * 3 * 2, 120 - 35)
+
+
+def test_every_client_gets_the_security_properties(material: Material) -> None:
+    kafka = KafkaSettings.model_validate(
+        _values(material, "SASL_SSL", "OAUTHBEARER", "encrypted-key", "private")
+    )
+    conf = client_config(kafka)
+    assert conf["ssl.key.password"] == "key-pw"
+    assert conf["sasl.oauthbearer.client.secret"] == "cs-1"
+    assert "sasl.username" not in conf
 
 
 @pytest.mark.parametrize(

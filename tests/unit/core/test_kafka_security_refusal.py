@@ -1,4 +1,4 @@
-"""connectors.core.kafka_security.refusal: each authentication / TLS failure librdkafka reports
+"""connectors.core.kafka.security.refusal: each authentication / TLS failure librdkafka reports
 (texts as librdkafka 2.16 wrote them against the secured dev broker) gets its own sentence,
 naming the setting to change; other errors are not its business."""
 
@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka_security import refusal
+from connectors.core.kafka.security import refusal
 from mailtap.dev.certs import CertificateAuthority
 
 BROKER = "127.0.0.1:9093"

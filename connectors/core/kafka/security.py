@@ -1,9 +1,9 @@
 """The security settings of :class:`KafkaSettings` as librdkafka properties, in one place.
 
 Every librdkafka client of mailtap (sources, sink, CLI commands, the streams worker's admin
-checks) gets these through :func:`connectors.core.kafka.client_config`; the streams worker's
+checks) gets these through :func:`connectors.core.kafka.clients.client_config`; the streams worker's
 aiokafka clients get the same settings from :mod:`streams.kafka_security`, and
-``tests/unit/streams/test_kafka_security_agree.py`` checks that both say the same for every
+``tests/unit/streams/test_streams_kafka_security.py`` checks that both say the same for every
 combination the settings model accepts.
 
 =====================  ===========================================================
