@@ -9,9 +9,12 @@ The same path as every component and CLI command: `connectors.core.kafka.cluster
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import admin_client, cluster_metadata
@@ -86,3 +89,22 @@ def test_token_endpoint_refuses_a_wrong_client_secret(
     sentence = _refusal(kafka)
     assert f"the token endpoint {secure_kafka.token_url} gave client mailtap-streams" in sentence
     assert "invalid_client" in sentence and "not-the-secret" not in sentence
+
+
+def test_a_command_says_why_and_exits(secure_kafka: SecureKafka, tmp_path: Path) -> None:
+    """The same sentence from the CLI (here `mailtap consume`), no traceback, exit 1."""
+    section = {**secure_kafka.kafka_section("other-team", "scram-sha-256"), "sasl_password": "no"}
+    config = tmp_path / "mailtap.yaml"
+    config.write_text(yaml.safe_dump({"kafka": section}))
+    result = subprocess.run(
+        [sys.executable, "-m", "mailtap.cli", "consume", "mail.events", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1, result.stderr
+    assert (
+        f"Error: kafka: {section['bootstrap_servers']} refused the login of other-team-reader "
+        "with SCRAM-SHA-256" in result.stderr
+    )
+    assert "Traceback" not in result.stderr and "cannot reach Kafka" not in result.stderr
