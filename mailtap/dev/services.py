@@ -508,9 +508,13 @@ def write_config(info: DevServices) -> Path:
         header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
     )
     if info.secure is not None:
+        from mailtap.demo.scenario import streams_section
+
+        # A streams section too, so that `mailtap run streams` starts from these as they are.
+        streams = {**streams_section("mailtap-dev"), "data_dir": str(info.state_dir / "streams")}
         secure_kafka.write_client_configs(
             info.secure,
-            document,
+            {**document, "streams": streams},
             "# Written by `mailtap dev up --secure`: one component, one mechanism (credentials "
             "inside: keep private).\n",
         )

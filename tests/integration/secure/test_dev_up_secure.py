@@ -19,6 +19,7 @@ from mailtap.dev import down, process, status, up
 from mailtap.dev.layout import ENV_DEV_REGISTRY
 from mailtap.dev.process import group_members
 from mailtap.dev.secure import MECHANISMS, PRINCIPALS
+from streams.config import StreamsSettings
 
 
 def test_dev_up_secure_writes_configs_that_log_in(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -41,6 +42,9 @@ def test_dev_up_secure_writes_configs_that_log_in(monkeypatch: pytest.MonkeyPatc
             kafka = load_config(written[("smtp-sink", mechanism)], env={}).kafka
             metadata = cluster_metadata(admin_client(kafka), kafka, 30)
             assert list(metadata.brokers) == [1], mechanism
+        # The streams worker starts from its configs as written (faust over aiokafka).
+        streams = load_config(written[("streams", "oauthbearer")], env={})
+        assert streams.section("streams", StreamsSettings).app_id == "mailtap-dev"
         # The plain config uses the admin listener: a super user can create topics there.
         assert load_config(info.config_path, env={}).kafka.security_protocol == "PLAINTEXT"
 
