@@ -23,6 +23,7 @@ any TLS                ``ssl.ca.location``; verification of the chain and of the
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,12 @@ def librdkafka_security(kafka: KafkaSettings) -> dict[str, Any]:
         if kafka.ssl_ca_location:
             conf["ssl.ca.location"] = kafka.ssl_ca_location
         if kafka.ssl_certificate_location and kafka.ssl_key_location:
+            password = kafka.ssl_key_password.get_secret_value() if kafka.ssl_key_password else None
+            _client_key_opens(kafka.ssl_key_location, password)
             conf["ssl.certificate.location"] = kafka.ssl_certificate_location
             conf["ssl.key.location"] = kafka.ssl_key_location
-            if kafka.ssl_key_password is not None:
-                conf["ssl.key.password"] = kafka.ssl_key_password.get_secret_value()
+            if password is not None:
+                conf["ssl.key.password"] = password
     if kafka.sasl_mechanism:
         conf["sasl.mechanism"] = kafka.sasl_mechanism
     oauth = kafka.sasl_oauthbearer
@@ -78,6 +81,36 @@ def librdkafka_security(kafka: KafkaSettings) -> dict[str, Any]:
         if kafka.sasl_password:
             conf["sasl.password"] = kafka.sasl_password.get_secret_value()
     return conf
+
+
+@functools.lru_cache(maxsize=16)
+def _client_key_opens(key_location: str, password: str | None) -> None:
+    """Raise a `ConfigError` naming the setting unless the client key opens with ``password``.
+
+    librdkafka would refuse it only when the client is built, as ``ssl.key.location failed:
+    error:...:PEM lib``; checked once per (file, password) and process.
+    """
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    try:
+        data = Path(key_location).read_bytes()
+    except OSError as exc:
+        raise ConfigError(
+            f"kafka: cannot read kafka.ssl_key_location {key_location} ({exc.strerror})"
+        ) from None
+    try:
+        load_pem_private_key(data, password.encode() if password is not None else None)
+    except TypeError:  # a password for a plain key, or none for an encrypted one
+        if password is None:
+            problem = "is encrypted: set kafka.ssl_key_password"
+        else:
+            problem = "is not encrypted: remove kafka.ssl_key_password"
+        raise ConfigError(f"kafka: the private key {key_location} {problem}") from None
+    except ValueError:
+        raise ConfigError(
+            f"kafka: cannot open the private key {key_location}: kafka.ssl_key_password is "
+            "wrong, or the file is not a PEM private key"
+        ) from None
 
 
 #: TLS alerts a broker sends when it refuses the client's certificate (or its absence); librdkafka

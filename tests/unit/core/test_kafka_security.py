@@ -1,4 +1,4 @@
-"""connectors.core.kafka.security.refusal: each authentication / TLS failure librdkafka reports
+"""connectors.core.kafka.security: each authentication / TLS failure librdkafka reports
 (texts as librdkafka 2.16 wrote them against the secured dev broker) gets its own sentence,
 naming the setting to change; other errors are not its business."""
 
@@ -151,3 +151,37 @@ def test_broker_refusing_a_token_names_the_issuer() -> None:
 )
 def test_other_errors_are_not_refusals(code: int, text: str) -> None:
     assert refusal(KafkaSettings.model_validate(SCRAM), KafkaError(code, text)) is None
+
+
+def test_a_client_key_that_does_not_open_is_a_config_error_before_any_client(
+    tmp_path: Path,
+) -> None:
+    from connectors.core.errors import ConfigError
+    from connectors.core.kafka.security import librdkafka_security
+
+    ca = CertificateAuthority.create(tmp_path / "ca")
+    locked = ca.issue(tmp_path / "locked", "c1", key_password="right")
+    plain = ca.issue(tmp_path / "plain", "c2")
+
+    def settings(pair_cert: Path, pair_key: Path, password: str | None) -> KafkaSettings:
+        values: dict[str, Any] = {
+            "bootstrap_servers": BROKER,
+            "security_protocol": "SSL",
+            "ssl_certificate_location": str(pair_cert),
+            "ssl_key_location": str(pair_key),
+        }
+        if password is not None:
+            values["ssl_key_password"] = password
+        return KafkaSettings.model_validate(values)
+
+    conf = librdkafka_security(settings(locked.certificate, locked.key, "right"))
+    assert conf["ssl.key.password"] == "right"
+    with pytest.raises(ConfigError, match=r"kafka.ssl_key_password is wrong") as wrong:
+        librdkafka_security(settings(locked.certificate, locked.key, "wrong"))
+    assert "right" not in str(wrong.value)
+    with pytest.raises(ConfigError, match=r"is encrypted: set kafka.ssl_key_password"):
+        librdkafka_security(settings(locked.certificate, locked.key, None))
+    with pytest.raises(ConfigError, match=r"is not encrypted: remove kafka.ssl_key_password"):
+        librdkafka_security(settings(plain.certificate, plain.key, "x"))
+    with pytest.raises(ConfigError, match=r"cannot read kafka.ssl_key_location"):
+        librdkafka_security(settings(plain.certificate, tmp_path / "missing.pem", None))
