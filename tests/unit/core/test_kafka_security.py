@@ -1,6 +1,7 @@
 """connectors.core.kafka.security: each authentication / TLS failure librdkafka reports
 (texts as librdkafka 2.16 wrote them against the secured dev broker) gets its own sentence,
-naming the setting to change; other errors are not its business."""
+naming the setting to change; other errors are not its business. A client key that does not
+open is refused before any client is built."""
 
 from __future__ import annotations
 
