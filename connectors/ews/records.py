@@ -19,7 +19,6 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.store import (
@@ -29,15 +28,16 @@ from connectors.core.claimcheck.store import (
     staged_batch,
 )
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail import ParsedMail
+from connectors.core.mail.event import MailEvent, SourceCoordinates
 from connectors.core.source.records import MailEventRecords
 from connectors.ews.connection import FetchedItem
 
 log = logging.getLogger(__name__)
 
-#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> an object with
-#: ``.key``, ``.event`` and ``.parse_error`` (``connectors.core.mail.parse_mail`` with limits and
-#: the claim-check store bound by the caller).
-Parser = Callable[..., Any]
+#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> ParsedMail
+#: (``connectors.core.mail.parse_mail`` with limits and the claim-check store bound by the caller).
+Parser = Callable[..., ParsedMail]
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class EwsRecordBuilder:
         """The records of ``item`` as a ``change`` (ADDED / UPDATED). Raises ClaimCheckError
         when the store fails: that is not a bad mail, and the batch must be retried rather than
         published without its content."""
-        source = {
+        source: SourceCoordinates = {
             "kind": "EWS",
             "folder": self.folder,
             "uidvalidity": None,
@@ -124,8 +124,8 @@ class EwsRecordBuilder:
                 change=change,
                 **stores,
             )
-            event: dict[str, Any] = dict(parsed.event)
-            key = str(parsed.key)
+            event: MailEvent = parsed.event.copy()
+            key = parsed.key
             value = self._records.encode(event)
         except ClaimCheckError:
             raise  # the store is down, not the mail bad: fail the batch and retry it
@@ -140,12 +140,12 @@ class EwsRecordBuilder:
             dlq = self._records.dlq(fallback, item.mime, "unparseable", repr(exc), None, located)
             return BuiltItem(item.item_id, None, (dlq,), dlq=True)
         records = self._records.event_records(key, event, value, item.mime, located)
-        return BuiltItem(item.item_id, key, tuple(records), dlq=bool(event.get("parse_error")))
+        return BuiltItem(item.item_id, key, tuple(records), dlq=bool(event["parse_error"]))
 
     def key_of(self, item: FetchedItem) -> str | None:
         """The key ``item`` is published under, without storing anything (the tombstone check
         compares it with the key of a mail that left the folder)."""
-        source = {
+        source: SourceCoordinates = {
             "kind": "EWS",
             "folder": self.folder,
             "uidvalidity": None,
@@ -164,7 +164,7 @@ class EwsRecordBuilder:
                 observed_at=dt.datetime.now(dt.UTC),
                 claim_check=None,
             )
-            return str(parsed.key)
+            return parsed.key
         except Exception:
             log.exception("ews %s/%s item %s: no key", self.account, self.folder, item.item_id)
             return None

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.store import (
@@ -30,6 +30,8 @@ from connectors.core.claimcheck.store import (
     staged_batch,
 )
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail import ParsedMail
+from connectors.core.mail.event import MailEvent, SourceCoordinates
 from connectors.core.source.records import MailEventRecords
 from connectors.imap.connection import FetchedMail
 from connectors.imap.indexlog import ChangelogPartition
@@ -52,10 +54,9 @@ def fixed(change: ChangeKind) -> Placement:
 #: Flags that describe the session, not the mail (RFC 3501 2.3.2: \Recent is per session).
 SESSION_FLAGS = frozenset({"\\Recent"})
 
-#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> ParsedMail-like
-#: object with ``.key``, ``.event`` and ``.parse_error`` (connectors.core.mail.parse_mail, with
-#: limits and the claim-check store bound by the caller).
-Parser = Callable[..., Any]
+#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> ParsedMail
+#: (connectors.core.mail.parse_mail, with limits and the claim-check store bound by the caller).
+Parser = Callable[..., ParsedMail]
 
 
 @dataclass(frozen=True)
@@ -163,13 +164,13 @@ class RecordBuilder:
         folder: str | None = None,
         blobs: ClaimCheckBatch | None = None,
         location: tuple[int, int] | None = None,
-    ) -> Any:
+    ) -> ParsedMail | Exception:
         """The parser's result, or the exception a parser bug raised (never for bad input)."""
         flags = [f for f in mail.flags if f not in SESSION_FLAGS]
         moved = folder is not None and folder != self.folder
         # After our own move the mail's UID in the target folder is known only from COPYUID.
         there = location if moved else (uidvalidity, mail.uid)
-        source = {
+        source: SourceCoordinates = {
             "kind": "IMAP",
             "folder": folder or self.folder,
             "uidvalidity": there[0] if there else None,
@@ -199,7 +200,7 @@ class RecordBuilder:
         self,
         mail: FetchedMail,
         uidvalidity: int,
-        parsed: Any,
+        parsed: ParsedMail | Exception,
         change_for: Placement,
     ) -> BuiltMail:
         located = (
@@ -209,9 +210,9 @@ class RecordBuilder:
         try:
             if isinstance(parsed, Exception):
                 raise parsed
-            event: dict[str, Any] = dict(parsed.event)
-            fingerprint = event.get("content_fingerprint")
-            key, event["change"] = change_for(str(parsed.key), fingerprint)
+            event: MailEvent = parsed.event.copy()
+            fingerprint = event["content_fingerprint"]
+            key, event["change"] = change_for(parsed.key, fingerprint)
             event["key"] = key
             value = self._records.encode(event)
         except Exception as exc:
@@ -230,14 +231,14 @@ class RecordBuilder:
             source = event["source"]
             records.append(
                 self._changelog.location(
-                    key, source["folder"], source.get("uidvalidity"), source.get("uid"), fingerprint
+                    key, source["folder"], source["uidvalidity"], source["uid"], fingerprint
                 )
             )
-        error = bool(event.get("parse_error"))
+        error = bool(event["parse_error"])
         return BuiltMail(
             mail.uid,
             key,
-            event.get("message_id"),
+            event["message_id"],
             tuple(records),
             dlq=error,
             fingerprint=fingerprint,

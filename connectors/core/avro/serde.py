@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fastavro
@@ -150,7 +150,9 @@ class AvroSerde:
             client, schema_str, conf={"subject.name.strategy": topic_subject_name_strategy}
         )
 
-    def encode(self, value: dict[str, Any], topic: str) -> bytes:
+    def encode(self, value: Mapping[str, Any], topic: str) -> bytes:
+        """The Avro value of ``value`` (a dict of this schema: for MailEvent, a
+        :class:`connectors.core.mail.event.MailEvent`) in this serde's encoding."""
         self._refuse_placeholder(value)
         if self._record_unions:
             value = self._with_branches(value)
@@ -168,7 +170,7 @@ class AvroSerde:
         fastavro.schemaless_writer(buf, self.schema.parsed, value)
         return buf.getvalue()
 
-    def _refuse_placeholder(self, value: dict[str, Any]) -> None:
+    def _refuse_placeholder(self, value: Mapping[str, Any]) -> None:
         """UNRECOGNIZED stands for "a symbol this reader does not know"; written, it would mean
         nothing, and readers of the first released schema (no enum defaults) could not read it."""
         for path in self._enum_paths:
@@ -189,7 +191,7 @@ class AvroSerde:
             prepare_subjects(self._registry_url, topic, self._schema_str, self._compatibility)
             self._prepared_topics.add(topic)
 
-    def _with_branches(self, value: dict[str, Any]) -> dict[str, Any]:
+    def _with_branches(self, value: Mapping[str, Any]) -> Mapping[str, Any]:
         """Name the branch of each top-level ``["null", record]`` union (fastavro's tuple
         notation): the same bytes, without fastavro trying the record against each branch
         (a fifth of a MailEvent's encoding time)."""

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail.event import MailEvent
 
 __all__ = ["MailEventRecords"]
 
@@ -53,15 +53,20 @@ class MailEventRecords:
         self.dlq_topic = dlq_topic
         self._max_record_bytes = max_record_bytes
 
-    def encode(self, event: dict[str, Any]) -> bytes:
+    def encode(self, event: MailEvent) -> bytes:
         """The Avro value of ``event``, under the record cap; raises ValueError when it cannot be."""
         value = self._serde.encode(event, self.events_topic)
         if len(value) <= self._max_record_bytes:
             return value
         # The bodies are capped by the parser; if a record is still too large, drop the inline
         # bodies and point at the claim-checked raw MIME (body_truncated tells consumers).
-        slim = {**event, "text_body": None, "html_body": None, "body_truncated": True}
-        slim["attachments"] = slim.get("attachments", [])[:SLIM_ATTACHMENTS]
+        slim: MailEvent = {
+            **event,
+            "text_body": None,
+            "html_body": None,
+            "body_truncated": True,
+            "attachments": event["attachments"][:SLIM_ATTACHMENTS],
+        }
         value = self._serde.encode(slim, self.events_topic)
         if len(value) > self._max_record_bytes:
             raise ValueError(f"event of {len(value)} bytes exceeds the record cap")
@@ -70,19 +75,18 @@ class MailEventRecords:
     def event_records(
         self,
         key: str,
-        event: dict[str, Any],
+        event: MailEvent,
         value: bytes,
         raw: bytes,
         source_headers: Sequence[tuple[str, bytes]],
     ) -> list[SourceRecord]:
         """The event, plus its DLQ report when the parser flagged ``parse_error``."""
         records = [SourceRecord(self.events_topic, key.encode(), value)]
-        error = event.get("parse_error")
+        error = event["parse_error"]
         if error:
-            raw_ref = event.get("raw_ref") or {}
-            records.append(
-                self.dlq(key, raw, "parse_error", str(error), raw_ref.get("uri"), source_headers)
-            )
+            raw_ref = event["raw_ref"]
+            raw_uri = raw_ref["uri"] if raw_ref is not None else None
+            records.append(self.dlq(key, raw, "parse_error", error, raw_uri, source_headers))
         return records
 
     def dlq(
