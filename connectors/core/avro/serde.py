@@ -29,12 +29,7 @@ from typing import Any
 
 import fastavro
 
-from connectors.core.avro.registry import (
-    DEFAULT_COMPATIBILITY,
-    Compatibility,
-    prepare_subjects,
-    registry_client,
-)
+from connectors.core.avro.registry import prepare_subjects, registry_client
 from connectors.core.avro.schemas import (
     SCHEMAS_DIR_ENV,
     TOPIC_SCHEMAS,
@@ -44,7 +39,7 @@ from connectors.core.avro.schemas import (
     load_schema,
     schemas_dir,
 )
-from connectors.core.config import KafkaSettings
+from connectors.core.config import DEFAULT_COMPATIBILITY, Compatibility, KafkaSettings
 from connectors.core.errors import DataError
 
 __all__ = [
