@@ -14,6 +14,7 @@ included: a reader may meet it, a writer never writes it, and the serde refuses 
 ``timestamp-millis`` -> an aware ``datetime``. tests/unit/mail/test_event_schema.py fails when
 these types and the schema files drift apart.
 
+``Address`` is the one of :mod:`connectors.core.avro.shared` (the reply command has it too).
 ``from`` is a Python keyword, so :data:`MailEvent` uses the functional TypedDict syntax.
 """
 
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Literal, TypedDict
+
+from connectors.core.avro.shared import Address
 
 __all__ = [
     "Address",
@@ -41,13 +44,6 @@ KeyKindSymbol = Literal["MESSAGE_ID", "FINGERPRINT", "UNRECOGNIZED"]
 ChangeKindSymbol = Literal["ADDED", "UPDATED", "RESCANNED", "UNRECOGNIZED"]
 #: ``io.mailtap.v1.SourceKind``.
 SourceKindSymbol = Literal["IMAP", "EWS", "UNRECOGNIZED"]
-
-
-class Address(TypedDict):
-    """``io.mailtap.v1.Address`` (schemas/io.mailtap.v1.Address.avsc)."""
-
-    name: str | None
-    address: str
 
 
 class SourceCoordinates(TypedDict):
