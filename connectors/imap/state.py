@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 
 from connectors.core.source import state
+from connectors.core.source.errors import IllegalTransition
 from connectors.core.source.location import SourceLocation
-from connectors.core.source.state import IllegalTransition
 
 __all__ = ["ALLOWED", "IllegalTransition", "StateMachine", "WorkerState"]
 

@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import Generic, TypeVar
 
+from connectors.core.source.errors import IllegalTransition
 from connectors.core.source.location import SourceLocation
 
 __all__ = ["IllegalTransition", "StateMachine"]
@@ -24,10 +25,6 @@ __all__ = ["IllegalTransition", "StateMachine"]
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=enum.Enum)
-
-
-class IllegalTransition(RuntimeError):
-    """A bug: the worker tried a transition its diagram does not have."""
 
 
 class StateMachine(Generic[E]):
