@@ -41,6 +41,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy connectors streams mailtap
+	$(VENV)/bin/lint-imports --no-logo
 
 # The container image with podman (deploy/podman/build-image.sh: podman, runc and mmdebstrap from
 # apt, a private containers.conf, the base image from the Debian mirror; all cached).
