@@ -70,7 +70,7 @@ class FlagSnapshot:
         """UIDs whose listed flags differ from the ones last seen, ascending; UIDs seen for the
         first time only become the baseline. A changed UID keeps its old flags until the
         caller publishes it and calls :meth:`remember` (a failed commit finds it again).
-        Expunged UIDs (not listed) are left to the expunge check, which calls :meth:`forget`.
+        Expunged UIDs (not listed) go at the end of a whole listing (:meth:`retain`).
 
         >>> snap = FlagSnapshot()
         >>> snap.remember(7, [(1, ["\\\\Seen"]), (2, [])])
@@ -95,6 +95,11 @@ class FlagSnapshot:
     def forget(self, uids: Iterable[int]) -> None:
         for uid in uids:
             self._flags.pop(uid, None)
+
+    def retain(self, uids: set[int]) -> None:
+        """Keep only ``uids`` (those a whole listing found): the others were expunged."""
+        for uid in [u for u in self._flags if u not in uids]:
+            del self._flags[uid]
 
     def __len__(self) -> int:
         return len(self._flags)

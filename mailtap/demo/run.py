@@ -28,8 +28,8 @@ from imapclient import IMAPClient
 from connectors.core.config import load_config
 from connectors.core.kafka.topics import ensure_topics
 from mailtap.components import Pipeline, wait_for
-from mailtap.demo import scenario
 from mailtap.demo.trace import RunTrace, Tracer
+from mailtap.dev import scenario
 from mailtap.dev import services as dev
 
 #: How long the demo waits for each stage. Generous: the first run on a cold JVM and a fresh

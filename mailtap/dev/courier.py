@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import dovecot, process
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import REPO_ROOT
 
 #: Courier's IMAP server, unpacked from the Debian package by deploy/bootstrap.sh.
@@ -83,7 +84,7 @@ def maildir(layout: CourierLayout, username: str) -> Path:
 
 def render(layout: CourierLayout, host: str, port: int) -> None:
     if not IMAPD.exists():
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"courier: {IMAPD} is missing: run deploy/bootstrap.sh (it installs courier-base "
             "and unpacks courier-imap)"
         )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import dovecot, process
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import REPO_ROOT, render_template
 
 #: Where deploy/bootstrap.sh unpacks the ``cyrus-imapd`` package (imapd, idled).
@@ -74,7 +75,7 @@ def layout_for(state_dir: Path) -> CyrusLayout:
 
 def _binary(path: Path) -> str:
     if not path.exists():
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"cyrus: {path} is missing: run deploy/bootstrap.sh (it installs cyrus-common and "
             f"sasl2-bin and unpacks cyrus-imapd into {IMAPD_ROOT})"
         )
@@ -139,7 +140,7 @@ def start(layout: CyrusLayout) -> int:
     master = _binary(COMMON_BIN / "master")
     leftover = leftover_master(layout)
     if leftover is not None:
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"cyrus: an earlier master (pid {leftover}) still runs from {layout.root}; stop it "
             f"(`mailtap dev down` or kill {leftover}) and retry"
         )

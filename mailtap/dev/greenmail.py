@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import dovecot, process
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import REPO_ROOT, TEMPLATES
 
 POM = TEMPLATES / "greenmail" / "pom.xml"
@@ -111,7 +112,7 @@ def _settings(layout: GreenMailLayout) -> dict[str, object]:
 def start(layout: GreenMailLayout) -> int:
     jar = _jar()
     if jar is None:
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"greenmail: not resolved ({libs()} has no jar): run `make greenmail`"
         )
     s = _settings(layout)

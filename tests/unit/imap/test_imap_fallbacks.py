@@ -72,3 +72,5 @@ def test_forgotten_uids_take_no_memory() -> None:
     snap.remember(7, [(u, ["\\Seen"]) for u in range(1, 101)])
     snap.forget(range(1, 51))
     assert len(snap) == 50
+    snap.retain({60, 70, 1000})  # what a whole listing found: the rest was expunged
+    assert len(snap) == 2
