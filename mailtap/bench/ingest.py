@@ -346,11 +346,16 @@ class RawIdle:
         self.seen = threading.Event()
         self.at = 0.0
         self._stop = threading.Event()
+        self._idling = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
+        # The first APPEND only once IDLE is on: GreenMail sends an EXISTS that comes before
+        # its "+ idling" as is, which imapclient's idle() refuses ("Unexpected IDLE response").
+        self._idling.wait(10)
 
     def _loop(self) -> None:
         self.client.idle()
+        self._idling.set()
         while not self._stop.is_set():
             for response in self.client.idle_check(timeout=0.2):
                 if len(response) > 1 and response[1] == b"EXISTS":
