@@ -146,7 +146,10 @@ def start(layout: CyrusLayout) -> int:
         )
     # master stays in the foreground without -d; its services log to syslog and stderr.
     argv = [master, "-C", str(layout.config), "-M", str(layout.master_config)]
-    return process.spawn([*argv, "-p", str(layout.pid_file)], layout.log)
+    # As root, started as the mail user rather than left to drop root itself: that change of
+    # user would clear the tie to the test session (PR_SET_PDEATHSIG, process.spawn).
+    user = dovecot.mail_identity()[0] if os.geteuid() == 0 else None
+    return process.spawn([*argv, "-p", str(layout.pid_file)], layout.log, user=user)
 
 
 def leftover_master(layout: CyrusLayout) -> int | None:
