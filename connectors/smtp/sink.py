@@ -68,7 +68,6 @@ from connectors.core import tracing
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka import (
     consumer_config,
-    ensure_topics,
     init_transactions,
     producer_config,
 )
@@ -96,6 +95,7 @@ from connectors.smtp.state import (
     read_state,
 )
 from connectors.smtp.suppression import SuppressionTable, screen
+from connectors.smtp.topics import ensure_sink_topics
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,9 @@ class SmtpSink:
     # --- start / stop -------------------------------------------------------------------------
 
     def start(self) -> None:
-        ensure_topics(self.kafka, retry_tiers=self.settings.retry_tiers)
+        ensure_sink_topics(
+            self.kafka, self.settings.retry_tiers, suppressions=self.suppressions is not None
+        )
         commands = self.topics.commands
         counts = partition_counts(self.kafka, [commands])
         ensure_state_topic(self.kafka, self.settings.state_topic, counts[commands])
