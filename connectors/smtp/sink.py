@@ -572,10 +572,12 @@ class SmtpSink:
         # Rendering costs about a millisecond of CPU per message: done while the broker commits
         # the intents, it is out of the time a slot is held. The result is used only after the
         # commit (a RenderError is a FAILED outcome with the INTENT recorded, as before).
-        await asyncio.sleep(0)  # let the commit's thread start first
-        for item in round_.starting:
-            self._render(item)
-        await commit
+        try:
+            await asyncio.sleep(0)  # let the commit's thread start first
+            for item in round_.starting:
+                self._render(item)
+        finally:
+            await commit  # an unexpected render error is raised once the commit is settled
         self.rounds_total += 1
 
     def _admit(
