@@ -27,10 +27,8 @@ from connectors.core.config import TopicNames
 from connectors.core.serde import AvroSerde
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
-from connectors.smtp.errors import RenderError
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.metrics import SinkMetrics
-from connectors.smtp.render import RenderedMessage
 from connectors.smtp.retry import GiveUp, Retry, RetryInfo, dlq_headers, plan_next
 from connectors.smtp.state import CommandState, StateStore
 
@@ -77,8 +75,6 @@ class Work:
     """Why the command was given up before this attempt (max lifetime): FAILED + DLQ."""
     trace: list[tuple[str, bytes]] = field(default_factory=list)
     """Headers of the send's span (tracing on and a send made)."""
-    rendered: RenderedMessage | RenderError | None = None
-    """The message to send, or why it cannot be built; rendered while its INTENT commits."""
 
     @property
     def command_id(self) -> str:

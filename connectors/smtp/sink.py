@@ -19,6 +19,7 @@ Lifecycle (one asyncio task; the transactions of step 2c run in a worker thread 
       it back when its outcome is committed -- DeliveryEvents (one per recipient), the new
       state, retry or DLQ records. Each round is one Kafka transaction holding the outcomes that
       came in since the last round and the intents of the commands taking the freed slots;
+      their sends go up to the content while it commits, the final "." only once it has;
       a RenderError is a FAILED outcome with its reason, and nothing is sent; a recipient on
       the suppression list (``kafka.topics.suppressions``, followed while running by
       :class:`~connectors.smtp.suppression.SuppressionTable`) is not sent to: SUPPRESSED;
@@ -58,7 +59,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -106,11 +107,12 @@ TEST_HOOK_ENV = "MAILTAP_SMTP_SINK_TEST_HOOK"
 #: Poll timeout: short, so due retries are resumed and a stop request is seen promptly.
 POLL_TIMEOUT_S = 0.2
 PRODUCER_COMPRESSION = "lz4"
-#: Transactional producers of one sink, each committing its own rounds. A producer has one
-#: transaction at a time and, right after a commit, its next one is often refused by the
-#: coordinator still writing the markers of the last (CONCURRENT_TRANSACTIONS, retried by
-#: librdkafka after ~20 ms, measured in ~1 of 5 back-to-back commits). With two, an outcome
-#: waits for a free lane rather than behind that, and the relay keeps working meanwhile.
+#: Transactional producers of one sink, each committing its own rounds, taken in turn. A
+#: producer has one transaction at a time and, right after a commit, its next one is often
+#: refused by the coordinator still writing the markers of the last (CONCURRENT_TRANSACTIONS,
+#: retried by librdkafka after ~20 ms, measured in ~1 of 5 back-to-back commits). In turn,
+#: each producer's commits are two rounds apart; a round cut short by GROUP_WAIT_S does not
+#: hold the next one either.
 COMMIT_LANES = 2
 #: Cap of an outcome's wait for the replies of its group (see SmtpSink._deliver): a slow send
 #: (a rate limit, a slow relay) must not hold the other outcomes, and their slots, for long.
@@ -137,6 +139,8 @@ class _Round:
     offsets: dict[tuple[str, int], int] | None
     surplus: int = 0
     """Slots freed by this round's outcomes and not taken by its intents: free once committed."""
+    committed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the round has committed: the final "." of its ``starting`` may go out."""
 
 
 class SmtpSink:
@@ -439,14 +443,17 @@ class SmtpSink:
         A command holds a slot from the round that records its INTENT to the round that records
         its outcome, so at most ``pool_size`` commands are ever INTENT at once: a kill -9 leaves
         at most that many UNKNOWN (and resent), however large the batch. A round is one
-        transaction on one of the COMMIT_LANES producers: the outcomes that came in and the
-        intents of the commands taking the slots these outcomes free (or slots already free).
-        Rounds commit in worker threads, on different lanes at once, while the other slots go on
-        sending: an outcome waits for a free lane, not for the round in progress, and the relay
-        is not left idle while a round commits. A slot freed by a round's outcome is only taken
-        by that round's intents, or by later rounds once it has committed, so whichever rounds
-        a kill interrupts, the INTENTs without an outcome never exceed ``pool_size``.
-        The consumer offsets go with the last round, once every other round has committed.
+        transaction on one of the COMMIT_LANES producers: the outcomes that came in (a pool's
+        worth, or what came within GROUP_WAIT_S) and the intents of the commands taking the
+        slots these outcomes free (or slots already free), so about a quarter of a transaction
+        per mail with the default pool. The sends of a round's intents start with the round,
+        render and go as far as DATA and the content while the round commits in a worker
+        thread, and write their final "." once it has committed: the relay reads them while
+        the broker commits, and can accept none of them before their INTENT is recorded. A
+        slot freed by a round's outcome is only taken by that round's intents, or by later
+        rounds once it has committed, so whichever rounds a kill interrupts, the INTENTs
+        without an outcome never exceed ``pool_size``. The consumer offsets go with the last
+        round, once every other round has committed.
         """
         queue = deque(to_send)
         unsent, replied = list(known), list[Work]()  # outcomes not yet in a round
@@ -455,7 +462,7 @@ class SmtpSink:
         rounds: dict[asyncio.Task[None], _Round] = {}
         idle = list(self._recorders)
         free = self.settings.pool_size
-        group = math.ceil(self.settings.pool_size / COMMIT_LANES)
+        group = self.settings.pool_size
         group_deadline = math.inf
         started = time.monotonic()
         try:
@@ -471,11 +478,10 @@ class SmtpSink:
                     await self._record(round_)
                     return
                 # Nothing is recorded while every lane is busy: what comes in meanwhile joins
-                # the next round. A round also waits (at most GROUP_WAIT_S) until it has a
-                # group's worth of replies when the sends in flight can still make one: the
-                # pool then works in halves, one sending while the other one's round commits,
-                # at half a transaction per mail. Once nothing is left to start, the outcomes
-                # wait for the last round.
+                # the next round. A round also waits (at most GROUP_WAIT_S) for a pool's worth
+                # of replies when the sends in flight can still make one: one transaction per
+                # pool of mails. Once nothing is left to start, the outcomes wait for the last
+                # round.
                 grouped = (
                     len(replied) >= group
                     or len(replied) + len(sending) < group
@@ -497,9 +503,12 @@ class SmtpSink:
                     unsent, replied, dead_letters = [], [], []
                     rounds[asyncio.create_task(self._record(round_))] = round_
                     group_deadline = math.inf
-                # The rate-limit budget is the batch's (as when every message of the batch
-                # waited at once): a throttled batch still ends well inside max.poll.interval.ms.
-                budget = max(0.0, self.settings.max_rate_wait - (time.monotonic() - started))
+                    # The sends start now and stop before their final "." until the round has
+                    # committed: the relay reads envelopes and contents while the broker commits.
+                    budget = max(0.0, self.settings.max_rate_wait - (time.monotonic() - started))
+                    for item in round_.starting:
+                        task = asyncio.create_task(self._send(item, budget, round_.committed))
+                        sending[task] = item
                 done, _ = await asyncio.wait(
                     [*sending, *rounds],
                     timeout=max(0.0, group_deadline - time.monotonic()) if replied else None,
@@ -518,9 +527,8 @@ class SmtpSink:
                     free += round_.surplus
                     if round_.starting:
                         self._test_hook("kill_after_intent")
-                    for item in round_.starting:
-                        sending[asyncio.create_task(self._send(item, budget))] = item
-                if replied and not sending and not any(r.starting for r in rounds.values()):
+                    round_.committed.set()
+                if replied and not sending:
                     self._test_hook("kill_after_send")
         finally:
             for task in sending:
@@ -566,18 +574,7 @@ class SmtpSink:
         # The records are queued here, in the loop (the state store is the loop's); the commit
         # waits for the broker in a thread (librdkafka releases the GIL), the sends go on.
         recorder.stage(write)
-        commit = asyncio.ensure_future(
-            asyncio.to_thread(recorder.commit, round_.offsets, self._consumer)
-        )
-        # Rendering costs about a millisecond of CPU per message: done while the broker commits
-        # the intents, it is out of the time a slot is held. The result is used only after the
-        # commit (a RenderError is a FAILED outcome with the INTENT recorded, as before).
-        try:
-            await asyncio.sleep(0)  # let the commit's thread start first
-            for item in round_.starting:
-                self._render(item)
-        finally:
-            await commit  # an unexpected render error is raised once the commit is settled
+        await asyncio.to_thread(recorder.commit, round_.offsets, self._consumer)
         self.rounds_total += 1
 
     def _admit(
@@ -691,18 +688,24 @@ class SmtpSink:
         log.warning("render failed command_id=%s reason=%s", item.command_id, exc.reason)
         item.outcomes = [RecipientOutcome(None, DeliveryStatus.FAILED, diagnostic=exc.reason)]
 
-    async def _send(self, item: Work, max_rate_wait: float) -> None:
-        if not self.kafka.tracing.enabled:
-            await self._attempt(item, max_rate_wait)
-            return
-        # The send is a span under the command's; its outcome events carry it on.
-        with tracing.span_headers("smtp.send", item.record.headers()) as headers:
-            item.trace = headers
-            await self._attempt(item, max_rate_wait)
+    async def _send(self, item: Work, max_rate_wait: float, committed: asyncio.Event) -> None:
+        """Render and send ``item``, its final "." only once its INTENT has ``committed``.
 
-    def _render(self, item: Work) -> None:
+        Ends only after that commit too, whatever the outcome (nothing to send, refused before
+        DATA): an outcome must never be recorded before its intent.
+        """
+        if not self.kafka.tracing.enabled:
+            await self._attempt(item, max_rate_wait, committed)
+        else:
+            # The send is a span under the command's; its outcome events carry it on.
+            with tracing.span_headers("smtp.send", item.record.headers()) as headers:
+                item.trace = headers
+                await self._attempt(item, max_rate_wait, committed)
+        await committed.wait()
+
+    async def _attempt(self, item: Work, max_rate_wait: float, committed: asyncio.Event) -> None:
         try:
-            item.rendered = render(
+            rendered = render(
                 item.command,
                 fetch_blob=self.fetch_blob,
                 verp_domain=self.settings.verp_domain,
@@ -711,16 +714,8 @@ class SmtpSink:
                 unsubscribe=self.settings.suppression.list_unsubscribe,
             )
         except RenderError as exc:
-            item.rendered = exc
-
-    async def _attempt(self, item: Work, max_rate_wait: float) -> None:
-        if item.rendered is None:
-            self._render(item)
-        rendered = item.rendered
-        if isinstance(rendered, RenderError):
-            self._render_failed(item, rendered)
+            self._render_failed(item, exc)
             return
-        assert rendered is not None
         # Suppressed recipients are not sent to: their outcome is SUPPRESSED, the others go on.
         rendered, item.outcomes = screen(rendered, self.suppressions)
         if not rendered.recipients:
@@ -747,7 +742,7 @@ class SmtpSink:
             ]
             return
         try:
-            report = await self.pool.send(rendered)
+            report = await self.pool.send(rendered, committed)
             item.outcomes += classify_report(rendered.recipients, report)
             self.sent_total += 1
         except SmtpTransportError as exc:
