@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from connectors.core.config import KafkaSettings
-from connectors.core.encoding import check_topic_encodings
-from connectors.core.kafka import ensure_topic_specs, topic_specs
+from connectors.core.kafka.encoding import check_topic_encodings
+from connectors.core.kafka.topics import ensure_topic_specs, topic_specs
 
 
 def sink_topic_names(
@@ -29,7 +29,7 @@ def sink_topic_names(
 def ensure_sink_topics(
     kafka: KafkaSettings, retry_tiers: Iterable[str], *, suppressions: bool
 ) -> dict[str, str]:
-    """:func:`connectors.core.kafka.ensure_topics` for the sink's topics only.
+    """:func:`connectors.core.kafka.topics.ensure_topics` for the sink's topics only.
 
     Raises ConfigError when one of them holds records of the other encoding than this
     configuration writes. Returns ``{topic: "created" | "updated" | "ok"}``.

@@ -12,10 +12,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from smtp_harness import sink_config
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import ensure_topics, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import producer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.sink import SmtpSink
 from connectors.smtp.topics import sink_topic_names
