@@ -1,6 +1,6 @@
 """``mailtap mailboxes add|remove|reset|list``: change the folders the sources publish, at runtime.
 
-Changes go to the compacted mailboxes topic (``connectors.core.mailboxes``); every running
+Changes go to the compacted mailboxes topic (``connectors.core.source.ownership.catalog``); every running
 source instance follows it within a second, no restart. The account must be defined in the
 configuration (its credentials live there); a new account needs a configuration change and a
 restart of the instances.
@@ -17,7 +17,16 @@ from typing import Any
 
 import click
 
-from connectors.core.assignment import (
+from connectors.core.config import MailtapConfig, load_config
+from connectors.core.errors import ConfigError
+from connectors.core.source.ownership.catalog import (
+    ADDED,
+    REMOVED,
+    MailboxCatalog,
+    read_changes,
+    write_change,
+)
+from connectors.core.source.ownership.group import (
     GroupSettings,
     Owner,
     WorkUnit,
@@ -25,9 +34,6 @@ from connectors.core.assignment import (
     by_folder,
     describe_owners,
 )
-from connectors.core.config import MailtapConfig, load_config
-from connectors.core.errors import ConfigError
-from connectors.core.mailboxes import ADDED, REMOVED, MailboxCatalog, read_changes, write_change
 from mailtap.commands.common import config_option
 
 #: source kind -> (section, model path, placement)
