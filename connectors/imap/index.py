@@ -43,8 +43,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
-from connectors.core.kafka.clients import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka.clients import consumer_config, raise_if_stopping
 from connectors.core.kafka.offsets import OffsetStore
+from connectors.core.kafka.retry import topic_metadata, transient
 from connectors.core.mail.identity import key_candidates, message_id_of_key
 from connectors.imap.cursor import SOURCE
 from connectors.imap.indexlog import READ_TO_END, ChangelogPartition, IndexChangelog, Row
@@ -542,9 +543,9 @@ def _scan_events(
     started = time.monotonic()
     records = 0
     try:
-        metadata = cluster_metadata(consumer, kafka, 10, topic)
-        partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
-        if not partitions or metadata.topics[topic].error is not None:
+        found = topic_metadata(consumer, kafka, topic, timeout)
+        partitions = found.partitions if found is not None else {}
+        if not partitions:
             return 0
         pending = set(partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
@@ -558,6 +559,8 @@ def _scan_events(
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         pending.discard(msg.partition())
+                        continue
+                    if transient(err):  # a leader that moved: the consumer fetches again
                         continue
                     raise RuntimeError(f"reading {topic}: {err}")
                 records += 1

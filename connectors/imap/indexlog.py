@@ -41,6 +41,7 @@ from connectors.core.kafka.clients import (
     producer_config,
     raise_if_stopping,
 )
+from connectors.core.kafka.retry import transient
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
 from connectors.core.kafka.transactions import SourceRecord
 
@@ -185,6 +186,8 @@ class IndexChangelog:
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
                             pending.discard(msg.partition())
+                            continue
+                        if transient(err):  # a leader that moved: the consumer fetches again
                             continue
                         raise RuntimeError(f"reading {self.topic}: {err}")
                     found.records_read += 1

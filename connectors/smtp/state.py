@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Literal
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -46,6 +47,7 @@ from connectors.core.kafka.clients import (
     consumer_config,
     raise_if_stopping,
 )
+from connectors.core.kafka.retry import REQUEST_S, retry_transient, topic_metadata
 from connectors.core.kafka.topics import COMPACTED
 
 log = logging.getLogger(__name__)
@@ -178,9 +180,9 @@ def read_state(
         return store
     consumer = Consumer(consumer_config(kafka, group_id=f"{topic}.reader"))
     try:
-        metadata = cluster_metadata(consumer, kafka, 30, topic)
+        found = topic_metadata(consumer, kafka, topic, 30)
         wanted = sorted(
-            p for p in metadata.topics[topic].partitions if partitions is None or p in partitions
+            p for p in (found.partitions if found else {}) if partitions is None or p in partitions
         )
         ends: dict[int, int] = {}
         assignment = []
@@ -188,7 +190,11 @@ def read_state(
             tp = TopicPartition(topic, partition)
             # With isolation.level=read_committed the "high" watermark librdkafka returns is the
             # last stable offset, so an aborted or open transaction does not make us wait for it.
-            low, high = consumer.get_watermark_offsets(tp, timeout=30, cached=False)
+            low, high = retry_transient(
+                partial(consumer.get_watermark_offsets, tp, timeout=REQUEST_S, cached=False),
+                f"watermarks of {topic}[{partition}]",
+                30,
+            )
             if high > low:
                 ends[partition] = high
                 assignment.append(TopicPartition(topic, partition, low))

@@ -43,13 +43,15 @@ import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.clients import cluster_metadata, consumer_config
+from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.retry import REQUEST_S, retry_transient, topic_metadata
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SuppressionSettings
 from connectors.smtp.render import RenderedMessage
@@ -220,14 +222,16 @@ class SuppressionTable:
         self._consumer = consumer
         self._stop.clear()  # a sink started again after close() follows the topic again
         self._entries = {}
-        metadata = cluster_metadata(consumer, self.kafka, 30, self.topic)
-        topic = metadata.topics.get(self.topic)
+        topic = topic_metadata(consumer, self.kafka, self.topic, 30)
         partitions = sorted(topic.partitions) if topic is not None else []
         ends = {}
         for p in partitions:
             # read_committed: "high" is the last stable offset (see connectors.smtp.state).
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=30, cached=False
+            tp = TopicPartition(self.topic, p)
+            low, high = retry_transient(
+                partial(consumer.get_watermark_offsets, tp, timeout=REQUEST_S, cached=False),
+                f"watermarks of {self.topic}[{p}]",
+                30,
             )
             if high > low:
                 ends[p] = high

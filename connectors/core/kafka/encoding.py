@@ -30,7 +30,8 @@ from connectors.core.avro.schemas import known_writers
 from connectors.core.avro.serde import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka.clients import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka.clients import cluster_metadata, consumer_config
+from connectors.core.kafka.retry import REQUEST_S, retry_transient, transient
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,8 @@ def topic_encodings(
                 if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard((msg.topic(), msg.partition()))
                     continue
+                if transient(error):  # a leader that moved: the consumer fetches again
+                    continue
                 raise KafkaException(error)
             encoding = encoding_of(msg.value())
             if encoding is not None:
@@ -134,21 +137,18 @@ def topic_encodings(
 
 
 def _watermarks(consumer: Consumer, tp: TopicPartition, timeout: float) -> tuple[int, int]:
-    """(low, high) of a partition; retried until ``timeout`` whatever the error: a topic created
-    or reassigned a moment ago answers NOT_LEADER or UNKNOWN_TOPIC_OR_PART for a while, and a
-    busy broker lets a single request time out (_TIMED_OUT, which librdkafka does not flag as
-    retriable) — none of them says anything about the topic's encoding."""
-    deadline = time.monotonic() + timeout
-    attempt_timeout = max(1.0, timeout / 4)
-    while True:
-        raise_if_stopping()
-        try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=attempt_timeout, cached=False)
-            return int(low), int(high)
-        except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    """(low, high) of a partition, retried while the broker answers a transient error
+    (connectors.core.kafka.retry): a topic created or reassigned a moment ago answers NOT_LEADER
+    or UNKNOWN_TOPIC_OR_PART for a while, and a busy broker lets a single request time out —
+    none of them says anything about the topic's encoding."""
+    low, high = retry_transient(
+        lambda: consumer.get_watermark_offsets(
+            tp, timeout=max(1.0, min(REQUEST_S, timeout / 4)), cached=False
+        ),
+        f"watermarks of {tp.topic}[{tp.partition}]",
+        timeout,
+    )
+    return int(low), int(high)
 
 
 def check_topic_encodings(

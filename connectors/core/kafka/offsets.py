@@ -29,10 +29,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import (
     admin_client,
-    cluster_metadata,
     consumer_config,
     raise_if_stopping,
 )
+from connectors.core.kafka.retry import retry_transient, topic_metadata, transient
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
     while True:
         try:
             metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+            if metadata is not None and metadata.error is not None and transient(metadata.error):
+                raise KafkaException(metadata.error)  # a leader being elected: not "no topic"
             if metadata is None or metadata.error is not None or not metadata.partitions:
                 return
             parts = [TopicPartition(topic, p) for p in metadata.partitions]
@@ -82,23 +84,20 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
             waiting = f"last stable offsets {stable}, ends {target}"
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            # A new topic's leader may not be known yet (the error comes without the retriable
-            # flag when the admin client passes on the broker's answer).
-            if not error.retriable() and error.code() not in _LEADERSHIP_ERRORS:
+            # A new topic's leader may not be known yet, or a leader moves (the error comes
+            # without the retriable flag when the admin client passes on the broker's answer).
+            if not transient(error):
                 raise
             waiting = error.str()
+            # librdkafka's admin client does not refresh its metadata on these answers: with
+            # the leader epoch it cached, a moved leader answers FENCED_LEADER_EPOCH forever
+            # (seen here for 60 s). A new client asks the cluster afresh.
+            admin = admin_client(kafka)
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"{topic}: transactions open on it did not end within {timeout:.0f}s ({waiting})"
             )
         time.sleep(0.1)
-
-
-_LEADERSHIP_ERRORS = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-)
 
 
 def _ends(admin: AdminClient, parts: list[TopicPartition], level: IsolationLevel) -> dict[int, int]:
@@ -142,15 +141,20 @@ class OffsetStore:
         )
         offsets: dict[bytes, dict[str, Any]] = {}
         try:
-            metadata = cluster_metadata(consumer, self._kafka, 10, topic)
-            partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
+            found = topic_metadata(consumer, self._kafka, topic, timeout)
+            partitions = found.partitions if found is not None else {}
             if not partitions:
                 return offsets
             parts = [TopicPartition(topic, p, 0) for p in partitions]
             # The end as of now (the last stable offset): a reader that waited for the end of
             # the stream instead chases it for as long as other mailboxes keep committing (one
             # partition, a commit per batch of every mailbox), and never sees its end-of-file.
-            ends = _ends(admin_client(self._kafka), parts, IsolationLevel.READ_COMMITTED)
+            # A new admin client per attempt: see wait_transactions_settled.
+            ends = retry_transient(
+                lambda: _ends(admin_client(self._kafka), parts, IsolationLevel.READ_COMMITTED),
+                f"last stable offsets of {topic}",
+                timeout,
+            )
             pending = {p for p in partitions if ends.get(p, 0) > 0}
             consumer.assign(parts)
             deadline = time.monotonic() + timeout
@@ -175,6 +179,8 @@ class OffsetStore:
                         continue
                     if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                         return offsets
+                    if transient(err):  # a leader that moved: the consumer fetches again
+                        continue
                     raise RuntimeError(f"reading {topic}: {err}")
                 key = msg.key()
                 if key is None:
