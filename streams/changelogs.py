@@ -35,7 +35,7 @@ import faust
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
 from connectors.core.kafka.clients import admin_client
-from connectors.core.kafka.retry import REQUEST_S, retry_transient
+from connectors.core.kafka.retry import retry_retriable
 from connectors.core.kafka.topics import COMPACTED, DELETED, TopicSpec, ensure_topic_specs
 
 log = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ def ensure_changelog_topics(
     deadline = time.monotonic() + timeout
     waiting = {s.name: s for s in specs}
     while waiting:
-        topics = retry_transient(
-            lambda: admin.list_topics(timeout=REQUEST_S).topics, "cluster metadata", timeout
+        topics = retry_retriable(
+            lambda: admin.list_topics(timeout=10).topics, deadline, "metadata of changelog topics"
         )
         for name, spec in list(waiting.items()):
             found = topics.get(name)
