@@ -29,8 +29,8 @@ from connectors.core.config import load_config
 from connectors.core.kafka.topics import ensure_topic_specs, ensure_topics
 from connectors.imap.indexlog import topic_spec as index_topic_spec
 from mailtap.components import Pipeline, wait_for
-from mailtap.demo import scenario
 from mailtap.demo.trace import RunTrace, Tracer
+from mailtap.dev import scenario
 from mailtap.dev import services as dev
 
 #: How long the demo waits for each stage. Generous: the first run on a cold JVM and a fresh
