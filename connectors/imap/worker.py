@@ -42,7 +42,6 @@ from connectors.core.source.backoff import Backoff
 from connectors.core.source.location import SourceLocation
 from connectors.core.source.worker import FolderWorker, Writer
 from connectors.imap.backfill import (
-    SIZE_WINDOW,
     Backfill,
     BatchParsing,
     Progress,
@@ -54,9 +53,7 @@ from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import FetchedMail, ImapConnection
 from connectors.imap.cursor import (
     Cursor,
-    chunks,
     on_select,
-    skip_unchanged,
 )
 from connectors.imap.errors import (
     ConnectionLost,
@@ -65,7 +62,7 @@ from connectors.imap.errors import (
     UidValidityChanged,
 )
 from connectors.imap.expunges import ExpungeTracker
-from connectors.imap.flaglisting import FlagSnapshot, uid_windows
+from connectors.imap.flagchanges import FlagChanges
 from connectors.imap.index import AccountIndex
 from connectors.imap.qresync import QresyncRequest
 from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
@@ -133,11 +130,17 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self._settled = False
         #: The folder was found missing and said so; cleared once it exists again.
         self._missing_reported = False
-        #: Without MODSEQs: the flags last seen per UID, compared at each catch-up.
-        self._flags_seen = FlagSnapshot()
-        self._list_flags = False
         #: The server's missing extensions and their fallbacks, as last said in the log.
         self._fallbacks: tuple[str, ...] = ()
+        self.flag_changes = FlagChanges(
+            batch_size=settings.batch_size,
+            builder=builder,
+            cursor=lambda: self.cursor,
+            set_cursor=self._set_cursor,
+            build_all=self._build_all,
+            commit_batch=self._commit_batch,
+            commit=self._commit,
+        )
         self.expunges = ExpungeTracker(
             account=account,
             folder=folder,
@@ -172,7 +175,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 cursor=lambda: self.cursor,
                 commit=self._commit,
                 count=self._count,
-                committed=self._remember_flags,
+                committed=self.flag_changes.remember,
             )
             if parsing is not None
             else None
@@ -299,7 +302,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
             self._reload_cursor = False
         status = conn.select(self.folder, readonly=readonly, qresync=self._qresync_request())
         # No MODSEQs (no CONDSTORE, or a NOMODSEQ folder): flag changes by the FLAGS listing.
-        self._list_flags = status.highestmodseq is None
+        self.flag_changes.listing = status.highestmodseq is None
         self.expunges.vanished = None
         first_since = None
         if self.cursor is None and self.account.start_since is not None:
@@ -364,7 +367,9 @@ class MailboxWorker(FolderWorker[WorkerState]):
             outcome = conn.idle_until(deadline, self._interrupted, IDLE_SLICE_S)
             # Without MODSEQs a FETCH announced in IDLE is found by the flag listing.
             expunged = (
-                outcome.expunged or outcome.other or (outcome.flags_changed and self._list_flags)
+                outcome.expunged
+                or outcome.other
+                or (outcome.flags_changed and self.flag_changes.listing)
             )
         else:
             self.machine.to(S.POLLING)
@@ -390,7 +395,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
         # What the NOOP announces and no MODSEQ or VANISHED will tell (a server that reports
         # changes only when asked, as Courier between its IDLE polls): an expunge, or a FETCH
         # on a folder without MODSEQs, is looked for now rather than at the catch-up.
-        reconcile = reconcile or told.expunged or (told.flags_changed and self._list_flags)
+        reconcile = reconcile or told.expunged or (told.flags_changed and self.flag_changes.listing)
         try:
             status = conn.status(self.folder)
         except ImapProtocolError:
@@ -411,9 +416,9 @@ class MailboxWorker(FolderWorker[WorkerState]):
             and (hms is None or not conn.condstore or hms <= self.cursor.highestmodseq)
         )
         if hms is not None and conn.condstore:
-            mails += self._sync_changes(conn, hms)
+            mails += self.flag_changes.sync_modseq(conn, hms)
         elif reconcile:
-            mails += self._sync_flags_listed(conn)  # no MODSEQs: no CONDSTORE, or NOMODSEQ
+            mails += self.flag_changes.sync_listed(conn)  # no MODSEQs: no CONDSTORE, or NOMODSEQ
         if status.uidnext - 1 > self.cursor.last_uid:
             mails += self._sync_new(conn, hms, status.uidnext)
         if reconcile:
@@ -423,79 +428,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self.index.rounds.done(self.folder, ticket)
         self.expunges.settle(conn)
         return mails
-
-    def _sync_changes(self, conn: ImapConnection, hms: int) -> int:
-        """Flag changes of published mails (RFC 7162): UPDATED events with the whole mail."""
-        cursor = self.cursor
-        assert cursor is not None
-        if hms <= cursor.highestmodseq:
-            return 0
-        if cursor.last_uid == 0:
-            # Nothing published yet, so no change to publish; the next batch commits this.
-            self.cursor = replace(cursor, highestmodseq=hms, fresh=())
-            return 0
-        # Mails we published (above the start position, up to the last UID), in windows: a
-        # whole folder marked read is streamed, not held.
-        changed = conn.uids_changed_since(cursor.highestmodseq)
-        candidates = changed.between(cursor.floor_uid + 1, cursor.last_uid)
-        # An earlier change sync toward ``target`` got through ``done_uid`` before it stopped.
-        target, done_uid = cursor.changes_done or (0, 0)
-        # Published at a MODSEQ above ``hms`` (changed again since STATUS): not a change next time.
-        above: list[tuple[int, int]] = []
-        count = 0
-        for window in chunks(candidates, SIZE_WINDOW):
-            states = [
-                s
-                for s in conn.flags(window)
-                if not skip_unchanged(cursor.fresh, s.uid, s.modseq)
-                and not (s.uid <= done_uid and (s.modseq or 0) <= target)
-            ]
-            for group in chunks([s.uid for s in states], self.settings.batch_size):
-                fetched = conn.fetch(group)
-                with self.builder.staged_blobs() as blobs:
-                    built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
-                    above += [(m.uid, m.modseq) for m in fetched if m.modseq and m.modseq > hms]
-                    progress = replace(
-                        cursor, fresh=cursor.fresh + tuple(above), changes_done=(hms, group[-1])
-                    )
-                    self._commit_batch(built, progress, blobs)
-                count += len(fetched)
-        # Every change up to ``hms`` is published now; keep only what went out above it.
-        self.cursor = replace(
-            cursor,
-            highestmodseq=hms,
-            fresh=tuple(p for p in cursor.fresh + tuple(above) if p[1] > hms),
-            changes_done=None,
-        )
-        if count or cursor.fresh or cursor.changes_done:
-            self._commit([], self.cursor)
-        return count
-
-    def _sync_flags_listed(self, conn: ImapConnection) -> int:
-        """Flag changes without MODSEQs (:mod:`connectors.imap.flaglisting`): UPDATED events for
-        the published mails whose FLAGS differ from those last seen, cursor unchanged."""
-        cursor = self.cursor
-        assert cursor is not None
-        count = 0
-        present: set[int] = set()
-        for low, high in uid_windows(cursor.floor_uid + 1, cursor.last_uid):
-            listed = conn.flags_between(low, high)
-            present.update(uid for uid, _ in listed)
-            changed = self._flags_seen.changed(cursor.uidvalidity, listed)
-            for group in chunks(changed, self.settings.batch_size):
-                fetched = conn.fetch(group)
-                with self.builder.staged_blobs() as blobs:
-                    built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
-                    self._commit_batch(built, cursor, blobs)
-                self._remember_flags(cursor.uidvalidity, fetched)
-                count += len(fetched)
-        self._flags_seen.retain(present)
-        return count
-
-    def _remember_flags(self, uidvalidity: int, fetched: Sequence[FetchedMail]) -> None:
-        """Published mails' flags: the baseline of the next FLAGS listing (without MODSEQs)."""
-        if self._list_flags:
-            self._flags_seen.remember(uidvalidity, ((m.uid, m.flags) for m in fetched))
 
     def _sync_new(self, conn: ImapConnection, hms: int | None, uidnext: int) -> int:
         assert self.cursor is not None
@@ -538,7 +470,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
         assert cursor is not None
         with self.builder.staged_blobs() as blobs:
             self._publish_new_batch(conn, group, fetched, hms, cursor, blobs)
-        self._remember_flags(cursor.uidvalidity, fetched)
+        self.flag_changes.remember(cursor.uidvalidity, fetched)
 
     def _publish_new_batch(
         self,
@@ -607,6 +539,9 @@ class MailboxWorker(FolderWorker[WorkerState]):
         status = conn.select(self.folder, readonly=self.account.after_commit == "none")
         if status.uidvalidity != self.cursor.uidvalidity:
             raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
+
+    def _set_cursor(self, cursor: Cursor) -> None:
+        self.cursor = cursor
 
     def _commit(
         self,
