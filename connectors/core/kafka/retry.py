@@ -42,6 +42,9 @@ TRANSIENT_CODES = frozenset(
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._WAIT_COORD,
+        # AdminClient.list_offsets while a partition has no known leader yet: "Failed to query
+        # partition leaders: No leaders found" (seen for a topic created a moment ago).
+        KafkaError._NOENT,
     }
 )
 
