@@ -96,7 +96,8 @@ def topic_partitions(
     until ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        found = cluster_metadata(client, kafka, timeout, topic).topics.get(topic)
+        remaining = max(WAIT_S, deadline - time.monotonic())
+        found = cluster_metadata(client, kafka, remaining, topic).topics.get(topic)
         error = None if found is None else found.error
         if found is None or (
             error is not None and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
