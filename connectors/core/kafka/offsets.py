@@ -20,13 +20,17 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, no __all__
+    AdminClient,
+    OffsetSpec,
+)
 
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import admin_client, consumer_config
 from connectors.core.kafka.errors import KafkaTimeout
-from connectors.core.kafka.readtoend import Where, partition_ends, read_to_end, topic_partitions
-from connectors.core.kafka.retry import is_retriable
+from connectors.core.kafka.readtoend import Where, read_to_end, topic_partitions
+from connectors.core.kafka.retry import is_retriable, retry_retriable
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +73,8 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
                 return
             parts = [TopicPartition(topic, p) for p in metadata.partitions]
             if target is None:
-                target = partition_ends(
-                    kafka, parts, committed=False, deadline=deadline, admin=admin
-                )
-            stable = partition_ends(kafka, parts, committed=True, deadline=deadline, admin=admin)
+                target = _ends(admin, parts, committed=False, deadline=deadline)
+            stable = _ends(admin, parts, committed=True, deadline=deadline)
             if all(stable.get(p, -1) >= end for p, end in target.items()):
                 return
             waiting = f"last stable offsets {stable}, ends {target}"
@@ -86,6 +88,21 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
                 f"{topic}: transactions open on it did not end within {timeout:.0f}s ({waiting})"
             )
         time.sleep(0.1)
+
+
+def _ends(
+    admin: AdminClient, parts: list[TopicPartition], *, committed: bool, deadline: float
+) -> dict[Where, int]:
+    """Each partition's end now: the last stable offset when ``committed``, else the high
+    watermark. Retriable errors are retried until ``deadline``."""
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+
+    def ask() -> dict[Where, int]:
+        asked = {tp: OffsetSpec.latest() for tp in parts}  # type: ignore[no-untyped-call]
+        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=10)
+        return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in answers.items()}
+
+    return retry_retriable(ask, deadline, f"finding the ends of {parts[0].topic}")
 
 
 class OffsetStore:
@@ -128,7 +145,7 @@ class OffsetStore:
             # the stream instead chases it for as long as other mailboxes keep committing (one
             # partition, a commit per batch of every mailbox), and never sees its end-of-file.
             starts = [TopicPartition(topic, p, 0) for p in partitions]
-            for msg in read_to_end(consumer, self._kafka, starts, timeout):
+            for msg in read_to_end(consumer, starts, timeout):
                 key = msg.key()
                 if key is None:
                     continue

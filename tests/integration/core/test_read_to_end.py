@@ -32,9 +32,7 @@ def _read(kafka: KafkaSettings, topic: str, *, committed: bool = True) -> list[b
     try:
         partitions = topic_partitions(consumer, kafka, topic, 30) or []
         starts = [TopicPartition(topic, p, 0) for p in partitions]
-        return [
-            m.value() or b"" for m in read_to_end(consumer, kafka, starts, 30, committed=committed)
-        ]
+        return [m.value() or b"" for m in read_to_end(consumer, starts, 30)]
     finally:
         consumer.close()
 
@@ -126,7 +124,7 @@ def test_finding_the_end_rides_out_a_topic_that_exists_only_a_moment_later(
     consumer = Consumer(consumer_config(kafka, "read-to-end-test", fetch_wait_max_ms=10))
     try:
         with caplog.at_level(logging.DEBUG, logger="connectors.core.kafka.retry"):
-            read = list(read_to_end(consumer, kafka, [TopicPartition(topic, 0, 0)], 30))
+            read = list(read_to_end(consumer, [TopicPartition(topic, 0, 0)], 30))
     finally:
         consumer.close()
         creator.join(30)

@@ -81,11 +81,7 @@ def read_topic(
     try:
         parts = topic_partitions(consumer, kafka, topic, 10) or []
         starts = [TopicPartition(topic, p, 0) for p in parts]
-        committed = isolation == "read_committed"
-        return [
-            (msg.key(), msg.value())
-            for msg in read_to_end(consumer, kafka, starts, 60, committed=committed)
-        ]
+        return [(msg.key(), msg.value()) for msg in read_to_end(consumer, starts, 60)]
     finally:
         consumer.close()
 

@@ -186,7 +186,7 @@ class ImapHarness:
             parts = topic_partitions(consumer, self.kafka, topic, 10) or []
             starts = [TopicPartition(topic, p, 0) for p in parts]
             out: list[Record] = []
-            for msg in read_to_end(consumer, self.kafka, starts, 60):
+            for msg in read_to_end(consumer, starts, 60):
                 raw = msg.value()
                 key = msg.key()
                 value = None

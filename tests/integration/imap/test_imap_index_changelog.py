@@ -90,7 +90,7 @@ def _changelog_records(imap: ImapHarness, account: str, topic: str | None = None
     )
     found: list[Any] = []
     try:
-        for msg in read_to_end(consumer, imap.kafka, [TopicPartition(topic, partition, 0)], 60):
+        for msg in read_to_end(consumer, [TopicPartition(topic, partition, 0)], 60):
             key = msg.key().decode()
             if key.startswith(f"{account}/"):
                 value = msg.value()
