@@ -24,6 +24,14 @@ def _kafka(services: DevServices) -> KafkaSettings:
     return KafkaSettings(bootstrap_servers=services.kafka.bootstrap_servers)
 
 
+def _topic_with(services: DevServices, name: str, partitions: int, values: list[bytes]) -> str:
+    """A new topic holding ``values``."""
+    kafka = _kafka(services)
+    ensure_topic_specs(kafka, [TopicSpec(name, partitions, DELETED)])
+    _produce(kafka, name, values)
+    return name
+
+
 def _read(kafka: KafkaSettings, topic: str, *, committed: bool = True) -> list[bytes]:
     level = "read_committed" if committed else "read_uncommitted"
     consumer = Consumer(
@@ -48,10 +56,8 @@ def test_the_read_ends_while_another_writer_keeps_writing(
     services: DevServices, unique: str
 ) -> None:
     kafka = _kafka(services)
-    topic = f"readtoend.busy.{unique}"
-    ensure_topic_specs(kafka, [TopicSpec(topic, 2, DELETED)])
     before = [f"before-{i}".encode() for i in range(50)]
-    _produce(kafka, topic, before)
+    topic = _topic_with(services, f"readtoend.busy.{unique}", 2, before)
     stop = threading.Event()
     written = [0]
 
@@ -81,9 +87,7 @@ def test_read_committed_stops_before_an_open_transaction(
     services: DevServices, unique: str
 ) -> None:
     kafka = _kafka(services)
-    topic = f"readtoend.txn.{unique}"
-    ensure_topic_specs(kafka, [TopicSpec(topic, 1, DELETED)])
-    _produce(kafka, topic, [b"committed"])
+    topic = _topic_with(services, f"readtoend.txn.{unique}", 1, [b"committed"])
     producer = Producer(producer_config(kafka, transactional_id=f"readtoend-{unique}"))
     producer.init_transactions(30)
     producer.begin_transaction()
