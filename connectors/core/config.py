@@ -126,6 +126,21 @@ class KafkaSettings(StrictModel):
     ssl_ca_location: str | None = Field(
         default=None, description="CA bundle for SSL/SASL_SSL; the system store when unset"
     )
+    ssl_certificate_location: str | None = Field(
+        default=None,
+        description="client certificate (PEM, leaf first) for mTLS, with ssl_key_location",
+    )
+    ssl_key_location: str | None = Field(
+        default=None, description="the client certificate's private key (PEM)"
+    )
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="when the private key file is encrypted (never logged)"
+    )
+    sasl_oauthbearer: ClientCredentialsSettings | None = Field(
+        default=None,
+        description="with sasl_mechanism OAUTHBEARER: the OIDC token endpoint and the client "
+        "credentials mailtap asks it for tokens with (refreshed before they expire)",
+    )
     schema_registry_url: str | None = Field(
         default=None,
         description="Confluent-compatible registry; when unset, Avro single-object encoding is used",
@@ -156,6 +171,50 @@ class KafkaSettings(StrictModel):
             if not host or not port.isdigit():
                 raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
         return value
+
+    @model_validator(mode="after")
+    def _security_is_complete(self) -> KafkaSettings:
+        """Settings that a client library would reject late, or silently ignore, fail here."""
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_mechanism "
+                "(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(
+                f"sasl_mechanism {self.sasl_mechanism} needs security_protocol SASL_SSL "
+                "(or SASL_PLAINTEXT)"
+            )
+        if self.sasl_mechanism == "OAUTHBEARER":
+            if self.sasl_oauthbearer is None:
+                raise ValueError(
+                    "sasl_mechanism OAUTHBEARER needs sasl_oauthbearer (token_url, client_id, "
+                    "client_secret, scope)"
+                )
+            if self.sasl_username or self.sasl_password:
+                raise ValueError(
+                    "sasl_username/sasl_password are not used with OAUTHBEARER: remove them"
+                )
+        elif self.sasl_mechanism is not None and not (self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"sasl_mechanism {self.sasl_mechanism} needs sasl_username and sasl_password"
+            )
+        if self.sasl_oauthbearer is not None and self.sasl_mechanism != "OAUTHBEARER":
+            raise ValueError("sasl_oauthbearer is only used with sasl_mechanism OAUTHBEARER")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError(
+                "set both ssl_certificate_location and ssl_key_location (mTLS), or neither"
+            )
+        if self.ssl_key_password is not None and self.ssl_key_location is None:
+            raise ValueError("ssl_key_password needs ssl_key_location")
+        if not tls and (self.ssl_certificate_location or self.ssl_ca_location):
+            raise ValueError(
+                f"ssl_* settings are not used with security_protocol {self.security_protocol}: "
+                "use SSL (or SASL_SSL)"
+            )
+        return self
 
 
 class S3Settings(StrictModel):
@@ -220,6 +279,10 @@ class ClientCredentialsSettings(StrictModel):
         if parts.scheme != "https" or not parts.hostname:
             raise ValueError("expected an https:// URL (tokens never travel in plaintext)")
         return value
+
+
+# KafkaSettings.sasl_oauthbearer names ClientCredentialsSettings, defined after it.
+KafkaSettings.model_rebuild()
 
 
 class ParseLimitSettings(StrictModel):

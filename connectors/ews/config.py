@@ -29,11 +29,10 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.core.config import ParseLimitSettings, StrictModel
-from connectors.core.source.ownership.group import GroupSettings
+from connectors.core.config import StrictModel
 from connectors.core.source.settings import (
     START_DESCRIPTION,
-    check_section,
+    SourceSettings,
     start_since,
     validate_start,
 )
@@ -150,8 +149,10 @@ class EwsAccountSettings(StrictModel):
         return start_since(self.start)
 
 
-class EwsSourceSettings(StrictModel):
+class EwsSourceSettings(SourceSettings):
     """The whole ``ews`` section."""
+
+    ACCOUNTS_KEY = "accounts"
 
     # Not Field(min_length=1): pydantic would then echo the whole accounts list, passwords
     # included, in the error of an invalid account; the emptiness check is below.
@@ -189,38 +190,6 @@ class EwsSourceSettings(StrictModel):
     max_connections: int = Field(
         default=4, ge=2, le=16, description="HTTP connections per mailbox (the stream holds one)"
     )
-    backoff_initial_seconds: float = Field(
-        default=1.0, gt=0, description="first reconnect delay; doubles (with jitter) per failure"
-    )
-    backoff_cap_seconds: float = Field(
-        default=300.0,
-        gt=0,
-        description="longest reconnect delay; also the delay after an auth error",
-    )
-    #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
-    max_record_bytes: int = Field(
-        default=900_000,
-        gt=1024,
-        description="largest Kafka record the source writes; bigger events shed bodies first",
-    )
-    limits: ParseLimitSettings = Field(
-        default=ParseLimitSettings(), description="caps applied before parsing"
-    )
-    group: GroupSettings | None = Field(
-        default=None,
-        description="share the mailboxes among the instances with the same group id "
-        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
-    )
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> EwsSourceSettings:
-        check_section(
-            [a.name for a in self.accounts],
-            self.backoff_initial_seconds,
-            self.backoff_cap_seconds,
-            accounts_key="accounts",
-        )
-        return self
 
 
 def _is_loopback(host: str) -> bool:

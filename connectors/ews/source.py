@@ -32,15 +32,17 @@ from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka.encoding import check_topic_encodings
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
-from connectors.core.kafka.transactions import TransactionalSourceWriter, transactional_id
+from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
+from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import WorkUnit, by_folder
 from connectors.core.source.ownership.wiring import Sharing, start_sharing
+from connectors.core.source.worker import Writer
 from connectors.ews.config import SECTION, EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import EwsConnection
 from connectors.ews.records import EwsRecordBuilder
-from connectors.ews.worker import SOURCE_KIND, EwsFolderWorker, Writer, source_partition
+from connectors.ews.worker import SOURCE_KIND, EwsFolderWorker
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +124,8 @@ class EwsSource:
             writer_factory=writer_factory,
             read_offsets=self._offset_reads,
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
-            transactional_id=transactional_id(
-                TRANSACTIONAL_ID_PREFIX, source_partition(account.name, folder)
+            transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
+                TRANSACTIONAL_ID_PREFIX
             ),
             before_commit=lambda: crash.reached("before_write"),
         )

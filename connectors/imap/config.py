@@ -26,11 +26,10 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.core.config import ClientCredentialsSettings, ParseLimitSettings, StrictModel
-from connectors.core.source.ownership.group import GroupSettings
+from connectors.core.config import ClientCredentialsSettings, StrictModel
 from connectors.core.source.settings import (
     START_DESCRIPTION,
-    check_section,
+    SourceSettings,
     start_since,
     validate_start,
 )
@@ -134,8 +133,10 @@ class ImapAccountSettings(StrictModel):
         return self.after_commit[5:].strip() if self.after_commit.startswith("move:") else None
 
 
-class ImapSourceSettings(StrictModel):
+class ImapSourceSettings(SourceSettings):
     """The whole ``imap`` section."""
+
+    ACCOUNTS_KEY = "imap.accounts"
 
     # Non-empty is checked in _unique_names: a min_length here makes pydantic add a second error
     # whose "input" is the whole account list, and the core's message would quote the passwords.
@@ -179,12 +180,6 @@ class ImapSourceSettings(StrictModel):
         default="auto",
         description="auto: use QRESYNC on reconnect where the server offers it; off: list the folder",
     )
-    backoff_initial_seconds: float = Field(
-        default=1.0, gt=0, description="first reconnect delay (exponential, full jitter)"
-    )
-    backoff_cap_seconds: float = Field(
-        default=300.0, gt=0, description="longest reconnect delay; auth failures always wait it"
-    )
     #: Claim-check blobs are fsynced on this many threads (shared by all mailboxes) while the
     #: parser goes on; a batch's blobs are durable before its transaction commits.
     claim_check_threads: int = Field(
@@ -198,18 +193,6 @@ class ImapSourceSettings(StrictModel):
     #: Mails fetched per round trip are also capped by size, so memory stays flat with big mails.
     max_batch_bytes: int = Field(
         default=32 * 1024 * 1024, gt=0, description="bytes of mail per FETCH round trip"
-    )
-    #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
-    max_record_bytes: int = Field(
-        default=900_000, gt=1024, description="largest event record; bodies dropped above it"
-    )
-    limits: ParseLimitSettings = Field(
-        default=ParseLimitSettings(), description="caps applied before parsing"
-    )
-    group: GroupSettings | None = Field(
-        default=None,
-        description="share the mailboxes among the instances with the same group id "
-        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
     )
 
     @model_validator(mode="before")
@@ -225,13 +208,3 @@ class ImapSourceSettings(StrictModel):
         if isinstance(data, dict) and "dlq_topic" in data:
             data = {k: v for k, v in data.items() if k != "dlq_topic"}
         return data
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> ImapSourceSettings:
-        check_section(
-            [a.name for a in self.accounts],
-            self.backoff_initial_seconds,
-            self.backoff_cap_seconds,
-            accounts_key="imap.accounts",
-        )
-        return self

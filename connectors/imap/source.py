@@ -30,18 +30,19 @@ from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.faults import CrashingWriter, CrashPoints
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
 from connectors.core.kafka.topics import ensure_topics
-from connectors.core.kafka.transactions import TransactionalSourceWriter, transactional_id
+from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
+from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import STOP_JOIN_S, WorkUnit, by_account
 from connectors.core.source.ownership.wiring import Sharing, read_mailboxes, start_sharing
+from connectors.core.source.worker import Writer
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
-from connectors.imap.cursor import source_partition
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.parsepool import BuilderSpec, MailboxParsing, ParsePool, make_builder
-from connectors.imap.worker import MailboxWorker, Writer
+from connectors.imap.worker import MailboxWorker
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +156,9 @@ class ImapSource:
                     writer_factory=self._writer,
                     read_offsets=self._read_offsets,
                     connection_factory=functools.partial(self._connection, account),
-                    transactional_id=transactional_id(
-                        TRANSACTIONAL_PREFIX, source_partition(account.name, folder)
-                    ),
+                    transactional_id=SourceLocation(
+                        SOURCE_KIND, account.name, folder
+                    ).transactional_id(TRANSACTIONAL_PREFIX),
                     watched_folders=account.folders,
                     crash=self._crash,
                     parsing=MailboxParsing(self._pool, spec) if self._pool else None,

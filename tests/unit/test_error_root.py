@@ -12,12 +12,8 @@ import mailtap
 import streams
 from connectors.core.errors import MailtapError
 
-#: Still outside an errors module: connectors/imap/state.py and worker.py are being split
-#: (issue 22); these move to connectors/imap/errors.py with that change.
-PENDING = {
-    "connectors.imap.state.IllegalTransition",
-    "connectors.imap.worker.UidValidityChanged",
-}
+#: Still outside an errors module: none.
+PENDING: set[str] = set()
 
 
 def _defined_exceptions() -> list[type[BaseException]]:

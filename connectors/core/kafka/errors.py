@@ -28,3 +28,8 @@ class FencedError(MailtapError):
 
 class TransactionAborted(MailtapError):
     """The batch was aborted; nothing of it is visible. Re-read from the last committed cursor."""
+
+
+class KafkaSecurityRefused(ConfigError):
+    """The cluster answered, but the login or the TLS handshake failed: waiting longer or
+    retrying will not help; the message says which setting to change."""
