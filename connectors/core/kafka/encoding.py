@@ -112,7 +112,10 @@ def topic_encodings(
                 low, high = _watermarks(
                     consumer, TopicPartition(topic, partition), attempt, deadline
                 )
-                starts.append(TopicPartition(topic, partition, max(low, high - TAIL_RECORDS)))
+                # Only partitions that hold records: a fetch from an empty one would ask for
+                # Read on a topic this component may not be allowed to read (least privilege).
+                if high > low:
+                    starts.append(TopicPartition(topic, partition, max(low, high - TAIL_RECORDS)))
         try:
             for msg in read_to_end(consumer, starts, max(0.0, deadline - time.monotonic())):
                 encoding = encoding_of(msg.value())
