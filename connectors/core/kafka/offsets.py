@@ -69,12 +69,15 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
     while True:
         try:
             metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+            elected = None if metadata is None else metadata.error
+            if elected is not None and is_retriable(elected):  # an election: not "no topic"
+                raise KafkaException(elected)
             if metadata is None or metadata.error is not None or not metadata.partitions:
                 return
             parts = [TopicPartition(topic, p) for p in metadata.partitions]
             if target is None:
-                target = _ends(admin, parts, committed=False, deadline=deadline)
-            stable = _ends(admin, parts, committed=True, deadline=deadline)
+                target = _ends(kafka, admin, parts, committed=False, deadline=deadline)
+            stable = _ends(kafka, admin, parts, committed=True, deadline=deadline)
             if all(stable.get(p, -1) >= end for p, end in target.items()):
                 return
             waiting = f"last stable offsets {stable}, ends {target}"
@@ -83,6 +86,7 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
             if not is_retriable(error):
                 raise
             waiting = error.str()
+            admin = admin_client(kafka)  # fresh metadata and leader epochs (see _ends)
         if time.monotonic() > deadline:
             raise KafkaTimeout(
                 f"{topic}: transactions open on it did not end within {timeout:.0f}s ({waiting})"
@@ -91,15 +95,26 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
 
 
 def _ends(
-    admin: AdminClient, parts: list[TopicPartition], *, committed: bool, deadline: float
+    kafka: KafkaSettings,
+    admin: AdminClient,
+    parts: list[TopicPartition],
+    *,
+    committed: bool,
+    deadline: float,
 ) -> dict[Where, int]:
     """Each partition's end now: the last stable offset when ``committed``, else the high
     watermark. Retriable errors are retried until ``deadline``."""
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    given: AdminClient | None = admin
 
     def ask() -> dict[Where, int]:
+        nonlocal given
+        # A retry asks with a new client: librdkafka's admin client keeps the leader epoch it
+        # cached, so after a leader moved it was answered FENCED_LEADER_EPOCH for 60 s (45
+        # attempts) on a 2-broker cluster whose leaders moved (issue 29).
+        client, given = (given if given is not None else admin_client(kafka)), None
         asked = {tp: OffsetSpec.latest() for tp in parts}  # type: ignore[no-untyped-call]
-        answers = admin.list_offsets(asked, isolation_level=level, request_timeout=10)
+        answers = client.list_offsets(asked, isolation_level=level, request_timeout=10)
         return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in answers.items()}
 
     return retry_retriable(ask, deadline, f"finding the ends of {parts[0].topic}")
