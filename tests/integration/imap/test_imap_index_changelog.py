@@ -263,7 +263,7 @@ def test_topics_ensure_creates_the_changelog_when_an_imap_source_is_configured(
     path.write_text(yaml.safe_dump(config))
     result = CliRunner().invoke(main, ["topics", "ensure", "-c", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)[topic] == "created"
+    assert json.loads(result.stdout)[topic] == "created"
     kafka = imap.kafka.model_copy(
         update={"topics": imap.kafka.topics.model_copy(update={"imap_index": topic})}
     )
