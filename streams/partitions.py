@@ -63,8 +63,3 @@ class PartitionedTable(MutableMapping[str, Any]):
         self._table.send_changelog(partition, key, None, value_serializer="raw")
         del self._store[key]
         self._owners.pop(key, None)
-
-
-def local_partitions(table: Any) -> set[int]:
-    """The partitions of which ``table`` holds keys on this worker."""
-    return set(table.data._key_partition.values())

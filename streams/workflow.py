@@ -523,10 +523,6 @@ def workflow(
     return register
 
 
-def registered_workflows() -> dict[str, RegisteredWorkflow]:
-    return dict(_REGISTRY)
-
-
 def bind_workflows(
     settings: StreamsSettings, modules: Iterable[str] = BUILTIN_MODULES
 ) -> dict[str, BoundWorkflow]:

@@ -17,10 +17,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from connectors.core.claimcheck.store import (
-    ClaimCheckBatch,
-    ClaimCheckError,
-)
+from connectors.core.claimcheck.errors import ClaimCheckError
+from connectors.core.claimcheck.store import ClaimCheckBatch
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail.event import MailEvent
 from connectors.core.source.records import MailRecordBuilder

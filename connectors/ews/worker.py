@@ -39,7 +39,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from connectors.core.kafka.transactions import FencedError, SourceRecord
+from connectors.core.kafka.errors import FencedError
+from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail.identity import message_id_of_key
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff

@@ -22,7 +22,7 @@ from typing import Protocol
 
 from connectors.core.claimcheck.local import make_durable
 from connectors.core.faults import CrashPoints
-from connectors.core.kafka.transactions import TransactionAborted
+from connectors.core.kafka.errors import TransactionAborted
 from connectors.imap.config import ImapSourceSettings
 from connectors.imap.connection import FetchedMail, ImapConnection
 from connectors.imap.cursor import Commit, Cursor, chunks, split_by_bytes

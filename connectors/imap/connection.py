@@ -27,7 +27,6 @@ import contextlib
 import datetime as dt
 import functools
 import logging
-import socket
 import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -735,13 +734,3 @@ def _uid_set(text: str) -> list[int] | None:
         a, b = int(low), int(high or low)
         out.extend(range(min(a, b), max(a, b) + 1))
     return out
-
-
-def socket_is_timeout(exc: BaseException) -> bool:
-    """True when a ConnectionLost came from a read timeout (a silent connection)."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        if isinstance(cause, socket.timeout | TimeoutError):
-            return True
-        cause = cause.__cause__
-    return False

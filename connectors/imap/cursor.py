@@ -24,7 +24,6 @@ Meaning (the invariant every write keeps):
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -169,10 +168,6 @@ def on_select(
     else:
         last = (first_uid_since - 1) if first_uid_since is not None else max(uidnext - 1, 0)
     return StartDecision(Cursor(uidvalidity, last, hms, floor_uid=last), new=True)
-
-
-def since_date(start: str) -> dt.date | None:
-    return dt.date.fromisoformat(start[6:].strip()) if start.startswith("since:") else None
 
 
 def skip_unchanged(fresh: tuple[tuple[int, int], ...], uid: int, modseq: int | None) -> bool:

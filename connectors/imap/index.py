@@ -548,7 +548,7 @@ def _scan_events(
         # To the end as of now: a busy events topic (other sources keep publishing) never
         # shows an end of stream.
         starts = [TopicPartition(topic, p, 0) for p in partitions]
-        for batch in read_batches_to_end(consumer, kafka, starts, timeout):
+        for batch in read_batches_to_end(consumer, starts, timeout):
             records += len(batch)
             seen = [_location_of(m.key(), m.value(), accounts, serde) for m in batch]
             latest.record([where for where in seen if where is not None])

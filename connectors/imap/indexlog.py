@@ -171,7 +171,7 @@ class IndexChangelog:
         )
         try:
             starts = [TopicPartition(self.topic, p, 0) for p in sorted(wanted)]
-            for batch in read_batches_to_end(consumer, self.kafka, starts, timeout):
+            for batch in read_batches_to_end(consumer, starts, timeout):
                 found.records_read += len(batch)
                 rows: list[Row] = []
                 for msg in batch:

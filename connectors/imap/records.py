@@ -21,11 +21,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from connectors.core.avro.serde import AvroSerde
-from connectors.core.claimcheck.store import (
-    ClaimCheckBatch,
-    ClaimCheckError,
-    ClaimCheckStore,
-)
+from connectors.core.claimcheck.errors import ClaimCheckError
+from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail import ParsedMail
 from connectors.core.mail.event import MailEvent

@@ -13,7 +13,6 @@ import enum
 
 from connectors.core.errors import (
     AuthenticationError,
-    ConfigError,
     DataError,
     Disposition,
     MailtapError,
@@ -36,10 +35,6 @@ class SmtpStage(enum.Enum):
 
 class SmtpSinkError(MailtapError):
     """Root of every error the SMTP sink raises on purpose."""
-
-
-class SmtpSinkConfigError(SmtpSinkError, ConfigError):
-    """The smtp section is unusable; the message says what to change."""
 
 
 class AddressError(SmtpSinkError, ValueError):

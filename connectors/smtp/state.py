@@ -183,7 +183,7 @@ def read_state(
             if partitions is None or p in partitions
         ]
         starts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in wanted]
-        for msg in read_to_end(consumer, kafka, starts, timeout):
+        for msg in read_to_end(consumer, starts, timeout):
             key = msg.key()
             if key is not None:
                 value = msg.value()

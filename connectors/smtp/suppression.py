@@ -219,7 +219,7 @@ class SuppressionTable:
         self._entries = {}
         partitions = topic_partitions(consumer, self.kafka, self.topic, 30) or []
         starts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
-        for batch in read_batches_to_end(consumer, self.kafka, starts, timeout):
+        for batch in read_batches_to_end(consumer, starts, timeout):
             self._take(batch)
         log.info("suppression list read topic=%s suppressed=%d", self.topic, len(self))
         self._thread = threading.Thread(target=self._follow, name="suppressions", daemon=True)

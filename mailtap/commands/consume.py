@@ -122,9 +122,7 @@ def consume(
             consumer.assign(assignments)
             records: Iterable[Message] = _follow(consumer, topic)
         else:
-            records = read_to_end(
-                consumer, cfg.kafka, assignments, READ_TIMEOUT_S, committed=not uncommitted
-            )
+            records = read_to_end(consumer, assignments, READ_TIMEOUT_S)
         for msg in itertools.islice(records, max_messages):
             record = _record(msg, decoder, topic)
             click.echo(json.dumps(record, default=_default, ensure_ascii=False))

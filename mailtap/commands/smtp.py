@@ -21,7 +21,6 @@ from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.smtp.bounce_reader import BounceReader
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.sink import SmtpSink
-from mailtap.commands.common import config_option
 
 log = logging.getLogger(__name__)
 
@@ -103,10 +102,3 @@ def run_smtp_sink(config_path: str) -> None:
     log.info("smtp sink stopped: sent=%d events=%d", sink.sent_total, sink.events_total)
     if reader_failed.is_set():
         raise click.ClickException("the bounce reader failed (see the log above)")
-
-
-@click.command("smtp-sink")
-@config_option
-def smtp_sink(config_path: str) -> None:
-    """Send ReplyCommands from mail.commands through the SMTP relay; publish DeliveryEvents."""
-    run_smtp_sink(config_path)

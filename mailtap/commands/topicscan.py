@@ -67,7 +67,7 @@ def scan(
                 deadline,
                 f"finding the offsets of {topic} at {since_ms}",
             )
-        for msg in read_to_end(consumer, kafka, starts, deadline - time.monotonic()):
+        for msg in read_to_end(consumer, starts, deadline - time.monotonic()):
             raw_headers = msg.headers() or []
             pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
             yield Seen(

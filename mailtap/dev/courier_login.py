@@ -28,14 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from mailtap.dev import dovecot
+from mailtap.dev.errors import ClientGone
 
 PR_SET_PDEATHSIG = 1
 #: Longest command line before LOGIN we accept (a LOGIN with long quoted strings fits).
 MAX_LINE = 8192
-
-
-class _Closed(Exception):
-    """The client went away before logging in."""
 
 
 class _Reader:
@@ -45,7 +42,7 @@ class _Reader:
     def byte(self) -> bytes:
         got = self.sock.recv(1)
         if not got:
-            raise _Closed
+            raise ClientGone
         return got
 
     def line(self) -> bytes:
@@ -53,7 +50,7 @@ class _Reader:
         while not out.endswith(b"\r\n"):
             out += self.byte()
             if len(out) > MAX_LINE:
-                raise _Closed
+                raise ClientGone
         return bytes(out[:-2])
 
     def exactly(self, count: int) -> bytes:
@@ -61,7 +58,7 @@ class _Reader:
         while len(out) < count:
             chunk = self.sock.recv(count - len(out))
             if not chunk:
-                raise _Closed
+                raise ClientGone
             out += chunk
         return bytes(out)
 
@@ -134,7 +131,7 @@ class CourierLogin(socketserver.BaseRequestHandler):
                     sock.sendall(
                         tag + b" BAD Only CAPABILITY, NOOP, LOGIN, LOGOUT before login\r\n"
                     )
-        except (_Closed, ValueError, OSError):
+        except (ClientGone, ValueError, OSError):
             return
 
     def _accepted(self, username: bytes, password: bytes) -> bool:

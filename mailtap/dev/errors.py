@@ -16,3 +16,7 @@ class DoveadmError(MailtapError, subprocess.CalledProcessError):
 
     def __str__(self) -> str:
         return f"{super().__str__()}\n{self.stderr}"
+
+
+class ClientGone(MailtapError, ConnectionError):
+    """The Courier login front end's client went away before logging in."""

@@ -25,7 +25,6 @@ from typing import Protocol
 
 # Re-exported (``as``) for the record builders that still import it from here; new code
 # imports it from connectors.core.claimcheck.errors.
-from connectors.core.claimcheck.errors import ClaimCheckError as ClaimCheckError
 
 #: fsyncs in flight at once. fsync releases the GIL and ext4 folds concurrent fsyncs into one
 #: journal commit: 200 blobs took 35-65 ms with 8-16 threads here, 530 ms one after another.

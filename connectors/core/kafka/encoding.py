@@ -117,7 +117,7 @@ def topic_encodings(
                 if high > low:
                     starts.append(TopicPartition(topic, partition, max(low, high - TAIL_RECORDS)))
         try:
-            for msg in read_to_end(consumer, kafka, starts, max(0.0, deadline - time.monotonic())):
+            for msg in read_to_end(consumer, starts, max(0.0, deadline - time.monotonic())):
                 encoding = encoding_of(msg.value())
                 if encoding is not None:
                     found[str(msg.topic())].add(encoding)

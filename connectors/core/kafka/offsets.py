@@ -20,13 +20,17 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, no __all__
+    AdminClient,
+    OffsetSpec,
+)
 
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import admin_client, consumer_config
 from connectors.core.kafka.errors import KafkaTimeout
-from connectors.core.kafka.readtoend import Where, partition_ends, read_to_end, topic_partitions
-from connectors.core.kafka.retry import is_retriable
+from connectors.core.kafka.readtoend import Where, read_to_end, topic_partitions
+from connectors.core.kafka.retry import is_retriable, retry_retriable
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +76,8 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
                 return
             parts = [TopicPartition(topic, p) for p in metadata.partitions]
             if target is None:
-                target = partition_ends(
-                    kafka, parts, committed=False, deadline=deadline, admin=admin
-                )
-            stable = partition_ends(kafka, parts, committed=True, deadline=deadline, admin=admin)
+                target = _ends(kafka, admin, parts, committed=False, deadline=deadline)
+            stable = _ends(kafka, admin, parts, committed=True, deadline=deadline)
             if all(stable.get(p, -1) >= end for p, end in target.items()):
                 return
             waiting = f"last stable offsets {stable}, ends {target}"
@@ -84,12 +86,38 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
             if not is_retriable(error):
                 raise
             waiting = error.str()
-            admin = admin_client(kafka)  # fresh metadata and leader epochs (see partition_ends)
+            admin = admin_client(kafka)  # fresh metadata and leader epochs (see _ends)
         if time.monotonic() > deadline:
             raise KafkaTimeout(
                 f"{topic}: transactions open on it did not end within {timeout:.0f}s ({waiting})"
             )
         time.sleep(0.1)
+
+
+def _ends(
+    kafka: KafkaSettings,
+    admin: AdminClient,
+    parts: list[TopicPartition],
+    *,
+    committed: bool,
+    deadline: float,
+) -> dict[Where, int]:
+    """Each partition's end now: the last stable offset when ``committed``, else the high
+    watermark. Retriable errors are retried until ``deadline``."""
+    level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+    given: AdminClient | None = admin
+
+    def ask() -> dict[Where, int]:
+        nonlocal given
+        # A retry asks with a new client: librdkafka's admin client keeps the leader epoch it
+        # cached, so after a leader moved it was answered FENCED_LEADER_EPOCH for 60 s (45
+        # attempts) on a 2-broker cluster whose leaders moved (issue 29).
+        client, given = (given if given is not None else admin_client(kafka)), None
+        asked = {tp: OffsetSpec.latest() for tp in parts}  # type: ignore[no-untyped-call]
+        answers = client.list_offsets(asked, isolation_level=level, request_timeout=10)
+        return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in answers.items()}
+
+    return retry_retriable(ask, deadline, f"finding the ends of {parts[0].topic}")
 
 
 class OffsetStore:
@@ -132,7 +160,7 @@ class OffsetStore:
             # the stream instead chases it for as long as other mailboxes keep committing (one
             # partition, a commit per batch of every mailbox), and never sees its end-of-file.
             starts = [TopicPartition(topic, p, 0) for p in partitions]
-            for msg in read_to_end(consumer, self._kafka, starts, timeout):
+            for msg in read_to_end(consumer, starts, timeout):
                 key = msg.key()
                 if key is None:
                     continue

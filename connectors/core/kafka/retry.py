@@ -50,6 +50,13 @@ TRANSIENT_CODES = frozenset(
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError._WAIT_COORD,
+        # AdminClient.list_offsets while a partition has no known leader yet: "Failed to query
+        # partition leaders: No leaders found" (seen for a topic created a moment ago).
+        KafkaError._NOENT,
+        # The client's own metadata does not know a topic created a moment ago yet:
+        # get_watermark_offsets fails locally ("Local: Unknown partition") until it does.
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
     }
 )
 

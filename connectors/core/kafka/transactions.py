@@ -36,8 +36,7 @@ from connectors.core.kafka.clients import init_transactions, producer_config
 
 # Re-exported (``as``) for the source workers that still import them from here; new code
 # imports them from connectors.core.kafka.errors.
-from connectors.core.kafka.errors import FencedError as FencedError
-from connectors.core.kafka.errors import TransactionAborted as TransactionAborted
+from connectors.core.kafka.errors import FencedError, TransactionAborted
 from connectors.core.kafka.offsets import SourceOffset, SourcePartition, canonical_json
 
 log = logging.getLogger(__name__)

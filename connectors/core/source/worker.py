@@ -56,7 +56,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from connectors.core.kafka.transactions import FencedError, SourceRecord
+from connectors.core.kafka.errors import FencedError
+from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 from connectors.core.source.location import SourceLocation

@@ -174,7 +174,7 @@ def test_topics_ensure_cli(kafka: KafkaSettings, tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump({"kafka": json.loads(kafka.model_dump_json())}))
     result = CliRunner().invoke(main, ["topics", "ensure", "-c", str(config), "--json"])
     assert result.exit_code == 0, result.output
-    state = json.loads(result.output)
+    state = json.loads(result.stdout)
     assert state[kafka.topics.events] == "ok"
     assert state[f"{kafka.topics.retry_prefix}.4h"] == "created"
 

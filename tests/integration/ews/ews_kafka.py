@@ -6,12 +6,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import consumer_config
 from connectors.core.kafka.offsets import wait_transactions_settled
+from connectors.core.kafka.readtoend import read_to_end, topic_partitions
 from tests.ews_server import EwsTestServer
 from tests.ews_server.fixture import PASSWORD, USER
 
@@ -74,25 +75,13 @@ def read_topic(
             kafka,
             group_id=f"t-{uuid.uuid4().hex[:6]}",
             isolation_level=isolation,
-            enable_partition_eof=True,
+            fetch_wait_max_ms=10,
         )
     )
     try:
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        out: list[tuple[bytes, bytes | None]] = []
-        eof: set[int] = set()
-        while eof != set(parts):
-            msg = consumer.poll(10)
-            assert msg is not None, f"no end of partition seen on {topic}"
-            error = msg.error()
-            if error is not None:
-                # Only the end of a partition ends it; any other error is a failure to read.
-                assert error.code() == KafkaError._PARTITION_EOF, f"reading {topic}: {error}"
-                eof.add(msg.partition())
-                continue
-            out.append((msg.key(), msg.value()))
-        return out
+        parts = topic_partitions(consumer, kafka, topic, 10) or []
+        starts = [TopicPartition(topic, p, 0) for p in parts]
+        return [(msg.key(), msg.value()) for msg in read_to_end(consumer, starts, 60)]
     finally:
         consumer.close()
 

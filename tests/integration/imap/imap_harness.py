@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from imapclient import IMAPClient
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
 from connectors.core.kafka.clients import consumer_config
 from connectors.core.kafka.offsets import OffsetStore
+from connectors.core.kafka.readtoend import read_to_end, topic_partitions
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs, ensure_topics
 from connectors.core.source.location import SourceLocation
 from connectors.imap.source import ImapSource
@@ -213,25 +214,13 @@ class ImapHarness:
 
     def read(self, topic: str) -> list[Record]:
         consumer = Consumer(
-            consumer_config(self.kafka, f"t-{uuid.uuid4().hex[:8]}", enable_partition_eof=True)
+            consumer_config(self.kafka, f"t-{uuid.uuid4().hex[:8]}", fetch_wait_max_ms=10)
         )
         try:
-            meta = consumer.list_topics(topic, timeout=10).topics[topic]
-            parts = set(meta.partitions)
-            consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+            parts = topic_partitions(consumer, self.kafka, topic, 10) or []
+            starts = [TopicPartition(topic, p, 0) for p in parts]
             out: list[Record] = []
-            done: set[int] = set()
-            deadline = time.monotonic() + 60
-            while done != parts:
-                assert time.monotonic() < deadline, f"no end of {topic} within 60s"
-                msg = consumer.poll(1.0)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    assert err.code() == KafkaError._PARTITION_EOF, err
-                    done.add(msg.partition())
-                    continue
+            for msg in read_to_end(consumer, starts, 60):
                 raw = msg.value()
                 key = msg.key()
                 value = None

@@ -19,9 +19,10 @@ from typing import Any
 
 import yaml
 from click.testing import CliRunner
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.kafka.readtoend import read_to_end
 from connectors.core.mail import parse_mail
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.indexlog import INDEX_PARTITIONS, IndexChangelog, marker_key, partition_of
@@ -85,22 +86,16 @@ def _changelog_records(imap: ImapHarness, account: str, topic: str | None = None
     )
     partition = partition_of(account, IndexChangelog.open(kafka).partitions)
     consumer = Consumer(
-        consumer_config(imap.kafka, f"t-{uuid.uuid4().hex[:8]}", enable_partition_eof=True)
+        consumer_config(imap.kafka, f"t-{uuid.uuid4().hex[:8]}", fetch_wait_max_ms=10)
     )
     found: list[Any] = []
     try:
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        while True:
-            msg = consumer.poll(5.0)
-            assert msg is not None, f"no end of {topic}[{partition}]"
-            err = msg.error()
-            if err is not None:
-                assert err.code() == KafkaError._PARTITION_EOF, err
-                return found
+        for msg in read_to_end(consumer, [TopicPartition(topic, partition, 0)], 60):
             key = msg.key().decode()
             if key.startswith(f"{account}/"):
                 value = msg.value()
                 found.append((key, json.loads(value) if value is not None else None))
+        return found
     finally:
         consumer.close()
 
@@ -268,7 +263,7 @@ def test_topics_ensure_creates_the_changelog_when_an_imap_source_is_configured(
     path.write_text(yaml.safe_dump(config))
     result = CliRunner().invoke(main, ["topics", "ensure", "-c", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)[topic] == "created"
+    assert json.loads(result.stdout)[topic] == "created"
     kafka = imap.kafka.model_copy(
         update={"topics": imap.kafka.topics.model_copy(update={"imap_index": topic})}
     )

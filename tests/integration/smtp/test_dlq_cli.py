@@ -40,7 +40,7 @@ def cli(config: Path, *args: str) -> str:
 def status(config: Path) -> dict[str, Any]:
     result = CliRunner().invoke(main, ["status", "-c", str(config), "--json", "--window", "600"])
     assert result.exit_code == 0, result.output + repr(result.exception)
-    return dict(json.loads(result.output))
+    return dict(json.loads(result.stdout))
 
 
 async def test_dead_letter_listed_shown_replayed_once_and_dropped(

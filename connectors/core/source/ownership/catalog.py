@@ -193,7 +193,7 @@ class MailboxWatcher:
         # fetch.wait.max.ms (500 ms on this consumer, which then follows the topic) hoping for
         # new records: half a second of every source's start-up (issue 12).
         starts = [TopicPartition(self._topic, p, 0) for p in partitions]
-        for msg in read_to_end(self._consumer, self._kafka, starts, timeout):
+        for msg in read_to_end(self._consumer, starts, timeout):
             self._take(msg.key(), msg.value())
 
     def _take(self, key: bytes | None, value: bytes | None) -> bool:

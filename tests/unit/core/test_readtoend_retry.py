@@ -73,6 +73,8 @@ def _error(code: int) -> KafkaException:
         KafkaError._TIMED_OUT,
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError._NOENT,  # the admin client's ListOffsets before a new topic has leaders
+        KafkaError._UNKNOWN_PARTITION,  # a watermark query before the client knows a new topic
     ],
 )
 def test_what_a_new_topic_or_a_moved_leader_answers_is_asked_again(code: int) -> None:
