@@ -290,7 +290,7 @@ def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str
         if not name.startswith(ENV_PREFIX):
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
-        if not path:
+        if not path or _indexes_a_missing_list(merged, path):
             continue
         node: Any = merged
         for part, after in pairwise(path):
@@ -307,6 +307,24 @@ def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str
         kafka["bootstrap_servers"] = env[ENV_KAFKA_BOOTSTRAP]
         merged["kafka"] = kafka
     return merged
+
+
+def _indexes_a_missing_list(merged: dict[str, Any], path: list[str]) -> bool:
+    """True for ``MAILTAP__EWS__ACCOUNTS__0__PASSWORD`` when the file has no ``ews.accounts``.
+
+    List entries come from the file; such a variable belongs to another file read with the
+    same environment (compose gives every service one env file; the Exchange source has its own
+    config file), so it is not applied here. An index past the end of a list the file *has*
+    stays an error (:func:`_set`).
+    """
+    node: Any = merged
+    for depth, part in enumerate(path[:-1]):
+        if not isinstance(node, (dict, list)):
+            return False
+        node = _child(node, part)
+        if node is None:  # from here on the variable creates what it names
+            return any(p.isdigit() for p in path[depth + 1 :])
+    return False
 
 
 def _child(node: dict[str, Any] | list[Any], part: str) -> Any:

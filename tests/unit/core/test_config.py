@@ -139,3 +139,15 @@ def test_env_override_indexes_a_list_entry() -> None:
     assert "password" not in raw["imap"]["accounts"][1]
     with pytest.raises(ConfigError, match="past the end"):
         apply_env_overrides(raw, {"MAILTAP__IMAP__ACCOUNTS__2__PASSWORD": "x"})
+
+
+def test_env_override_for_a_list_the_file_lacks_belongs_to_another_file() -> None:
+    # compose gives every service one env file; the Exchange source's variables reach the
+    # services of mailtap.yaml, which has no ews section, and must not invent one there.
+    raw = {"imap": {"accounts": [{"name": "a"}]}}
+    env = {
+        "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": "x",
+        "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "y",
+        "MAILTAP__IMAP__FOLDERS__0": "INBOX",  # no list 'folders' in imap
+    }
+    assert apply_env_overrides(raw, env) == {"imap": {"accounts": [{"name": "a", "password": "y"}]}}
