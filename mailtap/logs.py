@@ -19,8 +19,8 @@ from typing import Literal
 
 from pythonjsonlogger.json import JsonFormatter
 
-from connectors.core.kafka import stop_requested
-from connectors.core.kafka_log import RepeatFilter
+from connectors.core.kafka.clients import stop_requested
+from connectors.core.kafka.log import RepeatFilter
 
 LogFormat = Literal["text", "json"]
 #: Parent of the loggers a long-running component uses for its start and stop lines
@@ -45,7 +45,7 @@ def configure(level: int, fmt: LogFormat = "text") -> None:
 
     Kafka clients that log through Python logging themselves (aiokafka under the streams worker)
     log a condition once and then its repeat count, like librdkafka's lines
-    (:mod:`connectors.core.kafka_log`).
+    (:mod:`connectors.core.kafka.log`).
     """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(fmt))

@@ -59,11 +59,16 @@ import faust
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from connectors.core import tracing
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
-from connectors.core.encoding import check_topic_encodings
 from connectors.core.errors import ConfigError, DataError
-from connectors.core.kafka import WAIT_SLICE_S, admin_client, cluster_metadata, raise_if_stopping
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import (
+    WAIT_SLICE_S,
+    admin_client,
+    cluster_metadata,
+    raise_if_stopping,
+)
+from connectors.core.kafka.encoding import check_topic_encodings
 from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
@@ -464,7 +469,7 @@ class StreamsWorker:
         faust, a fresh ``app_id`` could crash-loop on a broker slow to list them.
         """
         # Fail at start, not at the first command: a topic of the other encoding, a registry
-        # that refuses the schemas (connectors.core.encoding, connectors.core.schemaregistry).
+        # that refuses the schemas (connectors.core.kafka.encoding, connectors.core.avro.registry).
         topics = self.kafka.topics
         check_topic_encodings(self.kafka, [topics.commands, topics.workflow])
         self.command_serde.prepare(topics.commands)

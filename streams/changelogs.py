@@ -34,7 +34,8 @@ import faust
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import COMPACTED, DELETED, TopicSpec, admin_client, ensure_topic_specs
+from connectors.core.kafka.clients import admin_client
+from connectors.core.kafka.topics import COMPACTED, DELETED, TopicSpec, ensure_topic_specs
 
 log = logging.getLogger(__name__)
 

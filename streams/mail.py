@@ -1,6 +1,6 @@
 """The typed, read-only view of a ``MailEvent`` that guards, routing and workflows receive.
 
-The Avro decoder gives a plain dict (``connectors.core.serde.AvroSerde.decode``); workflows should
+The Avro decoder gives a plain dict (``connectors.core.avro.serde.AvroSerde.decode``); workflows should
 not index into it by string, so :meth:`MailView.from_record` turns it into frozen dataclasses once.
 Field names follow the schema (``schemas/MailEvent.avsc``) except ``from``, a Python keyword,
 which is :attr:`MailView.sender`.

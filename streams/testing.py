@@ -53,7 +53,7 @@ def mail_record(
     raw_uri: str | None = None,
     parse_error: str | None = None,
 ) -> Record:
-    """A decoded ``MailEvent`` as :class:`connectors.core.serde.AvroSerde` returns it."""
+    """A decoded ``MailEvent`` as :class:`connectors.core.avro.serde.AvroSerde` returns it."""
     mid = (
         message_id
         or f"{hashlib.sha256(repr((subject, sender, observed_at)).encode()).hexdigest()[:16]}@example.com"

@@ -116,7 +116,7 @@ def s3_settings(server: s3proxy.RunningS3Proxy, **overrides: object) -> S3Settin
 @pytest.fixture
 def s3_bucket(s3_server: s3proxy.RunningS3Proxy, unique: str) -> tuple[str, S3Settings]:
     """A new, empty bucket on the session's S3Proxy, and the settings that reach it."""
-    from connectors.core.s3store import s3_client
+    from connectors.core.claimcheck.s3 import s3_client
 
     settings = s3_settings(s3_server)
     bucket = f"claims-{unique}"

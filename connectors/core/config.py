@@ -46,9 +46,9 @@ from pydantic import (
     model_validator,
 )
 
+from connectors.core.avro.registry import DEFAULT_COMPATIBILITY, Compatibility
 from connectors.core.config_errors import closest, describe, env_sources, missing_section
 from connectors.core.errors import ConfigError
-from connectors.core.schemaregistry import DEFAULT_COMPATIBILITY, Compatibility
 
 ENV_PREFIX = "MAILTAP__"
 ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"

@@ -22,7 +22,7 @@ import sys
 import threading
 from typing import Any
 
-from connectors.core.contract import TransactionalSourceWriter
+from connectors.core.kafka.transactions import TransactionalSourceWriter
 
 __all__ = ["ENV", "EXIT_CODE", "CrashPoints", "CrashingWriter"]
 

@@ -113,7 +113,7 @@ class SourceMetrics:
             registry=r,
         )
         self.build_info = build_info(r, "source")
-        #: The group membership behind the ownership (``connectors.core.assignment``), for /healthz.
+        #: The group membership behind the ownership (``connectors.core.source.ownership.group``), for /healthz.
         self.assignment: dict[str, Any] | None = None
         self._last_sync: dict[tuple[str, str, str], float] = {}
         self._states: dict[tuple[str, str, str], str] = {}

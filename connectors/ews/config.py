@@ -29,8 +29,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from connectors.core.assignment import GroupSettings
-from connectors.core.sourcesettings import (
+from connectors.core.source.ownership.group import GroupSettings
+from connectors.core.source.settings import (
     START_DESCRIPTION,
     check_section,
     start_since,
@@ -209,7 +209,7 @@ class EwsSourceSettings(_Strict):
     group: GroupSettings | None = Field(
         default=None,
         description="share the mailboxes among the instances with the same group id "
-        "(connectors.core.assignment); without it this instance runs every mailbox",
+        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
     )
 
     @model_validator(mode="after")

@@ -1,6 +1,6 @@
 """Fetched Exchange items -> Kafka records: the MailEvent (through the shared parser) and DLQ reports.
 
-The rules and the record layout are the shared ones of :mod:`connectors.core.records` (bad input
+The rules and the record layout are the shared ones of :mod:`connectors.core.source.records` (bad input
 never stops a mailbox); this module adds where the item lives (its item id). The key is the shared
 parser's, so the same MIME gives the same key whether it was read over IMAP or EWS.
 
@@ -21,15 +21,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.core.claimcheck import (
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.store import (
     ClaimCheckBatch,
     ClaimCheckError,
     ClaimCheckStore,
     staged_batch,
 )
-from connectors.core.contract import SourceRecord
-from connectors.core.records import MailEventRecords
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.source.records import MailEventRecords
 from connectors.ews.connection import FetchedItem
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 (account, folder), sharing metrics, the health endpoint and the parser.
 
 The owned folders are the ``ews`` section's, changed by the mailboxes topic, or with
-``ews.group`` this instance's share of them (:mod:`connectors.core.assignment`; each folder is
+``ews.group`` this instance's share of them (:mod:`connectors.core.source.ownership.group`; each folder is
 placed on its own, they share nothing).
 
 Usage (``mailtap run ews-source -c CONFIG`` does this)::
@@ -27,16 +27,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from connectors.core import faults
-from connectors.core.assignment import WorkUnit, by_folder
-from connectors.core.claimcheck import open_configured
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
-from connectors.core.contract import TransactionalSourceWriter, transactional_id
-from connectors.core.encoding import check_topic_encodings
+from connectors.core.kafka.encoding import check_topic_encodings
+from connectors.core.kafka.offsets import OffsetStore, SharedReads
+from connectors.core.kafka.transactions import TransactionalSourceWriter, transactional_id
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
-from connectors.core.offsets import OffsetStore, SharedReads
-from connectors.core.serde import AvroSerde
-from connectors.core.sharing import Sharing, start_sharing
+from connectors.core.source.ownership.group import WorkUnit, by_folder
+from connectors.core.source.ownership.wiring import Sharing, start_sharing
 from connectors.ews.config import SECTION, EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import EwsConnection
 from connectors.ews.records import EwsRecordBuilder
@@ -151,7 +151,7 @@ class EwsSource:
         self.started.set()
 
     def reconfigure(self, settings: EwsSourceSettings) -> None:
-        """Run ``settings.accounts`` from now on (a config reload, connectors.core.reload):
+        """Run ``settings.accounts`` from now on (a config reload, connectors.core.source.reload):
         folders of added accounts start (this instance's share with a group), those of removed
         accounts stop, those of changed accounts restart with the new settings; the mailboxes
         topic's changes still apply on top. The other settings must be the running ones."""

@@ -39,12 +39,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from connectors.core.backoff import Backoff
-from connectors.core.contract import FencedError, SourceRecord
+from connectors.core.kafka.offsets import canonical_json
+from connectors.core.kafka.transactions import FencedError, SourceRecord
 from connectors.core.mail.identity import message_id_of_key
 from connectors.core.metrics import SourceMetrics
-from connectors.core.offsets import canonical_json
-from connectors.core.reconnect import backoff_delay
+from connectors.core.source.backoff import Backoff
+from connectors.core.source.reconnect import backoff_delay
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import Change, ChangeKind, EwsConnection, ItemRef
 from connectors.ews.cursor import EPOCH, EwsCursor, change_digest, item_digest

@@ -26,9 +26,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from connectors.core.assignment import GroupSettings
 from connectors.core.config import ClientCredentialsSettings
-from connectors.core.sourcesettings import (
+from connectors.core.source.ownership.group import GroupSettings
+from connectors.core.source.settings import (
     START_DESCRIPTION,
     check_section,
     start_since,
@@ -241,7 +241,7 @@ class ImapSourceSettings(_Strict):
     group: GroupSettings | None = Field(
         default=None,
         description="share the mailboxes among the instances with the same group id "
-        "(connectors.core.assignment); without it this instance runs every mailbox",
+        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
     )
 
     @model_validator(mode="after")

@@ -40,12 +40,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
-from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka.clients import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka.offsets import OffsetStore
 from connectors.core.mail.identity import key_candidates, message_id_of_key
-from connectors.core.offsets import OffsetStore
-from connectors.core.serde import AvroSerde
 from connectors.imap.cursor import SOURCE
 from connectors.imap.indexlog import READ_TO_END, ChangelogPartition, IndexChangelog, Row
 from connectors.imap.syncrounds import SyncRounds

@@ -35,16 +35,14 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from connectors.core.config import KafkaSettings
-from connectors.core.contract import SourceRecord
-from connectors.core.kafka import (
-    COMPACTED,
-    TopicSpec,
+from connectors.core.kafka.clients import (
     cluster_metadata,
     consumer_config,
-    ensure_topic_specs,
     producer_config,
     raise_if_stopping,
 )
+from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
+from connectors.core.kafka.transactions import SourceRecord
 
 log = logging.getLogger(__name__)
 

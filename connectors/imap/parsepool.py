@@ -7,7 +7,7 @@ batches in ``parse_workers`` processes while the mailbox thread fetches the next
 previous one commits (see ``MailboxWorker._backfill``).
 
 A job returns once the claim-check blobs of its batch are written (the child commits its own
-:class:`~connectors.core.claimcheck.ClaimCheckBatch`); the batch's pack file comes back
+:class:`~connectors.core.claimcheck.store.ClaimCheckBatch`); the batch's pack file comes back
 unsynced and the source's commit fsyncs it between producing the records and committing them
 (``before_commit``), so the order "blobs durable, then the transaction that references them
 commits" holds as in the single-threaded path while the child goes on parsing. What a job
@@ -39,10 +39,12 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckBatch, open_configured
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.local import LocalClaimCheckBatch
+from connectors.core.claimcheck.open import open_configured
+from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.config import ClaimCheckSettings, KafkaSettings
 from connectors.core.mail import ParseLimits, parse_mail
-from connectors.core.serde import AvroSerde
 from connectors.imap.connection import FetchedMail
 from connectors.imap.indexlog import ChangelogPartition
 from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder

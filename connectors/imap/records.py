@@ -1,6 +1,6 @@
 """Fetched mails -> Kafka records: the MailEvent (through the shared parser), DLQ reports, tombstones.
 
-The rules and the record layout are the shared ones of :mod:`connectors.core.records` (bad input
+The rules and the record layout are the shared ones of :mod:`connectors.core.source.records` (bad input
 never stops a mailbox: a flagged mail is published *and* reported on the DLQ, a parser bug is
 reported on the DLQ only); this module adds where the mail lives (uidvalidity, uid) and the
 IMAP specifics: session flags, a moved mail's folder, ADDED/UPDATED/RESCANNED.
@@ -22,15 +22,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from connectors.core.claimcheck import (
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.store import (
     ClaimCheckBatch,
     ClaimCheckError,
     ClaimCheckStore,
     staged_batch,
 )
-from connectors.core.contract import SourceRecord
-from connectors.core.records import MailEventRecords
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.source.records import MailEventRecords
 from connectors.imap.connection import FetchedMail
 from connectors.imap.indexlog import ChangelogPartition
 

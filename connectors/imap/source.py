@@ -1,7 +1,7 @@
 """The IMAP source: every owned (account, folder) as one worker thread, plus /healthz.
 
 Which mailboxes an instance owns: every configured one, changed by the mailboxes topic, or with
-``imap.group`` its share of them among the group's live instances (connectors.core.assignment);
+``imap.group`` its share of them among the group's live instances (connectors.core.source.ownership.group);
 the folders of an account always run together (they share the account's key index).
 
     source = ImapSource.from_config(load_config("mailtap.yaml"))
@@ -23,17 +23,18 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from connectors.core.assignment import STOP_JOIN_S, WorkUnit, by_account
-from connectors.core.claimcheck import ClaimCheckStore, close_store, open_configured
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.open import open_configured
+from connectors.core.claimcheck.store import ClaimCheckStore, close_store
 from connectors.core.config import KafkaSettings, MailtapConfig
-from connectors.core.contract import TransactionalSourceWriter, transactional_id
 from connectors.core.faults import CrashingWriter, CrashPoints
-from connectors.core.kafka import ensure_topics
+from connectors.core.kafka.offsets import OffsetStore, SharedReads
+from connectors.core.kafka.topics import ensure_topics
+from connectors.core.kafka.transactions import TransactionalSourceWriter, transactional_id
 from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
-from connectors.core.offsets import OffsetStore, SharedReads
-from connectors.core.serde import AvroSerde
-from connectors.core.sharing import Sharing, read_mailboxes, start_sharing
+from connectors.core.source.ownership.group import STOP_JOIN_S, WorkUnit, by_account
+from connectors.core.source.ownership.wiring import Sharing, read_mailboxes, start_sharing
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
@@ -115,7 +116,7 @@ class ImapSource:
         with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
             loading = loader.submit(load_indexes, self.kafka, serde, names) if names else None
             # A registry that refuses the schema stops the source here, with the sentence, not
-            # at its first transaction (connectors.core.schemaregistry).
+            # at its first transaction (connectors.core.avro.registry).
             serde.prepare(self.kafka.topics.events)
             self._claim_check = open_configured(
                 self.config.claim_check, self.settings.claim_check_threads
@@ -274,7 +275,7 @@ class ImapSource:
         self.started.set()
 
     def reconfigure(self, settings: ImapSourceSettings) -> None:
-        """Run ``settings.accounts`` from now on (a config reload, connectors.core.reload):
+        """Run ``settings.accounts`` from now on (a config reload, connectors.core.source.reload):
         accounts added start (this instance's share of them with a group), removed ones stop,
         changed ones restart with their new settings; folders added or removed through the
         mailboxes topic still apply on top. The other settings must be the running ones."""

@@ -36,13 +36,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from connectors.core.backoff import Backoff
-from connectors.core.claimcheck import ClaimCheckBatch, make_durable
-from connectors.core.contract import FencedError, SourceRecord, TransactionAborted
+from connectors.core.claimcheck.local import make_durable
+from connectors.core.claimcheck.store import ClaimCheckBatch
 from connectors.core.faults import CrashPoints
+from connectors.core.kafka.offsets import canonical_json
+from connectors.core.kafka.transactions import FencedError, SourceRecord, TransactionAborted
 from connectors.core.metrics import SourceMetrics
-from connectors.core.offsets import canonical_json
-from connectors.core.reconnect import backoff_delay
+from connectors.core.source.backoff import Backoff
+from connectors.core.source.reconnect import backoff_delay
 from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import SEEN, FetchedMail, ImapConnection
 from connectors.imap.cursor import (

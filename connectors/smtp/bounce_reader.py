@@ -29,9 +29,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka import consumer_config, init_transactions, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
 from connectors.smtp import suppression
 from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.bounce import Bounce, parse_bounce

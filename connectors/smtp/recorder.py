@@ -23,8 +23,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from connectors.core import tracing
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import TopicNames
-from connectors.core.serde import AvroSerde
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for

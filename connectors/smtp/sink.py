@@ -63,14 +63,10 @@ from functools import partial
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from connectors.core import tracing
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka import (
-    consumer_config,
-    ensure_topics,
-    init_transactions,
-    producer_config,
-)
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.classify import (
     MAX_DIAGNOSTIC,
     DeliveryStatus,
@@ -195,7 +191,7 @@ class SmtpSink:
             commands,
         )
         # A registry that refuses DeliveryEvent stops the sink here, with the sentence, not at its
-        # first delivery event (connectors.core.schemaregistry). Retry topics carry the
+        # first delivery event (connectors.core.avro.registry). Retry topics carry the
         # commands' original bytes: nothing of ours to register there.
         self.delivery_serde.prepare(self.topics.delivery)
         if self.suppressions is not None:

@@ -40,13 +40,13 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import (
-    COMPACTED,
+from connectors.core.kafka.clients import (
     admin_client,
     cluster_metadata,
     consumer_config,
     raise_if_stopping,
 )
+from connectors.core.kafka.topics import COMPACTED
 
 log = logging.getLogger(__name__)
 

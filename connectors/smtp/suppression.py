@@ -47,9 +47,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import cluster_metadata, consumer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import cluster_metadata, consumer_config
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SuppressionSettings
 from connectors.smtp.render import RenderedMessage

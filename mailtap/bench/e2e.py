@@ -27,7 +27,7 @@ from aiosmtpd.controller import Controller
 from imapclient import IMAPClient
 
 from connectors.core.config import load_config
-from connectors.core.kafka import ensure_topics
+from connectors.core.kafka.topics import ensure_topics
 from mailtap.components import Pipeline
 from mailtap.demo import scenario
 from mailtap.dev import DevServices, status, up

@@ -42,12 +42,8 @@ from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]  # re-e
 from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import (
-    admin_client,
-    consumer_config,
-    ensure_topics,
-    producer_config,
-)
+from connectors.core.kafka.clients import admin_client, consumer_config, producer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection

@@ -45,13 +45,8 @@ from confluent_kafka import Consumer, KafkaException
 from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import (
-    admin_client,
-    consumer_config,
-    ensure_topic_specs,
-    ensure_topics,
-    topic_specs,
-)
+from connectors.core.kafka.clients import admin_client, consumer_config
+from connectors.core.kafka.topics import ensure_topic_specs, ensure_topics, topic_specs
 from connectors.imap.indexlog import topic_spec as index_topic_spec
 from mailtap.bench.ingest import _account, _delete_topics, _say, _services
 from mailtap.dev import DevServices

@@ -27,9 +27,10 @@ import aiosmtplib
 import click
 from confluent_kafka import Consumer, Producer
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, config_from_dict
-from connectors.core.kafka import consumer_config, ensure_topics, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.render import render
 from connectors.smtp.sink import PRODUCER_COMPRESSION, SmtpSink

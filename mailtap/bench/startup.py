@@ -42,11 +42,12 @@ import yaml
 from confluent_kafka import Producer
 from imapclient import IMAPClient
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import ensure_topics, producer_config
+from connectors.core.kafka.clients import producer_config
+from connectors.core.kafka.offsets import OffsetStore, canonical_json
+from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
-from connectors.core.offsets import OffsetStore, canonical_json
-from connectors.core.serde import AvroSerde
 from connectors.imap.cursor import source_partition
 from connectors.imap.index import ENV_REBUILD
 from connectors.imap.indexlog import IndexChangelog, marker_key, partition_of

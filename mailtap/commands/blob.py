@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 import click
 
-from connectors.core.claimcheck import ClaimCheckError, close_store, open_configured
+from connectors.core.claimcheck.open import open_configured
+from connectors.core.claimcheck.store import ClaimCheckError, close_store
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import ConfigError
 from mailtap.commands.common import config_option
@@ -32,7 +33,7 @@ def fetch_blob(cfg: MailtapConfig, uri: str) -> bytes:
     """The verified bytes behind ``uri``; ClaimCheckError or ConfigError say why not."""
     parts = urlsplit(uri)
     if parts.scheme == "s3":
-        from connectors.core.s3store import S3ClaimCheckStore
+        from connectors.core.claimcheck.s3 import S3ClaimCheckStore
 
         store = S3ClaimCheckStore.open(f"s3://{parts.netloc}", cfg.claim_check.s3)
         try:

@@ -24,10 +24,10 @@ from confluent_kafka import (
 )
 
 from connectors.core import tracing
+from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError, DataError
-from connectors.core.kafka import cluster_metadata, consumer_config, unreachable
-from connectors.core.serde import AnyAvroDecoder
+from connectors.core.kafka.clients import cluster_metadata, consumer_config, unreachable
 from mailtap.commands.common import config_option
 
 

@@ -7,7 +7,7 @@ One DLQ topic (``kafka.topics.dlq``, or ``--topic``) holds two kinds of record:
   (:func:`connectors.smtp.retry.dlq_headers`);
 * **source** dead letters from the IMAP/EWS sources: the raw MIME of a mail the parser could not
   read, with ``mailtap.error.{kind,message}`` and ``mailtap.source.{kind,account,folder}``
-  (:meth:`connectors.core.records.RecordBuilder.dlq`).
+  (:meth:`connectors.core.source.records.RecordBuilder.dlq`).
 
 A record is named by ``PARTITION:OFFSET``. Filters: ``--error-class`` (class or kind),
 ``--since``/``--until`` (ISO time of the DLQ record), ``--key``.
@@ -39,10 +39,11 @@ import click
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
+from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import KafkaSettings, MailtapConfig, load_config
 from connectors.core.errors import DataError
-from connectors.core.kafka import COMPACTED, admin_client, producer_config
-from connectors.core.serde import AnyAvroDecoder
+from connectors.core.kafka.clients import admin_client, producer_config
+from connectors.core.kafka.topics import COMPACTED
 from mailtap.commands.common import config_option
 from mailtap.commands.topicscan import Seen, scan
 

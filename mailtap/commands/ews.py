@@ -1,5 +1,5 @@
 """``mailtap run ews-source -c CONFIG``: the Exchange source as a process (SIGTERM/SIGINT stop it;
-SIGHUP reloads the accounts from CONFIG, connectors.core.reload)."""
+SIGHUP reloads the accounts from CONFIG, connectors.core.source.reload)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import signal
 from collections.abc import Callable
 
 from connectors.core.config import load_config
-from connectors.core.kafka import request_stop
-from connectors.core.reload import reload_on_sighup
+from connectors.core.kafka.clients import request_stop
+from connectors.core.source.reload import reload_on_sighup
 from connectors.ews.config import SECTION, EwsSourceSettings
 from connectors.ews.source import EwsSource, run_forever
 

@@ -1,5 +1,5 @@
 """``mailtap run imap-source -c CONFIG``: the IMAP source until SIGTERM/SIGINT; SIGHUP reloads
-the accounts from CONFIG (connectors.core.reload)."""
+the accounts from CONFIG (connectors.core.source.reload)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 from types import FrameType
 
 from connectors.core.config import load_config
-from connectors.core.kafka import request_stop
-from connectors.core.reload import reload_on_sighup
+from connectors.core.kafka.clients import request_stop
+from connectors.core.source.reload import reload_on_sighup
 from connectors.imap.config import SECTION, ImapSourceSettings
 from connectors.imap.source import ImapSource
 
@@ -24,7 +24,7 @@ EXIT_FENCED = 3
 def run_imap_source(config_path: str) -> None:
     # A long-running service: state transitions and backfill progress belong on the console
     # even when the CLI's default level is WARNING (-v/-vv or MAILTAP_LOG_LEVEL go further).
-    for name in ("connectors.imap", "connectors.core.contract"):
+    for name in ("connectors.imap", "connectors.core.kafka.transactions"):
         if logging.getLogger(name).getEffectiveLevel() > logging.INFO:
             logging.getLogger(name).setLevel(logging.INFO)
     config = load_config(config_path)

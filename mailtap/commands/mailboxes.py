@@ -1,7 +1,7 @@
 """``mailtap mailboxes add|remove|reset|list|rewind|purge``: change the folders the sources
 publish, at runtime; forget a mailbox's cursor or everything mailtap keeps of it.
 
-Changes go to the compacted mailboxes topic (``connectors.core.mailboxes``); every running
+Changes go to the compacted mailboxes topic (``connectors.core.source.ownership.catalog``); every running
 source instance follows it within a second, no restart. The account must be defined in the
 configuration (its credentials live there); a new account needs a configuration change and a
 restart of the instances.
@@ -23,7 +23,16 @@ from typing import Any
 import click
 import yaml
 
-from connectors.core.assignment import (
+from connectors.core.config import MailtapConfig, load_config
+from connectors.core.errors import ConfigError
+from connectors.core.source.ownership.catalog import (
+    ADDED,
+    REMOVED,
+    MailboxCatalog,
+    read_changes,
+    write_change,
+)
+from connectors.core.source.ownership.group import (
     GroupSettings,
     Owner,
     WorkUnit,
@@ -31,9 +40,6 @@ from connectors.core.assignment import (
     by_folder,
     describe_owners,
 )
-from connectors.core.config import MailtapConfig, load_config
-from connectors.core.errors import ConfigError
-from connectors.core.mailboxes import ADDED, REMOVED, MailboxCatalog, read_changes, write_change
 from mailtap.commands.common import config_option
 from mailtap.mailbox_data import execute_purge, forget_cursor, plan_purge, require_stopped
 from mailtap.trace import read_records

@@ -13,9 +13,10 @@ from typing import cast
 
 import click
 
-from connectors.core.claimcheck import ClaimCheckStore, open_configured
+from connectors.core.claimcheck.open import open_configured
+from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.config import MailtapConfig, load_config
-from connectors.core.kafka import request_stop
+from connectors.core.kafka.clients import request_stop
 from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.smtp.bounce_reader import BounceReader
 from connectors.smtp.config import SmtpSinkSettings

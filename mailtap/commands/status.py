@@ -32,16 +32,16 @@ from typing import Any
 
 import click
 
+from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import DataError
-from connectors.core.kafka import DEFAULT_RETRY_TIERS
-from connectors.core.serde import AnyAvroDecoder
+from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
 from mailtap.commands.common import config_option, retry_tiers_of
 from mailtap.commands.dlq import read_dropped
 from mailtap.commands.mailboxes import SOURCES, mailbox_listing
 from mailtap.commands.topicscan import group_lag, scan
 
-#: Header names of the source DLQ records (connectors.core.records.RecordBuilder.dlq).
+#: Header names of the source DLQ records (connectors.core.source.records.RecordBuilder.dlq).
 SOURCE_KIND, SOURCE_ACCOUNT, SOURCE_FOLDER = (
     "mailtap.source.kind",
     "mailtap.source.account",

@@ -13,10 +13,10 @@ from typing import Any, cast
 
 import faust
 
-from connectors.core.claimcheck import open_configured
+from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import request_stop
+from connectors.core.kafka.clients import request_stop
 from connectors.core.metrics import HealthServer, SourceMetrics
 from mailtap.commands.streams_health import HEARTBEAT_SECONDS, StreamsHealth
 from streams.app import StreamsWorker, events_partitions

@@ -16,10 +16,11 @@ from typing import Any
 import click
 from confluent_kafka import Producer
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, load_config
 from connectors.core.errors import DataError
-from connectors.core.kafka import COMPACTED, TopicSpec, ensure_topic_specs, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import producer_config
+from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
 from connectors.smtp.suppression import REASONS, AddressError, normalize, record
 from mailtap.commands.common import config_option
 from mailtap.commands.topicscan import scan

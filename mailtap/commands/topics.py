@@ -9,7 +9,7 @@ import click
 
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import (
+from connectors.core.kafka.topics import (
     DEFAULT_RETRY_TIERS,
     TopicSpec,
     ensure_topic_specs,

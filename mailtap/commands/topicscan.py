@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, TopicPartition
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import admin_client, consumer_config
+from connectors.core.kafka.clients import admin_client, consumer_config
 
 #: A read stops with an error rather than hanging when the end is not reached in this time.
 READ_TIMEOUT_S = 60.0

@@ -26,7 +26,7 @@ import yaml
 from imapclient import IMAPClient
 
 from connectors.core.config import load_config
-from connectors.core.kafka import ensure_topics
+from connectors.core.kafka.topics import ensure_topics
 from mailtap.components import Pipeline, wait_for
 from mailtap.demo import scenario
 from mailtap.demo.trace import RunTrace, Tracer

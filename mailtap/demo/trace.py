@@ -12,10 +12,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
-from connectors.core.kafka import consumer_config
-from connectors.core.serde import AnyAvroDecoder
+from connectors.core.kafka.clients import consumer_config
 from mailtap.dev.received import ReceivedMessage, received_messages, received_names
 
 #: How often the tracer looks for new mail in the SMTP server's folder.

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from connectors.core.avro.serde import CONFLUENT_MAGIC
 from connectors.core.config import load_config
-from connectors.core.kafka import consumer_config
-from connectors.core.serde import CONFLUENT_MAGIC
+from connectors.core.kafka.clients import consumer_config
 from mailtap.dev import down, registry, up
 from mailtap.dev.layout import REPO_ROOT
 from mailtap.dev.process import group_members

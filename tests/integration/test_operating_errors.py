@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import ensure_topics
+from connectors.core.kafka.topics import ensure_topics
 
 COMPONENTS = ("imap-source", "ews-source", "smtp-sink", "streams")
 #: Well before what the old code needed after a SIGTERM in this state (15-90 s), far above the

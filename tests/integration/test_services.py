@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 from imapclient import IMAPClient
 from imapclient.exceptions import LoginError
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import load_config
-from connectors.core.serde import AvroSerde
 from mailtap.dev import Account, DevServices, ServiceStartError, down, registry, status, up
 from mailtap.dev import dovecot as dev_dovecot
 from mailtap.dev.process import group_members

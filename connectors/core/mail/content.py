@@ -54,7 +54,7 @@ from email.message import Message
 from email.parser import BytesParser
 from typing import Any
 
-from connectors.core.claimcheck import BlobRef, ClaimCheckStore
+from connectors.core.claimcheck.store import BlobRef, ClaimCheckStore
 from connectors.core.mail import flattened
 from connectors.core.mail.charsets import clean_text, decode_text
 from connectors.core.mail.headers import Head, read_head, split_lines

@@ -11,10 +11,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from connectors.core.claimcheck import LocalClaimCheckStore, open_claim_check
+from connectors.core.avro.schemas import schemas_dir
+from connectors.core.claimcheck.local import LocalClaimCheckStore
+from connectors.core.claimcheck.open import open_claim_check
+from connectors.core.claimcheck.s3 import s3_client
 from connectors.core.config import S3Settings
-from connectors.core.s3store import s3_client
-from connectors.core.schemas import schemas_dir
 from mailtap.cli import main
 
 PDF = b"%PDF-1.7\n" + bytes(range(256)) * 40  # an attachment's bytes, binary

@@ -21,7 +21,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from connectors.core.schemas import TOPIC_SCHEMAS, load_schema
+from connectors.core.avro.schemas import TOPIC_SCHEMAS, load_schema
 from mailtap.dev.layout import REPO_ROOT
 from tests.integration.core.test_java_avro import manifest
 from tests.unit.core.contract_samples import SAMPLES

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from connectors.core.schemas import (
+from connectors.core.avro.schemas import (
     TOPIC_SCHEMAS,
     history_files,
     load_schema,
     parse_order,
     schemas_dir,
 )
-from connectors.core.serde import AvroSerde
+from connectors.core.avro.serde import AvroSerde
 from tests.integration.core.java_avro import AVRO_VERSIONS, maven_codegen, run_checker
 from tests.unit.core.contract_samples import SAMPLES, current, without_placeholder
 

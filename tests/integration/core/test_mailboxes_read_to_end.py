@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import threading
 
-from connectors.core.assignment import WorkUnit
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import ensure_topic_specs
-from connectors.core.mailboxes import (
+from connectors.core.kafka.topics import ensure_topic_specs
+from connectors.core.source.ownership.catalog import (
     ADDED,
     REMOVED,
     MailboxCatalog,
@@ -18,7 +17,8 @@ from connectors.core.mailboxes import (
     topic_spec,
     write_change,
 )
-from connectors.core.sharing import read_mailboxes
+from connectors.core.source.ownership.group import WorkUnit
+from connectors.core.source.ownership.wiring import read_mailboxes
 from mailtap.dev import DevServices
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.contract import TransactionalSourceWriter
-from connectors.core.kafka import ensure_topics
-from connectors.core.offsets import OffsetStore, canonical_json
+from connectors.core.kafka.offsets import OffsetStore, canonical_json
+from connectors.core.kafka.topics import ensure_topics
+from connectors.core.kafka.transactions import TransactionalSourceWriter
 from mailtap.dev import DevServices
 
 

@@ -27,12 +27,13 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from connectors.core import schemaregistry
+from connectors.core.avro import registry as schemaregistry
+from connectors.core.avro.schemas import TOPIC_SCHEMAS, parse_order, schemas_dir
+from connectors.core.avro.serde import CONFLUENT_MAGIC, AnyAvroDecoder, AvroSerde
 from connectors.core.config import KafkaSettings, TopicNames, load_config
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import consumer_config, ensure_topics, producer_config
-from connectors.core.schemas import TOPIC_SCHEMAS, parse_order, schemas_dir
-from connectors.core.serde import CONFLUENT_MAGIC, AnyAvroDecoder, AvroSerde
+from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.imap.source import ImapSource
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.sink import SmtpSink

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.claimcheck import ClaimCheckError, open_claim_check, staged_batch
+from connectors.core.claimcheck.open import open_claim_check
+from connectors.core.claimcheck.s3 import HEAD_FIRST_BYTES, S3ClaimCheckStore, s3_client
+from connectors.core.claimcheck.store import ClaimCheckError, staged_batch
 from connectors.core.config import S3Settings
 from connectors.core.errors import ConfigError, Disposition, classify
-from connectors.core.s3store import HEAD_FIRST_BYTES, S3ClaimCheckStore, s3_client
 from mailtap.dev import s3proxy
 from mailtap.dev.process import free_port
 from tests.conftest import s3_settings

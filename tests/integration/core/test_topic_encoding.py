@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import ensure_topics, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import producer_config
+from connectors.core.kafka.topics import ensure_topics
 from mailtap.dev import DevServices
 from tests.unit.core.contract_samples import mail_event, reply_command
 

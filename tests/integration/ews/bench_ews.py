@@ -35,7 +35,8 @@ from confluent_kafka import Consumer
 from exchangelib import BASIC, DELEGATE, Account, Configuration, Credentials
 
 from connectors.core.config import KafkaSettings, TopicNames, config_from_dict
-from connectors.core.kafka import consumer_config, ensure_topics
+from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.ews.source import EwsSource
 from tests.ews_server.fixture import PASSWORD, USER, fast_server
 from tests.integration.ews.ews_kafka import source_config

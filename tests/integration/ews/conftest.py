@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
-from connectors.core.kafka import ensure_topics
+from connectors.core.kafka.topics import ensure_topics
 from tests.ews_server import EwsTestServer
 from tests.ews_server.fixture import fast_server
 from tests.integration.ews.ews_kafka import source_config

@@ -8,10 +8,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import consumer_config
-from connectors.core.offsets import wait_transactions_settled
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.offsets import wait_transactions_settled
 from tests.ews_server import EwsTestServer
 from tests.ews_server.fixture import PASSWORD, USER
 

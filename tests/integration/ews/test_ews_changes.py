@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
-from connectors.core.serde import AvroSerde
 from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import USER, read_topic, source_config

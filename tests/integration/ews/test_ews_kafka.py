@@ -15,7 +15,7 @@ import uuid
 from confluent_kafka import Producer
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import producer_config
+from connectors.core.kafka.clients import producer_config
 from tests.integration.ews.ews_kafka import read_topic
 
 

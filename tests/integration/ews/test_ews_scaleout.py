@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from connectors.core.assignment import WorkUnit, by_folder, partition_of
 from connectors.core.config import KafkaSettings
+from connectors.core.source.ownership.group import WorkUnit, by_folder, partition_of
 from mailtap.cli import main
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import read_events, source_config

@@ -24,7 +24,7 @@ import yaml
 from confluent_kafka import Producer
 
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
-from connectors.core.kafka import producer_config
+from connectors.core.kafka.clients import producer_config
 from connectors.core.mail import parse_mail
 from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
 from tests.ews_server import EwsTestServer

@@ -23,16 +23,11 @@ import yaml
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from imapclient import IMAPClient
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
-from connectors.core.kafka import (
-    COMPACTED,
-    TopicSpec,
-    consumer_config,
-    ensure_topic_specs,
-    ensure_topics,
-)
-from connectors.core.offsets import OffsetStore, canonical_json
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.offsets import OffsetStore, canonical_json
+from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs, ensure_topics
 from connectors.imap.cursor import source_partition
 from connectors.imap.source import ImapSource
 from mailtap.dev import Account, DevServices

@@ -21,7 +21,7 @@ import yaml
 from click.testing import CliRunner
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from connectors.core.kafka import consumer_config, producer_config
+from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.mail import parse_mail
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.indexlog import INDEX_PARTITIONS, IndexChangelog, marker_key, partition_of

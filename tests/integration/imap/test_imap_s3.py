@@ -10,7 +10,7 @@ import base64
 import hashlib
 import os
 
-from connectors.core.claimcheck import open_claim_check
+from connectors.core.claimcheck.open import open_claim_check
 from connectors.core.config import S3Settings, config_from_dict
 from connectors.imap.source import ImapSource
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, wait_for

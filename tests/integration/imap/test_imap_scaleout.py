@@ -18,8 +18,13 @@ from typing import Any
 from confluent_kafka import Consumer
 from imapclient import IMAPClient
 
-from connectors.core.assignment import WorkUnit, by_account, describe_owners, partition_of
-from connectors.core.kafka import consumer_config
+from connectors.core.kafka.clients import consumer_config
+from connectors.core.source.ownership.group import (
+    WorkUnit,
+    by_account,
+    describe_owners,
+    partition_of,
+)
 from mailtap.dev import DevServices
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, wait_for
 from tests.support.scaleout import (

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 from imapclient import IMAPClient
 
-from connectors.core.assignment import partition_of
+from connectors.core.source.ownership.group import partition_of
 from mailtap.dev import DevServices
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, wait_for
 from tests.support.scaleout import REPO, exactly_once, ownership, start_instance, stop_instances

@@ -30,9 +30,9 @@ from confluent_kafka import Consumer, TopicPartition
 from imapclient import IMAPClient
 from test_whole_pipeline import _config as pipeline_config
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import load_config
-from connectors.core.kafka import consumer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config
 from mailtap.components import Pipeline, wait_for
 from mailtap.demo import scenario
 from mailtap.dev import received

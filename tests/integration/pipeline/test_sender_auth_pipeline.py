@@ -25,7 +25,7 @@ from test_security import Outbox, WorkflowEvents
 from test_whole_pipeline import _config as pipeline_config
 
 from connectors.core.config import load_config
-from connectors.core.kafka import ensure_topics
+from connectors.core.kafka.topics import ensure_topics
 from mailtap.components import Pipeline, wait_for
 from mailtap.demo import scenario
 from tests.support.dns_server import LoopbackDns

@@ -9,10 +9,11 @@ from pathlib import Path
 from confluent_kafka import Producer
 from smtp_harness import WAIT_S, TopicReader, sink_config
 
-from connectors.core.claimcheck import LocalClaimCheckStore
-from connectors.core.kafka import ensure_topics, producer_config
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.local import LocalClaimCheckStore
+from connectors.core.kafka.clients import producer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
-from connectors.core.serde import AvroSerde
 from connectors.smtp.bounce_reader import BounceReader
 from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.sink import PRODUCER_COMPRESSION

@@ -19,10 +19,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from smtp_harness import WAIT_S, TopicReader, command, produce_commands, run_until, sink_config
 from smtp_scripted_server import ScriptedRelay
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, config_from_dict
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import consumer_config, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.sink import PRODUCER_COMPRESSION, SmtpSink
 from connectors.smtp.state import ensure_state_topic

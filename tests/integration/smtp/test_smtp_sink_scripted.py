@@ -22,7 +22,7 @@ from smtp_harness import (
 )
 from smtp_scripted_server import ScriptedRelay
 
-from connectors.core.kafka import producer_config
+from connectors.core.kafka.clients import producer_config
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.retry import HEADER_ATTEMPT, HEADER_ERROR_REASON, HEADER_RECIPIENTS
 from connectors.smtp.sink import SmtpSink

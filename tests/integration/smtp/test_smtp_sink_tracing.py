@@ -10,9 +10,10 @@ from confluent_kafka import Producer
 from smtp_harness import TopicReader, command, run_until, sink_config
 from smtp_scripted_server import ScriptedRelay
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import config_from_dict
-from connectors.core.kafka import ensure_topics, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import producer_config
+from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.sink import SmtpSink
 from mailtap.dev import DevServices

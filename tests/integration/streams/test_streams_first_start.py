@@ -34,7 +34,7 @@ from test_streams_kafka import (
 )
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import admin_client
+from connectors.core.kafka.clients import admin_client
 from streams.testing import mail_record
 
 FIRST_STARTS = 5

@@ -31,9 +31,10 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import consumer_config, ensure_topics, producer_config
-from connectors.core.serde import AvroSerde
+from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.kafka.topics import ensure_topics
 from streams.testing import mail_record
 from streams.workflows.ticket_intake import ticket_number
 

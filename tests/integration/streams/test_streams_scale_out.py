@@ -39,7 +39,8 @@ from confluent_kafka import Producer
 from test_streams_kafka import COMMAND, DEADLINE_S, EVENT, MAIL, REPO, TopicReader
 
 from connectors.core.config import KafkaSettings, TopicNames
-from connectors.core.kafka import admin_client, ensure_topics, producer_config
+from connectors.core.kafka.clients import admin_client, producer_config
+from connectors.core.kafka.topics import ensure_topics
 from mailtap.dev.process import die_with_parent
 from streams.testing import mail_record
 from streams.workflow import ANSWER, command_id

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from connectors.core.schemas import TOPIC_SCHEMAS, assemble, shared_types
+from connectors.core.avro.schemas import TOPIC_SCHEMAS, assemble, shared_types
 
 #: The default symbol of every enum, for readers only (schemas/README.md, "Enums").
 PLACEHOLDER = "UNRECOGNIZED"

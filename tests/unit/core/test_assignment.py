@@ -7,7 +7,15 @@ from typing import Any, cast
 
 import pytest
 
-from connectors.core.assignment import (
+from connectors.core.metrics import SourceMetrics
+from connectors.core.source.ownership.catalog import (
+    ADDED,
+    REMOVED,
+    MailboxCatalog,
+    decode,
+    unit_key,
+)
+from connectors.core.source.ownership.group import (
     Assignment,
     GroupMembership,
     GroupSettings,
@@ -17,8 +25,6 @@ from connectors.core.assignment import (
     owned_units,
     partition_of,
 )
-from connectors.core.mailboxes import ADDED, REMOVED, MailboxCatalog, decode, unit_key
-from connectors.core.metrics import SourceMetrics
 
 UNITS = [
     WorkUnit("imap", f"acct{a}", folder) for a in range(40) for folder in ("INBOX", "Sent", "X")

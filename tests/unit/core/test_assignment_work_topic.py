@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from connectors.core import assignment
-from connectors.core.assignment import GroupMembership, GroupSettings
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import KafkaUnavailable
+from connectors.core.kafka.clients import KafkaUnavailable
 from connectors.core.metrics import SourceMetrics
+from connectors.core.source.ownership import group as assignment
+from connectors.core.source.ownership.group import GroupMembership, GroupSettings
 
 TOPIC = "mailtap.imap-work"
 

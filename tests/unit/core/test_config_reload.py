@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import yaml
 
-from connectors.core.assignment import WorkUnit
 from connectors.core.config import config_from_dict
-from connectors.core.mailboxes import ADDED, REMOVED, MailboxCatalog
 from connectors.core.metrics import SourceMetrics
-from connectors.core.reload import ConfigReloader, diff_accounts, needs_restart
+from connectors.core.source.ownership.catalog import ADDED, REMOVED, MailboxCatalog
+from connectors.core.source.ownership.group import WorkUnit
+from connectors.core.source.reload import ConfigReloader, diff_accounts, needs_restart
 from connectors.ews.config import EwsSourceSettings
 from connectors.imap.config import ImapSourceSettings
 
@@ -150,7 +150,7 @@ def test_a_reload_applies_the_new_accounts_with_the_running_settings_and_names_t
     path = tmp_path / "mailtap.yaml"
     reloader, source, metrics = _reloader(path, _raw(_account("a"), batch_size=10))
     path.write_text(yaml.safe_dump(_raw(_account("a"), _account("b"), batch_size=99)))
-    with caplog.at_level(logging.INFO, logger="connectors.core.reload"):
+    with caplog.at_level(logging.INFO, logger="connectors.core.source.reload"):
         assert reloader.reload()
     [applied] = source.applied
     assert [a.name for a in applied.accounts] == ["a", "b"]

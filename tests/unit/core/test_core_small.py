@@ -3,9 +3,7 @@ import ssl
 
 from confluent_kafka import Producer
 
-from connectors.core.backoff import Backoff
 from connectors.core.config import KafkaSettings
-from connectors.core.contract import transactional_id
 from connectors.core.errors import (
     AuthenticationError,
     ConfigError,
@@ -13,8 +11,11 @@ from connectors.core.errors import (
     Disposition,
     classify,
 )
-from connectors.core.kafka import client_config, producer_config, topic_specs
-from connectors.core.offsets import canonical_json
+from connectors.core.kafka.clients import client_config, producer_config
+from connectors.core.kafka.offsets import canonical_json
+from connectors.core.kafka.topics import topic_specs
+from connectors.core.kafka.transactions import transactional_id
+from connectors.core.source.backoff import Backoff
 
 
 def test_backoff_grows_to_the_cap_with_jitter_and_resets() -> None:

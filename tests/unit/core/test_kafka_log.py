@@ -11,9 +11,9 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from connectors.core import kafka
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka_log import ClientLog
+from connectors.core.kafka import clients as kafka
+from connectors.core.kafka.log import ClientLog
 
 REFUSED = (
     "[thrd:127.0.0.1:9/bootstrap]: 127.0.0.1:9/bootstrap: Connect to ipv4#127.0.0.1:9 failed: "
@@ -163,7 +163,7 @@ def test_a_stop_request_ends_init_transactions(closed_port: int, fresh_stop: Non
 
 def test_aiokafka_repeats_are_collapsed_by_the_cli_handler() -> None:
     """Under the streams worker, aiokafka logged ~50 ERROR lines a second while a broker was down."""
-    from connectors.core.kafka_log import RepeatFilter
+    from connectors.core.kafka.log import RepeatFilter
 
     clock = Clock()
     handler = logging.StreamHandler()

@@ -69,7 +69,7 @@ def test_a_thread_that_dies_is_a_json_record_not_a_raw_traceback(
 ) -> None:
     import threading
 
-    from connectors.core import kafka
+    from connectors.core.kafka import clients as kafka
 
     logs.configure(logging.INFO, "json")
     monkeypatch.setattr(threading, "excepthook", logs.log_thread_exception)

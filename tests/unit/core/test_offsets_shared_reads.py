@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from connectors.core.offsets import SharedReads
+from connectors.core.kafka.offsets import SharedReads
 
 
 class Topic:

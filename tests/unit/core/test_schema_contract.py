@@ -32,7 +32,7 @@ import fastavro.schema
 import pytest
 from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
 
-from connectors.core.schemas import (
+from connectors.core.avro.schemas import (
     NAMESPACE,
     TOPIC_SCHEMAS,
     history_files,

@@ -1,4 +1,4 @@
-"""connectors.core.schemaregistry: which registry failures are retried, which stop at once."""
+"""connectors.core.avro.registry: which registry failures are retried, which stop at once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from connectors.core import schemaregistry
+from connectors.core.avro import registry as schemaregistry
 from connectors.core.errors import ConfigError
 
 URL = "http://registry.invalid/apis/ccompat/v7"

@@ -5,9 +5,7 @@ import json
 import fastavro
 import pytest
 
-from connectors.core.config import KafkaSettings
-from connectors.core.errors import DataError
-from connectors.core.serde import (
+from connectors.core.avro.serde import (
     CONFLUENT_MAGIC,
     SINGLE_OBJECT_MAGIC,
     TOPIC_SCHEMAS,
@@ -16,6 +14,8 @@ from connectors.core.serde import (
     load_schema,
     schemas_dir,
 )
+from connectors.core.config import KafkaSettings
+from connectors.core.errors import DataError
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)
 
@@ -100,7 +100,7 @@ def test_reader_fills_defaults_for_fields_a_writer_did_not_have(tmp_path, monkey
         (tmp_path / f.name).write_text(f.read_text())
     (tmp_path / "history" / "WorkflowEvent.v0.avsc").write_text(json.dumps(older))
     monkeypatch.setenv("MAILTAP_SCHEMAS_DIR", str(tmp_path))
-    from connectors.core import schemas as schemas_module
+    from connectors.core.avro import schemas as schemas_module
 
     schemas_module.known_writers.cache_clear()
     try:
@@ -156,7 +156,7 @@ def test_a_writer_cannot_write_the_readers_placeholder_symbol(name, path) -> Non
 
 
 def test_with_a_registry_the_key_schema_is_registered_under_topic_key() -> None:
-    from connectors.core.schemaregistry import registry_client
+    from connectors.core.avro.registry import registry_client
 
     kafka = KafkaSettings(bootstrap_servers="a:1", schema_registry_url="mock://serde-key-test")
     AvroSerde.for_schema("WorkflowEvent", kafka).encode(
@@ -207,6 +207,6 @@ def confluent_framed(name: str) -> bytes:
     ],
 )
 def test_the_framing_of_a_value(value, expected) -> None:
-    from connectors.core.encoding import encoding_of
+    from connectors.core.kafka.encoding import encoding_of
 
     assert encoding_of(value) == expected

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from connectors.core.backoff import Backoff
-from connectors.core.contract import TransactionAborted
 from connectors.core.errors import AuthenticationError
 from connectors.core.faults import ENV, EXIT_CODE, CrashPoints
+from connectors.core.kafka.transactions import TransactionAborted
 from connectors.core.metrics import SourceMetrics
-from connectors.core.reconnect import backoff_delay
-from connectors.core.records import MailEventRecords
-from connectors.core.sourcesettings import check_section, start_since, validate_start
+from connectors.core.source.backoff import Backoff
+from connectors.core.source.reconnect import backoff_delay
+from connectors.core.source.records import MailEventRecords
+from connectors.core.source.settings import check_section, start_since, validate_start
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from connectors.core.config import config_from_dict
 from connectors.core.errors import ConfigError
-from connectors.core.offsets import canonical_json
+from connectors.core.kafka.offsets import canonical_json
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
 from connectors.ews.cursor import EPOCH, MAX_ITEMS_BYTES, MAX_RECENT, EwsCursor, item_digest
 

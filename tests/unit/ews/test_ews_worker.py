@@ -20,12 +20,13 @@ import trustme
 from exchangelib.folders import BaseFolder, FolderCollection
 from exchangelib.services import SyncFolderItems
 
-from connectors.core.claimcheck import ClaimCheckError, ClaimCheckStore, open_claim_check
-from connectors.core.contract import SourceRecord, TransactionAborted
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.open import open_claim_check
+from connectors.core.claimcheck.store import ClaimCheckError, ClaimCheckStore
 from connectors.core.errors import AuthenticationError, ConfigError
+from connectors.core.kafka.transactions import SourceRecord, TransactionAborted
 from connectors.core.mail import parse_mail
 from connectors.core.metrics import SourceMetrics
-from connectors.core.serde import AvroSerde
 from connectors.ews import connection as ews_connection
 from connectors.ews.config import EwsSourceSettings
 from connectors.ews.connection import EwsConnection, FetchedItem, ItemRef

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.core.contract import SourceRecord
+from connectors.core.kafka.transactions import SourceRecord
 from connectors.imap.connection import (
     FetchedMail,
     FlagState,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from connectors.core.contract import TransactionAborted
+from connectors.core.kafka.transactions import TransactionAborted
 from connectors.core.metrics import SourceMetrics
 from connectors.imap.connection import FolderStatus
 from connectors.imap.cursor import Cursor

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from connectors.core.config import config_from_dict
-from connectors.core.sharing import MailboxesRead
+from connectors.core.source.ownership.wiring import MailboxesRead
 from connectors.imap import source as source_module
 from connectors.imap.source import ImapSource
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from connectors.core.claimcheck import ClaimCheckStore, LocalClaimCheckStore
-from connectors.core.contract import FencedError, TransactionAborted
+from connectors.core.claimcheck.local import LocalClaimCheckStore
+from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.errors import AuthenticationError
+from connectors.core.kafka.offsets import canonical_json
+from connectors.core.kafka.transactions import FencedError, TransactionAborted
 from connectors.core.metrics import SourceMetrics
-from connectors.core.offsets import canonical_json
 from connectors.imap import worker as worker_module
 from connectors.imap.config import ImapSourceSettings
 from connectors.imap.connection import FetchedMail

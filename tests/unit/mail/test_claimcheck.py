@@ -1,4 +1,4 @@
-"""connectors/core/claimcheck.py: the local content-addressed store and the URL factory.
+"""connectors/core/claimcheck/store.py: the local content-addressed store and the URL factory.
 (Lives next to the mail tests because the mail parser is its first user.)"""
 
 from __future__ import annotations
@@ -9,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.claimcheck import (
-    BlobRef,
-    ClaimCheckError,
-    LocalClaimCheckStore,
-    begin_batch,
-    make_durable,
-    open_claim_check,
-    open_configured,
-    staged_batch,
-)
+from connectors.core.claimcheck.local import LocalClaimCheckStore, make_durable
+from connectors.core.claimcheck.open import open_claim_check, open_configured
+from connectors.core.claimcheck.store import BlobRef, ClaimCheckError, begin_batch, staged_batch
 from connectors.core.config import ClaimCheckSettings
 from connectors.core.errors import ConfigError, Disposition, classify
 

@@ -10,9 +10,9 @@ import pytest
 pytestmark = pytest.mark.unit
 
 MODULES = [
-    "connectors.core.claimcheck",
+    "connectors.core.claimcheck.local",
     "connectors.core.faults",
-    "connectors.core.sourcesettings",
+    "connectors.core.source.settings",
     "connectors.core.mail.addresses",
     "connectors.core.mail.budget",
     "connectors.core.mail.charsets",

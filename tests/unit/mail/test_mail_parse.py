@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.claimcheck import LocalClaimCheckStore
+from connectors.core.claimcheck.local import LocalClaimCheckStore
 from connectors.core.mail import KeyKind, ParsedMail, content_fingerprint
 
 pytestmark = pytest.mark.unit

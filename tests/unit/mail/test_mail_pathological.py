@@ -15,7 +15,7 @@ from typing import Any
 import fastavro
 import pytest
 
-from connectors.core.claimcheck import LocalClaimCheckStore
+from connectors.core.claimcheck.local import LocalClaimCheckStore
 from connectors.core.mail import ParsedMail, ParseLimits
 from connectors.core.mail import limits as limits_module
 from connectors.core.mail.headers import read_head

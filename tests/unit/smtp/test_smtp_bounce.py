@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.serde import AvroSerde
+from connectors.core.avro.serde import AvroSerde
 from connectors.smtp.bounce import BounceType, parse_bounce
 from connectors.smtp.bounce_reader import bounce_event
 from connectors.smtp.identity import message_id_for

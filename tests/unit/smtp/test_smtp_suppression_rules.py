@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from connectors.core.serde import AvroSerde
+from connectors.core.avro.serde import AvroSerde
 from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.classify import DeliveryStatus
 from connectors.smtp.config import SuppressionSettings

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from faust.types import TP
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
-from connectors.core.serde import AvroSerde
 from streams.app import StreamsWorker
 from streams.config import StreamsSettings
 from streams.testing import EPOCH, mail_record

@@ -11,7 +11,7 @@ import hashlib
 from email import message_from_bytes, policy
 from typing import Any
 
-from connectors.core.serde import AvroSerde
+from connectors.core.avro.serde import AvroSerde
 from connectors.smtp.render import render
 from streams.testing import EPOCH, WorkflowHarness, mail_record
 

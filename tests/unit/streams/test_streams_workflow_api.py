@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from connectors.core.serde import AvroSerde
+from connectors.core.avro.serde import AvroSerde
 from streams.config import AddressSettings
 from streams.mail import Address, MailView
 from streams.pipeline import MemoryTables, Pipeline

@@ -6,8 +6,8 @@
     sharing.close()     # stops every owned mailbox, then leaves the group
 
 The wanted mailboxes are the configuration's, changed by the mailboxes topic
-(:mod:`connectors.core.mailboxes`); with a group, this instance runs its share of them
-(:mod:`connectors.core.assignment`), else all of them. ``apply(owned)`` is the source's: start
+(:mod:`connectors.core.source.ownership.catalog`); with a group, this instance runs its share of them
+(:mod:`connectors.core.source.ownership.group`), else all of them. ``apply(owned)`` is the source's: start
 what is new in ``owned``, stop and join the rest before returning.
 """
 
@@ -17,7 +17,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from connectors.core.assignment import (
+from connectors.core.config import KafkaSettings
+from connectors.core.metrics import SourceMetrics
+from connectors.core.source.ownership.catalog import MailboxCatalog, MailboxWatcher, topic_spec
+from connectors.core.source.ownership.group import (
     Assignment,
     GroupMembership,
     GroupSettings,
@@ -25,9 +28,6 @@ from connectors.core.assignment import (
     WorkUnit,
     create_if_missing,
 )
-from connectors.core.config import KafkaSettings
-from connectors.core.mailboxes import MailboxCatalog, MailboxWatcher, topic_spec
-from connectors.core.metrics import SourceMetrics
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Sharing:
     def reconfigure(
         self, configured: Mapping[str, Sequence[str]], settings_changed: Callable[[], None]
     ) -> None:
-        """A configuration reload (:mod:`connectors.core.reload`): the ``configured`` accounts
+        """A configuration reload (:mod:`connectors.core.source.reload`): the ``configured`` accounts
         and folders from now on; ``settings_changed()`` swaps the source's account settings.
         What this instance owns of them starts, stops or restarts before this returns."""
 

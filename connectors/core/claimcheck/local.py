@@ -1,4 +1,4 @@
-"""Claim-check store: large payloads live outside Kafka, events carry a reference.
+"""The local claim-check store: a folder of content-addressed blobs, small ones packed.
 
 Mail bodies, attachments and the raw MIME can be many megabytes, far above the broker's
 ``message.max.bytes``. The parser puts them here and puts only a :class:`BlobRef`
@@ -37,150 +37,23 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import os
-import re
 import stat
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 from urllib.request import pathname2url
 
-from connectors.core.config import ClaimCheckSettings, S3Settings
-from connectors.core.errors import ConfigError, MailtapError
-
-__all__ = [
-    "BlobRef",
-    "ClaimCheckBatch",
-    "ClaimCheckError",
-    "ClaimCheckStore",
-    "LocalClaimCheckBatch",
-    "LocalClaimCheckStore",
-    "begin_batch",
-    "blob_digest",
-    "close_store",
-    "make_durable",
-    "open_claim_check",
-    "open_configured",
-    "staged_batch",
-]
-
-#: fsyncs in flight at once. fsync releases the GIL and ext4 folds concurrent fsyncs into one
-#: journal commit: 200 blobs took 35-65 ms with 8-16 threads here, 530 ms one after another.
-DEFAULT_FSYNC_THREADS = 8
-
-#: Where pack files go under the store root (``pack/<UTC date>/<id>.pack``).
-PACK_DIR = "pack"
-#: A sha256 in hex, as blob names and URIs carry it.
-SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-
-# A kind becomes a directory (or an object-key prefix), so it must be a plain name.
-_KIND_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
-
-
-def blob_digest(data: bytes, kind: str) -> str:
-    """The sha256 (hex) that names ``data`` in every store, once ``kind`` is a plain name."""
-    if not _KIND_RE.match(kind):
-        raise ValueError(f"claim-check kind must match {_KIND_RE.pattern}, got {kind!r}")
-    return hashlib.sha256(data).hexdigest()
-
-
-class ClaimCheckError(MailtapError):
-    """A blob could not be stored or read. Chained to the OSError when there is one, so
-    :func:`connectors.core.errors.classify` reads a full disk as retriable."""
-
-
-@dataclass(frozen=True, slots=True)
-class BlobRef:
-    """Where a blob lives; mirrors the Avro record ``io.mailtap.v1.BlobRef``."""
-
-    uri: str
-    sha256: str
-    size: int
-
-    def to_avro(self) -> dict[str, object]:
-        return {"uri": self.uri, "sha256": self.sha256, "size": self.size}
-
-
-class ClaimCheckStore(Protocol):
-    """Content-addressed blob store.
-
-    ``put`` must be idempotent (same bytes -> same ``BlobRef``) and atomic (a reader never
-    sees a partial blob). ``get`` returns exactly the bytes that were put.
-    """
-
-    def put(self, data: bytes, *, kind: str) -> BlobRef: ...
-
-    def get(self, uri: str) -> bytes: ...
-
-
-class ClaimCheckBatch(Protocol):
-    """The blobs of one Kafka transaction.
-
-    ``put`` returns the blob's reference at once; the blob is durable (and readable through
-    the store) only after ``commit`` returned, which the source calls before it commits the
-    transaction whose events reference the batch. ``discard`` drops what was not committed.
-    """
-
-    def put(self, data: bytes, *, kind: str) -> BlobRef: ...
-
-    def get(self, uri: str) -> bytes: ...
-
-    def commit(self) -> list[str]: ...
-
-    def discard(self) -> None: ...
-
-
-def begin_batch(store: ClaimCheckStore) -> ClaimCheckBatch:
-    """A batch on ``store``: a staged one where the store has it (``store.batch()``: the local
-    and the S3 store), else one that just puts (every ``put`` already durable, ``commit`` a
-    no-op)."""
-    batch = getattr(store, "batch", None)
-    if callable(batch):
-        staged: ClaimCheckBatch = batch()
-        return staged
-    return _DurableEachPut(store)
-
-
-def close_store(store: ClaimCheckStore | None) -> None:
-    """Let the store's threads go (stores without any have no ``close``)."""
-    close = getattr(store, "close", None)
-    if callable(close):
-        close()
-
-
-@contextmanager
-def staged_batch(store: ClaimCheckStore | None) -> Iterator[ClaimCheckBatch | None]:
-    """The claim-check batch of one Kafka transaction (None without a store). The block commits
-    it before the transaction that references its blobs; whatever it staged and did not commit
-    (the batch failed) is discarded on the way out, so a retried batch leaves nothing behind."""
-    blobs = begin_batch(store) if store is not None else None
-    try:
-        yield blobs
-    finally:
-        if blobs is not None:
-            blobs.discard()  # nothing after a commit
-
-
-class _DurableEachPut:
-    def __init__(self, store: ClaimCheckStore) -> None:
-        self._store = store
-
-    def put(self, data: bytes, *, kind: str) -> BlobRef:
-        return self._store.put(data, kind=kind)
-
-    def get(self, uri: str) -> bytes:
-        return self._store.get(uri)
-
-    def commit(self) -> list[str]:
-        return []
-
-    def discard(self) -> None:
-        return None
+from connectors.core.claimcheck.store import (
+    DEFAULT_FSYNC_THREADS,
+    PACK_DIR,
+    SHA256_HEX,
+    BlobRef,
+    ClaimCheckError,
+    blob_digest,
+)
 
 
 class LocalClaimCheckStore:
@@ -460,50 +333,3 @@ def _fsync_dir(directory: Path, strict: bool = False) -> None:
             raise
     finally:
         os.close(fd)
-
-
-def open_configured(
-    settings: ClaimCheckSettings, fsync_threads: int = DEFAULT_FSYNC_THREADS
-) -> ClaimCheckStore:
-    """The store ``claim_check`` configures (:func:`open_claim_check` with its settings)."""
-    return open_claim_check(settings.url, fsync_threads, settings.pack_max_blob_bytes, settings.s3)
-
-
-def open_claim_check(
-    url: str,
-    fsync_threads: int = DEFAULT_FSYNC_THREADS,
-    pack_max_blob: int = 0,
-    s3: S3Settings | None = None,
-) -> ClaimCheckStore:
-    """Build a store from a configured URL.
-
-    ``file:///var/lib/mailtap/blobs`` -> :class:`LocalClaimCheckStore`; ``s3://bucket/prefix``
-    -> the S3-compatible store (:mod:`connectors.core.s3store`, needs boto3: the ``s3`` extra),
-    reached with ``s3`` (``claim_check.s3``: endpoint, region, credentials); its bucket must
-    answer now. A URL that cannot work raises :class:`~connectors.core.errors.ConfigError`.
-    """
-    parts = urlsplit(url)
-    if parts.scheme == "file":
-        # file://./dir (the default, file://./.state/claims) is relative to the working
-        # directory; the store resolves it, so the URIs in events are absolute.
-        relative = parts.netloc == "."
-        if parts.netloc not in ("", "localhost", ".") or not parts.path:
-            raise ConfigError(
-                f"claim-check URL {url!r}: use an absolute local path like "
-                "file:///var/lib/mailtap/blobs (or file://./dir, relative to the working directory)"
-            )
-        path = Path("." + unquote(parts.path) if relative else unquote(parts.path))
-        return LocalClaimCheckStore(path, fsync_threads, pack_max_blob)
-    if parts.scheme == "s3":
-        try:
-            from connectors.core.s3store import S3ClaimCheckStore
-        except ImportError:
-            raise ConfigError(
-                f"claim-check URL {url!r}: the S3 store needs boto3 (pip install 'mailtap[s3]'); "
-                "or use a local folder: file:///path/to/blobs"
-            ) from None
-        return S3ClaimCheckStore.open(url, s3 if s3 is not None else S3Settings())
-    raise ConfigError(
-        f"claim-check URL {url!r}: unsupported scheme {parts.scheme!r}; use file:///path/to/blobs "
-        "or s3://bucket/prefix"
-    )

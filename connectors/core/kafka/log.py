@@ -4,7 +4,7 @@ Left alone, librdkafka prints every line to stderr itself (``%3|...|FAIL|rdkafka
 Connection refused``): one per reconnect attempt, ~20 a second per client while a broker is
 unreachable, and outside ``--log-format json``. Every client mailtap builds gets a
 :class:`ClientLog` as its ``logger`` and :meth:`ClientLog.client_error` as its ``error_cb``
-(:func:`connectors.core.kafka.client_config`), so that:
+(:func:`connectors.core.kafka.clients.client_config`), so that:
 
 - each line goes to the ``librdkafka`` logger, with ``facility`` and ``client`` fields;
 - a condition librdkafka retries by itself (a refused connection, a broker that went away, a
@@ -15,7 +15,7 @@ unreachable, and outside ``--log-format json``. Every client mailtap builds gets
 
 confluent-kafka hands these lines over only while the client is polled (``log.queue``): consumers
 in ``poll``/``consume``, producers in ``poll``/``flush``/``commit_transaction``; the waits in
-:mod:`connectors.core.kafka` poll admin clients and producers between their short slices.
+:mod:`connectors.core.kafka.clients` poll admin clients and producers between their short slices.
 
     >>> import logging
     >>> logger = logging.getLogger("doctest.kafka")

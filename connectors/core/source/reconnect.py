@@ -21,10 +21,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from connectors.core.backoff import Backoff
-from connectors.core.contract import TransactionAborted
 from connectors.core.errors import AuthenticationError, Disposition, classify
+from connectors.core.kafka.transactions import TransactionAborted
 from connectors.core.metrics import SourceMetrics
+from connectors.core.source.backoff import Backoff
 
 __all__ = ["backoff_delay"]
 

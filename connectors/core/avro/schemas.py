@@ -44,7 +44,7 @@ _NAMED = ("record", "error", "enum", "fixed")
 def schemas_dir() -> Path:
     """The folder of ``*.avsc`` files: ``$MAILTAP_SCHEMAS_DIR`` or the repository's ``schemas/``."""
     override = os.environ.get(SCHEMAS_DIR_ENV)
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "schemas"
+    return Path(override) if override else Path(__file__).resolve().parents[3] / "schemas"
 
 
 def parse_order(root: Path | None = None) -> list[Path]:

@@ -1,7 +1,7 @@
-"""librdkafka client configuration and topic management, built from :class:`KafkaSettings`.
+"""librdkafka client configuration, built from :class:`KafkaSettings`.
 
 Everything that talks to Kafka gets its properties here (:func:`client_config`), so security
-settings, logging (:mod:`connectors.core.kafka_log`) and error reporting are applied once.
+settings, logging (:mod:`connectors.core.kafka.log`) and error reporting are applied once.
 
 Waiting for the cluster (:func:`cluster_metadata`, :func:`init_transactions`) happens in short
 slices: between two slices the client's queued log lines are delivered, and a stop requested by
@@ -15,22 +15,14 @@ import atexit
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
-from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, no __all__
-    AdminClient,
-    AlterConfigOpType,
-    ConfigEntry,
-    ConfigResource,
-    NewTopic,
-)
+from confluent_kafka.admin import AdminClient
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError, MailtapError
-from connectors.core.kafka_log import ClientLog
+from connectors.core.kafka.log import ClientLog
 
 log = logging.getLogger(__name__)
 
@@ -152,9 +144,6 @@ def init_transactions(producer: Producer, kafka: KafkaSettings, timeout: float) 
 #: well inside a minute; a longer value only delays fencing of a crashed instance's open transaction.
 TRANSACTION_TIMEOUT_MS = 60_000
 
-#: Retry tiers for the SMTP sink's retry topics when the sink's settings do not name others.
-DEFAULT_RETRY_TIERS = ("5m", "15m", "1h", "4h")
-
 
 def client_config(kafka: KafkaSettings) -> dict[str, Any]:
     """What every client gets: brokers, security, and librdkafka's logs through Python logging."""
@@ -229,124 +218,3 @@ def admin_client(kafka: KafkaSettings) -> AdminClient:
     # Kafka default) then makes e.g. mail.events with num.partitions and delete cleanup, which
     # ensure_topics can no longer repartition.
     return AdminClient({**client_config(kafka), "allow.auto.create.topics": False})
-
-
-@dataclass(frozen=True)
-class TopicSpec:
-    name: str
-    partitions: int
-    config: Mapping[str, str]
-
-
-COMPACTED = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
-DELETED = {"cleanup.policy": "delete"}
-
-
-def topic_specs(
-    kafka: KafkaSettings, retry_tiers: Iterable[str] = DEFAULT_RETRY_TIERS
-) -> list[TopicSpec]:
-    """The topics of DESIGN.md with their cleanup policies."""
-    t = kafka.topics
-    n = kafka.partitions
-    specs = [
-        TopicSpec(t.events, n, COMPACTED),
-        TopicSpec(t.commands, n, DELETED),
-        TopicSpec(t.dlq, 1, DELETED),
-        TopicSpec(t.delivery, n, COMPACTED),
-        # One partition: the offsets topic is small and read whole at start-up (Kafka Connect does
-        # the same with its offset.storage.topic).
-        TopicSpec(t.offsets, 1, COMPACTED),
-        TopicSpec(t.workflow, n, COMPACTED),
-        TopicSpec(t.suppressions, n, COMPACTED),
-        # One partition: small, read whole by every source instance, changes kept in order
-        # (connectors.core.mailboxes).
-        TopicSpec(t.mailboxes, 1, COMPACTED),
-    ]
-    specs += [TopicSpec(f"{t.retry_prefix}.{tier}", n, DELETED) for tier in retry_tiers]
-    return specs
-
-
-def ensure_topics(
-    kafka: KafkaSettings,
-    retry_tiers: Iterable[str] = DEFAULT_RETRY_TIERS,
-    timeout: float = 30.0,
-) -> dict[str, str]:
-    """Create missing topics and align the cleanup policy of existing ones. Idempotent.
-
-    Raises ConfigError when a topic holds records of the other encoding than this configuration
-    writes (connectors.core.encoding).
-
-    Returns ``{topic: "created" | "updated" | "ok"}``.
-    """
-    result = ensure_topic_specs(kafka, topic_specs(kafka, retry_tiers), timeout)
-    # Imported here: connectors.core.encoding reads the topics with this module's consumer config.
-    from connectors.core.encoding import avro_topics, check_topic_encodings
-
-    # Every component ensures the topics before it writes: the place to refuse a topic that
-    # holds the other encoding (one encoding per topic, DESIGN.md).
-    # Topics created just now are empty (and may have no partition leader yet): skip them.
-    existed = {name for name, state in result.items() if state != "created"}
-    check_topic_encodings(
-        kafka, [t for t in avro_topics(kafka, retry_tiers) if t in existed], timeout
-    )
-    return result
-
-
-def ensure_topic_specs(
-    kafka: KafkaSettings, specs: Iterable[TopicSpec], timeout: float = 30.0
-) -> dict[str, str]:
-    """:func:`ensure_topics` for any list of topics (e.g. the streams worker's changelogs)."""
-    admin = admin_client(kafka)
-    specs = list(specs)
-    existing = cluster_metadata(admin, kafka, timeout).topics
-    result: dict[str, str] = {}
-    missing = [s for s in specs if s.name not in existing]
-    if missing:
-        futures = admin.create_topics(
-            [
-                NewTopic(s.name, s.partitions, kafka.replication_factor, config=dict(s.config))
-                for s in missing
-            ],
-            operation_timeout=timeout,
-        )
-        for name, fut in futures.items():
-            try:
-                fut.result()
-                result[name] = "created"
-            except KafkaException as exc:
-                if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                    raise
-                result[name] = "ok"
-    present = [s for s in specs if s.name in existing]
-    if present:
-        described = admin.describe_configs(
-            [ConfigResource(ConfigResource.Type.TOPIC, s.name) for s in present]
-        )
-        wanted = {s.name: s for s in present}
-        to_alter = []
-        for resource, fut in described.items():
-            entries = fut.result()
-            spec = wanted[resource.name]
-            if all(entries[k].value == v for k, v in spec.config.items() if k in entries):
-                result[spec.name] = "ok"
-            else:
-                to_alter.append(spec)
-        if to_alter:
-            resources = [
-                ConfigResource(
-                    ConfigResource.Type.TOPIC,
-                    s.name,
-                    incremental_configs=[
-                        ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
-                        for k, v in s.config.items()
-                    ],
-                )
-                for s in to_alter
-            ]
-            for fut in admin.incremental_alter_configs(resources).values():
-                fut.result()
-            result.update({s.name: "updated" for s in to_alter})
-    for name, state in sorted(result.items()):
-        if state != "ok":
-            log.info("topic %s %s", name, state)
-    return result

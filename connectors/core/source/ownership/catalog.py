@@ -23,18 +23,16 @@ from collections.abc import Callable, Mapping, Sequence
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from connectors.core.assignment import WorkUnit
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import (
-    COMPACTED,
-    TopicSpec,
+from connectors.core.kafka.clients import (
     cluster_metadata,
     consumer_config,
-    ensure_topic_specs,
     producer_config,
     raise_if_stopping,
 )
-from connectors.core.offsets import canonical_json
+from connectors.core.kafka.offsets import canonical_json
+from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
+from connectors.core.source.ownership.group import WorkUnit
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,12 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 )
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka import admin_client, cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka.clients import (
+    admin_client,
+    cluster_metadata,
+    consumer_config,
+    raise_if_stopping,
+)
 
 log = logging.getLogger(__name__)
 

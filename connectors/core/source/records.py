@@ -20,8 +20,8 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.core.contract import SourceRecord
-from connectors.core.serde import AvroSerde
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.kafka.transactions import SourceRecord
 
 __all__ = ["MailEventRecords"]
 

@@ -32,8 +32,8 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from connectors.core import tracing
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import MailtapError
-from connectors.core.kafka import init_transactions, producer_config
-from connectors.core.offsets import SourceOffset, SourcePartition, canonical_json
+from connectors.core.kafka.clients import init_transactions, producer_config
+from connectors.core.kafka.offsets import SourceOffset, SourcePartition, canonical_json
 
 log = logging.getLogger(__name__)
 

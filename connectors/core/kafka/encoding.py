@@ -1,6 +1,6 @@
 """One encoding per topic: a writer refuses to start on a topic that holds the other one.
 
-mailtap writes Avro values in one of two framings (connectors.core.serde): the Confluent wire
+mailtap writes Avro values in one of two framings (connectors.core.avro.serde): the Confluent wire
 format with a registry (``0x00`` + 4-byte schema id) or Avro single-object encoding without one
 (``0xC3 0x01`` + 8-byte fingerprint). A reader with a stock deserializer handles only one of
 them, so a topic whose writers switched half way breaks every such reader at the switch. Before
@@ -26,11 +26,11 @@ from typing import Literal
 import fastavro
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from connectors.core.avro.schemas import known_writers
+from connectors.core.avro.serde import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import cluster_metadata, consumer_config, raise_if_stopping
-from connectors.core.schemas import known_writers
-from connectors.core.serde import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
+from connectors.core.kafka.clients import cluster_metadata, consumer_config, raise_if_stopping
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ After Kafka Connect's distributed mode, without a coordinator of our own:
   the coordinator gives its partitions to the others. A newcomer takes its share on the next
   rebalance.
 - Exactly-once across moves does not rest on the group: the per-mailbox transactional id
-  (``connectors.core.contract``) does. The new owner's ``init_transactions`` fences a previous
+  (``connectors.core.kafka.transactions``) does. The new owner's ``init_transactions`` fences a previous
   owner that has not noticed yet (a paused process, a lost member) and aborts its open
   transaction, and only then reads the mailbox's cursor.
 
@@ -47,15 +47,13 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from pydantic import Field
 
 from connectors.core.config import KafkaSettings, StrictModel
-from connectors.core.kafka import (
-    COMPACTED,
+from connectors.core.kafka.clients import (
     KafkaUnavailable,
-    TopicSpec,
     admin_client,
     cluster_metadata,
     consumer_config,
-    ensure_topic_specs,
 )
+from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
 
 log = logging.getLogger(__name__)
 
@@ -339,7 +337,7 @@ def describe_owners(
 
 class Assignment:
     """Runs exactly the units this instance owns: the wanted units (the configuration and the
-    mailboxes topic, :mod:`connectors.core.mailboxes`) whose partitions the group gave it, or
+    mailboxes topic, :mod:`connectors.core.source.ownership.catalog`) whose partitions the group gave it, or
     all of them without a group.
 
     ``apply(owned)`` (the source's) starts the units newly in ``owned`` and stops (and joins)

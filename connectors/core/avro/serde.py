@@ -6,7 +6,7 @@ Two encodings, chosen by configuration (DESIGN.md, "Topics"):
   Avro binary), subjects ``<topic>-value`` (TopicNameStrategy, set explicitly: confluent-kafka 2.16's
   default asks the registry's ``/associations`` endpoint first), so stock Java/Go deserializers read it.
   Before the first write to a topic the subjects get their compatibility rule and the key schema
-  (connectors.core.schemaregistry).
+  (connectors.core.avro.registry).
 - Without one (the local default): Avro single-object encoding from the Avro spec
   (``0xC3 0x01`` + 8-byte little-endian CRC-64-AVRO fingerprint of the parsing canonical form +
   Avro binary). No server is needed; a reader finds the writer schema by fingerprint.
@@ -16,7 +16,7 @@ Wire sample (single-object, WorkflowEvent)::
     c3 01 | 8 bytes fingerprint | 02 0a 54 2d 31 ...   (schema_version=1, instance_id="T-1"...)
 
 :meth:`AvroSerde.decode` accepts both encodings (a reader never chokes on either), but a topic
-carries one: writers check it before they start (connectors.core.encoding).
+carries one: writers check it before they start (connectors.core.kafka.encoding).
 """
 
 from __future__ import annotations
@@ -29,15 +29,13 @@ from typing import Any
 
 import fastavro
 
-from connectors.core.config import KafkaSettings
-from connectors.core.errors import DataError
-from connectors.core.schemaregistry import (
+from connectors.core.avro.registry import (
     DEFAULT_COMPATIBILITY,
     Compatibility,
     prepare_subjects,
     registry_client,
 )
-from connectors.core.schemas import (
+from connectors.core.avro.schemas import (
     SCHEMAS_DIR_ENV,
     TOPIC_SCHEMAS,
     LoadedSchema,
@@ -46,6 +44,8 @@ from connectors.core.schemas import (
     load_schema,
     schemas_dir,
 )
+from connectors.core.config import KafkaSettings
+from connectors.core.errors import DataError
 
 __all__ = [
     "CONFLUENT_MAGIC",
@@ -183,7 +183,7 @@ class AvroSerde:
 
     def prepare(self, topic: str) -> None:
         """With a registry: set the compatibility of ``<topic>-key``/``-value`` and register the
-        key and value schemas (connectors.core.schemaregistry). :meth:`encode` does it before
+        key and value schemas (connectors.core.avro.registry). :meth:`encode` does it before
         the first write to a topic; a component may call it at start to fail there instead."""
         if self._registry_url:
             prepare_subjects(self._registry_url, topic, self._schema_str, self._compatibility)
