@@ -26,12 +26,12 @@ from urllib.parse import unquote, urlsplit
 
 from confluent_kafka import Producer
 
-from connectors.core.assignment import WorkUnit
 from connectors.core.config import ClaimCheckSettings, KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import producer_config
-from connectors.core.mailboxes import REMOVED, read_changes
-from connectors.core.offsets import canonical_json
+from connectors.core.kafka.clients import producer_config
+from connectors.core.kafka.offsets import canonical_json
+from connectors.core.source.ownership.catalog import REMOVED, read_changes
+from connectors.core.source.ownership.group import WorkUnit
 from mailtap.trace import TopicRecord
 
 #: The source kind as MailEvent.source.kind spells it, per mailtap's source name.
@@ -138,7 +138,7 @@ def _forget_index_entries(kafka: KafkaSettings, account: str, keys: list[bytes])
     """Tombstones for the keys on the IMAP key index changelog (connectors/imap/KEYS.md), on
     the account's partition, as the source writes them with a mail's tombstone: a folder added
     again later is new mail, not moves of known keys."""
-    from connectors.core.kafka import admin_client
+    from connectors.core.kafka.clients import admin_client
     from connectors.imap.indexlog import partition_of
 
     topic = kafka.topics.imap_index
@@ -177,7 +177,7 @@ def _delete_local(claim_check: ClaimCheckSettings, uri: str) -> str:
 
 
 def _delete_s3(claim_check: ClaimCheckSettings, uris: list[str]) -> list[str]:
-    from connectors.core.s3store import s3_client
+    from connectors.core.claimcheck.s3 import s3_client
 
     client = s3_client(claim_check.s3)
     for uri in uris:

@@ -38,10 +38,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import KafkaSettings, TopicNames
 from connectors.core.errors import DataError
-from connectors.core.kafka import cluster_metadata, consumer_config
-from connectors.core.serde import AnyAvroDecoder
+from connectors.core.kafka.clients import cluster_metadata, consumer_config
 
 #: A read ends when every partition reported its end, or after this long without a record.
 IDLE_END_S = 10.0

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaException
 
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError
-from connectors.core.kafka import unreachable
+from connectors.core.kafka.clients import unreachable
 from mailtap.commands.common import config_option
 from mailtap.trace import trace as find_trace
 from mailtap.trace import trace_topics

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from connectors.core.assignment import WorkUnit
 from connectors.core.errors import ConfigError
+from connectors.core.source.ownership.group import WorkUnit
 from mailtap.commands.mailboxes import read_mailbox_file
 from mailtap.mailbox_data import cursor_key, plan_purge
 from mailtap.trace import TopicRecord

@@ -309,7 +309,7 @@ def test_every_runbook_recipe_runs_as_written(services: Any, unique: str, tmp_pa
 
 
 def cursor_key_of(account_name: str, folder: str) -> bytes:
-    from connectors.core.assignment import WorkUnit
+    from connectors.core.source.ownership.group import WorkUnit
 
     return cursor_key(WorkUnit("imap", account_name, folder))
 
@@ -320,7 +320,7 @@ def read_offsets(kafka: KafkaSettings) -> list[tuple[bytes, bytes | None]]:
 
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-    from connectors.core.kafka import consumer_config
+    from connectors.core.kafka.clients import consumer_config
 
     consumer = Consumer(
         consumer_config(kafka, group_id=f"rb-{uuid.uuid4().hex[:8]}", enable_partition_eof=True)

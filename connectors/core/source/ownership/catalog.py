@@ -191,7 +191,7 @@ class MailboxWatcher:
         metadata = cluster_metadata(self._consumer, self._kafka, timeout, self._topic)
         topic = metadata.topics.get(self._topic)
         if topic is None or topic.error is not None:
-            raise RuntimeError(f"topic {self._topic} is missing; `mailtap topics create` makes it")
+            raise RuntimeError(f"topic {self._topic} is missing; `mailtap topics ensure` makes it")
         # The end as of now: the read is over once the position reaches it, at the fetch that
         # brought the last record (or at once, on an empty topic). The end-of-partition event
         # alone would come only after one more fetch, which the broker holds for
