@@ -126,12 +126,13 @@ def execute_purge(
 ) -> list[str]:
     """Tombstones for the plan's keys and its cursor, then delete its blobs (their files, once
     each). Returns the blob files or objects deleted; a file already gone counts as deleted."""
+    files = blob_files(claim_check, plan.blobs)  # refused here, before anything is deleted
     keys = [k.encode() for k in plan.keys]
     _tombstones(kafka, kafka.topics.events, keys)
     if plan.unit.source == "imap":
         _forget_index_entries(kafka, plan.unit.account, keys)
     forget_cursor(kafka, plan.unit)
-    return delete_blobs(claim_check, plan.blobs)
+    return delete_blob_files(claim_check, files)
 
 
 def _forget_index_entries(kafka: KafkaSettings, account: str, keys: list[bytes]) -> None:
@@ -149,20 +150,31 @@ def _forget_index_entries(kafka: KafkaSettings, account: str, keys: list[bytes])
     _tombstones(kafka, topic, keys, partition=partition)
 
 
-def delete_blobs(claim_check: ClaimCheckSettings, uris: Iterable[str]) -> list[str]:
+def blob_files(claim_check: ClaimCheckSettings, uris: Iterable[str]) -> list[str]:
+    """The files and objects the URIs are in, each once; a URI this configuration cannot
+    delete (another store, outside its root) raises with what to change."""
     files = sorted({_blob_file(uri) for uri in uris})
-    local = [f for f in files if urlsplit(f).scheme == "file"]
-    remote = [f for f in files if urlsplit(f).scheme == "s3"]
-    other = sorted(set(files) - set(local) - set(remote))
-    if other:
-        raise ConfigError(f"cannot delete claim-check blobs of unknown kind: {other[:3]}")
-    deleted = [_delete_local(claim_check, f) for f in local]
+    for uri in files:
+        scheme = urlsplit(uri).scheme
+        if scheme == "file":
+            _local_path(claim_check, uri)
+        elif scheme != "s3":
+            raise ConfigError(f"cannot delete claim-check blob {uri}: neither file:// nor s3://")
+    return files
+
+
+def delete_blob_files(claim_check: ClaimCheckSettings, files: list[str]) -> list[str]:
+    """Delete each file:// file and s3:// object; one already gone counts as deleted."""
+    for uri in files:
+        if urlsplit(uri).scheme == "file":
+            _local_path(claim_check, uri).unlink(missing_ok=True)
+    remote = [uri for uri in files if urlsplit(uri).scheme == "s3"]
     if remote:
-        deleted += _delete_s3(claim_check, remote)
-    return deleted
+        _delete_s3(claim_check, remote)
+    return files
 
 
-def _delete_local(claim_check: ClaimCheckSettings, uri: str) -> str:
+def _local_path(claim_check: ClaimCheckSettings, uri: str) -> Path:
     root = Path(unquote(urlsplit(claim_check.url).path)).resolve()
     if claim_check.url.startswith("file://./"):  # the default: relative to the working dir
         root = Path(claim_check.url.removeprefix("file://")).resolve()
@@ -172,8 +184,7 @@ def _delete_local(claim_check: ClaimCheckSettings, uri: str) -> str:
             f"blob {uri} is outside the claim-check store {root} (claim_check.url); run the "
             f"purge with the configuration of the sources that wrote it"
         )
-    path.unlink(missing_ok=True)
-    return uri
+    return path
 
 
 def _delete_s3(claim_check: ClaimCheckSettings, uris: list[str]) -> list[str]:

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from connectors.core.config import ClaimCheckSettings
 from connectors.core.errors import ConfigError
 from connectors.core.source.ownership.group import WorkUnit
 from mailtap.commands.mailboxes import read_mailbox_file
-from mailtap.mailbox_data import cursor_key, plan_purge
+from mailtap.mailbox_data import blob_files, cursor_key, delete_blob_files, plan_purge
 from mailtap.trace import TopicRecord
 
 UNIT = WorkUnit("imap", "support", "INBOX")
@@ -119,3 +120,28 @@ def test_a_bad_mailbox_file_is_refused_with_what_to_fix(
     f.write_text(text)
     with pytest.raises(ConfigError, match=says.replace("[", r"\[").replace(".", r"\.")):
         read_mailbox_file(str(f))
+
+
+def test_blob_files_are_checked_before_anything_is_deleted(tmp_path: Path) -> None:
+    root = tmp_path / "claims"
+    (root / "raw").mkdir(parents=True)
+    blob = root / "raw" / ("a" * 64)
+    blob.write_bytes(b"mail")
+    pack = root / "pack" / "p1.pack"
+    pack.parent.mkdir()
+    pack.write_bytes(b"two blobs")
+    settings = ClaimCheckSettings(url=root.as_uri())
+    uris = [blob.as_uri(), f"{pack.as_uri()}#offset=0", f"{pack.as_uri()}#offset=4"]
+    files = blob_files(settings, uris)
+    assert files == sorted([blob.as_uri(), pack.as_uri()])  # the pack once
+    elsewhere = (tmp_path / "other" / "x").as_uri()
+    with pytest.raises(ConfigError, match="outside the claim-check store"):
+        blob_files(settings, [*uris, elsewhere])
+    with pytest.raises(ConfigError, match="neither file:// nor s3://"):
+        blob_files(settings, ["http://example.com/x"])
+    assert blob.exists() and pack.exists()  # a refusal deletes nothing
+    assert delete_blob_files(settings, [*files, (root / "gone").as_uri()]) == [
+        *files,
+        (root / "gone").as_uri(),
+    ]
+    assert not blob.exists() and not pack.exists()
