@@ -63,6 +63,9 @@ def component_env(services, unique: str, account) -> dict[str, str]:
         "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": account.password,
         "MAILTAP__STREAMS__APP_ID": f"streams-{unique}",
         "MAILTAP__STREAMS__AUTHSERV_ID": scenario.AUTHSERV_ID,
+        # Required by the shipped file: no reply leaves from a placeholder address.
+        "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS": scenario.HELPDESK,
+        "MAILTAP__SMTP__FROM_ADDRESS": scenario.HELPDESK,
         "MAILTAP__SMTP__HOST": services.smtp.host,
         "MAILTAP__SMTP__PORT": str(services.smtp.port),
         "MAILTAP__SMTP__SECURITY": "plain",
