@@ -10,8 +10,8 @@ and the demo honour). A value takes the type of the field it sets (:func:`typed_
 string field (a password, an address, a host) gets the variable's text as it is — ``pass #1``,
 ``0777`` and ``!x`` stay what they say —, a number or a bool is parsed by the model
 (``MAILTAP__HEALTH__PORT=9100``), a list or a mapping is read as YAML
-(``MAILTAP__IMAP__ACCOUNTS__0__FOLDERS=[INBOX, Archive]``), and ``null`` unsets an optional
-field that is not a string.
+(``MAILTAP__IMAP__ACCOUNTS__0__FOLDERS=[INBOX, Archive]``), and ``null`` (or ``~``) unsets an
+optional field (a required string field takes it as text).
 We merge these ourselves rather than with pydantic-settings' env source because connector sections
 are opaque to the core until their owner validates them.
 
@@ -344,7 +344,9 @@ def typed_env_values(value: Any, annotation: Any) -> Any:
     511 (an octal number) and refuse ``!x`` (a tag), and the wrong password would be sent
     without a word. Numbers and bools go to the model as text, which pydantic parses strictly
     (``0777`` is 777, ``abc`` an error naming the key); lists, mappings and fields of unknown
-    type (``Any``) are read as YAML, as every value was before.
+    type (``Any``) are read as YAML, as every value was before. ``null`` and ``~`` unset an
+    optional field of any type (``MAILTAP__KAFKA__SCHEMA_REGISTRY_URL=null``): an optional
+    secret spelled exactly so is not worth losing the only way to unset a key.
 
     >>> from pydantic import BaseModel
     >>> class Account(BaseModel):
@@ -398,10 +400,12 @@ def _is_text(member: Any) -> bool:
 
 def _typed_text(text: str, annotation: Any) -> Any:
     members = _members(annotation)
+    if text in _NULLS and type(None) in members:
+        return None  # the one way to unset an optional key from the environment
     if not text or any(_is_text(m) for m in members):
         return text
     if all(isinstance(m, type) and issubclass(m, _SCALAR_TYPES) for m in members):
-        return None if text in _NULLS and type(None) in members else text
+        return text
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

@@ -175,7 +175,7 @@ def render_reference() -> str:
         "`MAILTAP_KAFKA_BOOTSTRAP` overrides `kafka.bootstrap_servers`. A variable's value takes",
         "the type of its key: a `str` or `SecretStr` key gets the text exactly as written (`#`,",
         "`!`, `:`, quotes, leading zeros and spaces included), a number or bool is parsed, a list",
-        "or mapping is read as YAML (`[INBOX, Archive]`), and `null` unsets an optional non-string",
+        "or mapping is read as YAML (`[INBOX, Archive]`), and `null` (or `~`) unsets an optional",
         "key.",
         "`mailtap config check -c FILE [--component NAME]` checks that every section each",
         "component run from the file needs is present and valid; the components are the file's",

@@ -169,7 +169,6 @@ LITERALS = [
     "'single'",
     "  spaced out  ",  # YAML: stripped
     "ünïcödé €",
-    "null",  # YAML: None
     "yes",  # YAML 1.1: True
     "1e3",  # YAML: a number
     "[not, a, list]",
@@ -217,11 +216,28 @@ def test_string_settings_from_the_environment_are_taken_literally(text: str) -> 
 
 
 def test_core_string_settings_are_literal_too() -> None:
-    env = {"MAILTAP__KAFKA__SASL_PASSWORD": "0777 #1", "MAILTAP__KAFKA__SASL_USERNAME": "null"}
+    env = {"MAILTAP__KAFKA__SASL_PASSWORD": "0777 #1", "MAILTAP__KAFKA__SASL_USERNAME": "a b"}
     cfg = config_from_dict({"kafka": {"bootstrap_servers": "a:1"}}, env=env)
     assert cfg.kafka.sasl_password is not None
     assert cfg.kafka.sasl_password.get_secret_value() == "0777 #1"
-    assert cfg.kafka.sasl_username == "null"  # a string field: the text, even this one
+    assert cfg.kafka.sasl_username == "a b"
+
+
+def test_null_unsets_an_optional_key_and_is_text_for_a_required_one() -> None:
+    raw = {
+        "kafka": {"bootstrap_servers": "a:1", "schema_registry_url": "http://r:8080"},
+        "x": {"accounts": [{"name": "a", "password": "p"}]},
+    }
+    env = {
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY_URL": "null",
+        "MAILTAP__X__ACCOUNTS__0__PASSWORD": "~",
+        "MAILTAP__X__ACCOUNTS__0__NAME": "null",
+    }
+    cfg = config_from_dict(raw, env=env)
+    assert cfg.kafka.schema_registry_url is None
+    account = cfg.section("x", Section).accounts[0]
+    assert account.password is None
+    assert account.name == "null"  # a required string: the text
 
 
 def test_numbers_bools_lists_and_nulls_still_parse() -> None:
