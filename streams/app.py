@@ -49,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-import ssl
 import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
@@ -73,6 +72,7 @@ from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
 from streams.conversation import conversation_key
+from streams.kafka_security import faust_credentials
 from streams.partitions import PartitionedTable
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
@@ -164,24 +164,9 @@ def events_partitions(kafka: KafkaSettings, timeout: float = 15.0, wait: float =
 def _broker_options(kafka: KafkaSettings) -> dict[str, Any]:
     urls = [f"kafka://{server.strip()}" for server in kafka.bootstrap_servers.split(",")]
     options: dict[str, Any] = {"broker": urls}
-    protocol = kafka.security_protocol
-    context = None
-    if protocol in ("SSL", "SASL_SSL"):
-        context = ssl.create_default_context(cafile=kafka.ssl_ca_location)
-    if protocol == "SSL":
-        options["broker_credentials"] = faust.SSLCredentials(context)
-    elif protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
-        if kafka.sasl_mechanism == "OAUTHBEARER" or not kafka.sasl_username:
-            raise ConfigError(
-                "kafka: the streams worker supports SASL PLAIN and SCRAM with "
-                "sasl_username/sasl_password; OAUTHBEARER is not supported here"
-            )
-        options["broker_credentials"] = faust.SASLCredentials(
-            username=kafka.sasl_username,
-            password=kafka.sasl_password.get_secret_value() if kafka.sasl_password else "",
-            ssl_context=context,
-            mechanism=kafka.sasl_mechanism or "PLAIN",
-        )
+    credentials = faust_credentials(kafka)
+    if credentials is not None:
+        options["broker_credentials"] = credentials
     return options
 
 

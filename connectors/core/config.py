@@ -12,6 +12,9 @@ string field (a password, an address, a host) gets the variable's text as it is 
 (``MAILTAP__HEALTH__PORT=9100``), a list or a mapping is read as YAML
 (``MAILTAP__IMAP__ACCOUNTS__0__FOLDERS=[INBOX, Archive]``), and ``null`` (or ``~``) unsets an
 optional field (a required string field takes it as text).
+``MAILTAP__KAFKA__BOOTSTRAP_SERVERS`` is the same setting spelt generically: both are
+resolved in one place, :func:`env_bootstrap_servers`, and setting both to different values is
+an error rather than one silently winning.
 We merge these ourselves rather than with pydantic-settings' env source because connector sections
 are opaque to the core until their owner validates them.
 
@@ -46,12 +49,26 @@ from pydantic import (
     model_validator,
 )
 
-from connectors.core.avro.registry import DEFAULT_COMPATIBILITY, Compatibility
 from connectors.core.config_errors import closest, describe, env_sources, missing_section
 from connectors.core.errors import ConfigError
 
+#: What mailtap sets on its registry subjects (connectors.core.avro.registry); the registry's
+#: own names for the rules.
+Compatibility = Literal[
+    "FULL_TRANSITIVE",
+    "FULL",
+    "BACKWARD_TRANSITIVE",
+    "BACKWARD",
+    "FORWARD_TRANSITIVE",
+    "FORWARD",
+    "NONE",
+]
+DEFAULT_COMPATIBILITY: Compatibility = "FULL_TRANSITIVE"
+
 ENV_PREFIX = "MAILTAP__"
 ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"
+#: The generic spelling of :data:`ENV_KAFKA_BOOTSTRAP`, an alias of it.
+ENV_KAFKA_BOOTSTRAP_GENERIC = f"{ENV_PREFIX}KAFKA__BOOTSTRAP_SERVERS"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -128,6 +145,21 @@ class KafkaSettings(StrictModel):
     ssl_ca_location: str | None = Field(
         default=None, description="CA bundle for SSL/SASL_SSL; the system store when unset"
     )
+    ssl_certificate_location: str | None = Field(
+        default=None,
+        description="client certificate (PEM, leaf first) for mTLS, with ssl_key_location",
+    )
+    ssl_key_location: str | None = Field(
+        default=None, description="the client certificate's private key (PEM)"
+    )
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="when the private key file is encrypted (never logged)"
+    )
+    sasl_oauthbearer: ClientCredentialsSettings | None = Field(
+        default=None,
+        description="with sasl_mechanism OAUTHBEARER: the OIDC token endpoint and the client "
+        "credentials mailtap asks it for tokens with (refreshed before they expire)",
+    )
     schema_registry_url: str | None = Field(
         default=None,
         description="Confluent-compatible registry; when unset, Avro single-object encoding is used",
@@ -158,6 +190,50 @@ class KafkaSettings(StrictModel):
             if not host or not port.isdigit():
                 raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
         return value
+
+    @model_validator(mode="after")
+    def _security_is_complete(self) -> KafkaSettings:
+        """Settings that a client library would reject late, or silently ignore, fail here."""
+        sasl = self.security_protocol.startswith("SASL_")
+        tls = self.security_protocol in ("SSL", "SASL_SSL")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs sasl_mechanism "
+                "(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)"
+            )
+        if not sasl and self.sasl_mechanism is not None:
+            raise ValueError(
+                f"sasl_mechanism {self.sasl_mechanism} needs security_protocol SASL_SSL "
+                "(or SASL_PLAINTEXT)"
+            )
+        if self.sasl_mechanism == "OAUTHBEARER":
+            if self.sasl_oauthbearer is None:
+                raise ValueError(
+                    "sasl_mechanism OAUTHBEARER needs sasl_oauthbearer (token_url, client_id, "
+                    "client_secret, scope)"
+                )
+            if self.sasl_username or self.sasl_password:
+                raise ValueError(
+                    "sasl_username/sasl_password are not used with OAUTHBEARER: remove them"
+                )
+        elif self.sasl_mechanism is not None and not (self.sasl_username and self.sasl_password):
+            raise ValueError(
+                f"sasl_mechanism {self.sasl_mechanism} needs sasl_username and sasl_password"
+            )
+        if self.sasl_oauthbearer is not None and self.sasl_mechanism != "OAUTHBEARER":
+            raise ValueError("sasl_oauthbearer is only used with sasl_mechanism OAUTHBEARER")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError(
+                "set both ssl_certificate_location and ssl_key_location (mTLS), or neither"
+            )
+        if self.ssl_key_password is not None and self.ssl_key_location is None:
+            raise ValueError("ssl_key_password needs ssl_key_location")
+        if not tls and (self.ssl_certificate_location or self.ssl_ca_location):
+            raise ValueError(
+                f"ssl_* settings are not used with security_protocol {self.security_protocol}: "
+                "use SSL (or SASL_SSL)"
+            )
+        return self
 
 
 class S3Settings(StrictModel):
@@ -222,6 +298,36 @@ class ClientCredentialsSettings(StrictModel):
         if parts.scheme != "https" or not parts.hostname:
             raise ValueError("expected an https:// URL (tokens never travel in plaintext)")
         return value
+
+
+# KafkaSettings.sasl_oauthbearer names ClientCredentialsSettings, defined after it.
+KafkaSettings.model_rebuild()
+
+
+class ParseLimitSettings(StrictModel):
+    """Caps applied before parsing (Python's email package is slow on hostile input).
+
+    Mirrors ``connectors.core.mail.limits.ParseLimits``; unset fields keep the parser's defaults.
+    The ``limits`` of every source section (``imap``, ``ews``).
+    """
+
+    max_message_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_lines: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_mime_depth: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_params: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_parts: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_body_bytes: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_attachments: int | None = Field(default=None, gt=0, description="parser default when unset")
+
+    def overrides(self) -> dict[str, int]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class ClaimCheckSettings(StrictModel):
@@ -296,6 +402,24 @@ class EnvText(str):
     __slots__ = ()
 
 
+def env_bootstrap_servers(env: Mapping[str, str]) -> str | None:
+    """The Kafka bootstrap servers the environment names, if any: ``MAILTAP_KAFKA_BOOTSTRAP`` or
+    its alias ``MAILTAP__KAFKA__BOOTSTRAP_SERVERS`` (both set: they must agree).
+
+    >>> env_bootstrap_servers({"MAILTAP__KAFKA__BOOTSTRAP_SERVERS": "b:2"})
+    'b:2'
+    """
+    short = env.get(ENV_KAFKA_BOOTSTRAP) or None
+    generic = env.get(ENV_KAFKA_BOOTSTRAP_GENERIC) or None
+    if short and generic and short != generic:
+        raise ConfigError(
+            f"{ENV_KAFKA_BOOTSTRAP}={short} and {ENV_KAFKA_BOOTSTRAP_GENERIC}={generic} both set "
+            f"kafka.bootstrap_servers, to different values: unset one "
+            f"({ENV_KAFKA_BOOTSTRAP} is the documented one)"
+        )
+    return short or generic
+
+
 def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """Return ``raw`` with ``MAILTAP__A__B=v`` and ``MAILTAP_KAFKA_BOOTSTRAP`` applied; a number
     indexes an existing list entry (``MAILTAP__IMAP__ACCOUNTS__0__PASSWORD``). The values are
@@ -322,9 +446,10 @@ def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str
             _set(node, part, child)
             node = child
         _set(node, path[-1], EnvText(value))
-    if env.get(ENV_KAFKA_BOOTSTRAP):
+    bootstrap = env_bootstrap_servers(env)
+    if bootstrap:
         kafka = dict(merged.get("kafka") or {})
-        kafka["bootstrap_servers"] = env[ENV_KAFKA_BOOTSTRAP]
+        kafka["bootstrap_servers"] = bootstrap
         merged["kafka"] = kafka
     return merged
 

@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from connectors.core.avro.replies import DeliveryStatusSymbol
 from connectors.smtp.errors import (
     SmtpAuthError,
     SmtpDisconnectedError,
@@ -43,6 +44,8 @@ MAX_DIAGNOSTIC = 1000
 
 class DeliveryStatus(enum.Enum):
     """Symbols of the DeliveryEvent.status enum in schemas/DeliveryEvent.avsc."""
+
+    _value_: DeliveryStatusSymbol  # the type of .value (a test holds the members to it)
 
     SENT = "SENT"
     DEFERRED = "DEFERRED"
@@ -156,7 +159,7 @@ def classify_error(recipients: Sequence[str], exc: SmtpTransportError) -> list[R
         diagnostic = f"{kind} {why}: {exc.message}"[:MAX_DIAGNOSTIC]
         return [RecipientOutcome(r, status, diagnostic=diagnostic) for r in recipients]
     # Authentication and TLS failures are ours, not the message's: keep it and retry, while the
-    # sink reports the misconfiguration loudly (errors.classify says PERMANENT for the process).
+    # sink reports the misconfiguration loudly (errors.sink_disposition says PERMANENT for the process).
     label = (
         "authentication"
         if isinstance(exc, SmtpAuthError)

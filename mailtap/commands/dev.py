@@ -11,6 +11,7 @@ import click
 
 from mailtap.dev import DevServices, ServiceStartError, down, status, up
 from mailtap.dev.layout import DEFAULT_STATE_DIR
+from mailtap.dev.secure import MECHANISMS, SecureKafka
 
 _state_dir_option = click.option(
     "--state-dir",
@@ -29,20 +30,37 @@ def _describe(info: DevServices) -> str:
         if info.registry is None
         else f"{info.registry.url}  (pid {info.registry.pid}; log {info.registry.log_path})"
     )
-    return "\n".join(
-        [
-            f"kafka   {info.kafka.bootstrap_servers}  ({kafka_origin}; log {info.kafka.log_path})",
-            f"schema registry {registry}",
-            f"imap    {info.imap.host}:{info.imap.port}  (pid {info.imap.pid}; "
-            f"log {info.imap.log_path})",
-            f"        accounts: {accounts}",
-            f"smtp    {info.smtp.host}:{info.smtp.port}  (pid {info.smtp.pid}; "
-            f"log {info.smtp.log_path})",
-            f"        received mail: {info.smtp.received_dir}",
-            f"config  {info.config_path}",
-            f"state   {info.state_dir}",
-        ]
-    )
+    lines = [
+        f"kafka   {info.kafka.bootstrap_servers}  ({kafka_origin}; log {info.kafka.log_path})",
+        f"schema registry {registry}",
+        f"imap    {info.imap.host}:{info.imap.port}  (pid {info.imap.pid}; "
+        f"log {info.imap.log_path})",
+        f"        accounts: {accounts}",
+        f"smtp    {info.smtp.host}:{info.smtp.port}  (pid {info.smtp.pid}; "
+        f"log {info.smtp.log_path})",
+        f"        received mail: {info.smtp.received_dir}",
+        f"config  {info.config_path}",
+        f"state   {info.state_dir}",
+    ]
+    if info.secure is not None:
+        lines += _describe_secure(info.secure)
+    return "\n".join(lines)
+
+
+def _describe_secure(secured: SecureKafka) -> list[str]:
+    principals = ", ".join(f"{c}={p.name}" for c, p in secured.principals.items())
+    return [
+        "secured kafka (the one above is its PLAINTEXT admin listener, a super user):",
+        f"  SASL_SSL SCRAM-SHA-512/256, PLAIN  {secured.sasl_bootstrap}",
+        f"  SSL with client certificates      {secured.mtls_bootstrap}",
+        f"  SASL_SSL OAUTHBEARER              {secured.oauth_bootstrap}",
+        f"  CA {secured.ca_location}",
+        f"  OAuth token endpoint {secured.token_url}, JWKS {secured.jwks_url} "
+        f"(pid {secured.oauth_pid})",
+        f"  denied operations: {secured.authorizer_log}",
+        f"  principals: {principals}",
+        f"  configs: {secured.folder}/<component>/<{'|'.join(MECHANISMS)}>.yaml",
+    ]
 
 
 def _emit(info: DevServices, as_json: bool) -> None:
@@ -60,12 +78,19 @@ def dev() -> None:
 
 @dev.command("up")
 @click.option("--json", "as_json", is_flag=True, help="Print the connection details as JSON.")
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="A broker secured like a company cluster: SASL_SSL (SCRAM, PLAIN), mTLS and OAUTHBEARER "
+    "listeners, an authorizer without default access, one principal per component, and a "
+    "config per component and mechanism under <state-dir>/secure/.",
+)
 @_state_dir_option
-def up_command(as_json: bool, state_dir: Path) -> None:
+def up_command(as_json: bool, secure: bool, state_dir: Path) -> None:
     """Start the services (a no-op when they already run) and write a mailtap config."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
-        info = up(state_dir)
+        info = up(state_dir, secure=secure)
     except ServiceStartError as exc:
         raise click.ClickException(str(exc)) from exc
     _emit(info, as_json)

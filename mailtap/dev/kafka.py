@@ -7,10 +7,12 @@ import shutil
 import socket
 import subprocess
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import process
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import kafka_libs, render_template
 
 #: A cold JVM plus storage recovery takes 2-5 s here; a loaded shared 2-core CI box, much more.
@@ -41,6 +43,11 @@ class KafkaLayout:
         return self.root / "server.log"
 
     @property
+    def authorizer_log(self) -> Path:
+        """Denied operations of the secured broker (``kafka.authorizer.logger``)."""
+        return self.root / "authorizer.log"
+
+    @property
     def stdout_log(self) -> Path:
         return self.root / "stdout.log"
 
@@ -52,7 +59,7 @@ class KafkaLayout:
 def _classpath() -> str:
     libs = kafka_libs()
     if not any(libs.glob("kafka_2.13-*.jar")):
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"kafka: no Kafka jars in {libs}; run `make venv` (deploy/bootstrap.sh) to fetch them"
         )
     return f"{libs}/*"
@@ -88,13 +95,20 @@ def _log4j_opt(layout: KafkaLayout) -> str:
     return f"-Dlog4j2.configurationFile={layout.log4j_config}"
 
 
-def prepare_storage(layout: KafkaLayout, broker_port: int, controller_port: int) -> None:
-    """Format the log directory unless it holds data written with these same ports.
+def prepare_storage(
+    layout: KafkaLayout,
+    broker_port: int,
+    controller_port: int,
+    extra_format_args: Sequence[str] = (),
+    marker: str = "",
+) -> None:
+    """Format the log directory unless it holds data written with these same ports (and
+    ``marker``, which names what ``extra_format_args`` put into the data, e.g. SCRAM users).
 
     The KRaft voter set recorded at format time names the controller endpoint, so data formatted
     for other ports is wiped and formatted again rather than reused.
     """
-    ports = f"{broker_port} {controller_port}"
+    ports = f"{broker_port} {controller_port}" + (f" {marker}" if marker else "")
     formatted = (layout.data_dir / "meta.properties").exists()
     if formatted and layout.ports_file.exists() and layout.ports_file.read_text() == ports:
         return
@@ -112,17 +126,18 @@ def prepare_storage(layout: KafkaLayout, broker_port: int, controller_port: int)
         "--config",
         str(layout.config),
         "--standalone",
+        *extra_format_args,
     ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"kafka: formatting {layout.data_dir} failed (exit {result.returncode}):\n"
             f"{result.stdout}\n{result.stderr}"
         )
     layout.ports_file.write_text(ports)
 
 
-def start(layout: KafkaLayout) -> int:
+def start(layout: KafkaLayout, extra_jvm_options: Sequence[str] = ()) -> int:
     # A private java.io.tmpdir: the broker extracts native codecs (zstd-jni) there on first use.
     # With the shared /tmp, brokers of parallel test sessions and /tmp clean-ups raced on the same
     # extracted .so and a broker failed every zstd batch with UnsatisfiedLinkError.
@@ -131,6 +146,7 @@ def start(layout: KafkaLayout) -> int:
     argv = [
         process.java("kafka"),
         *JVM_OPTS,
+        *extra_jvm_options,
         f"-Djava.io.tmpdir={tmpdir}",
         _log4j_opt(layout),
         "-cp",

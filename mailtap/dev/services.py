@@ -5,6 +5,11 @@ registry (Apicurio, `mailtap.dev.registry`; ``MAILTAP_DEV_REGISTRY=off`` leaves 
 config registry-less), Dovecot and the recording SMTP server, waits until each answers, writes ``<state>/state.json`` (pids with
 their start times, connection details) and a ready-to-use ``<state>/mailtap.yaml``, and returns a
 `DevServices`. ``down(state_dir)`` stops exactly the process groups recorded in the state file.
+
+``up(state_dir, secure=True)`` starts the secured broker of `mailtap.dev.secure` instead (SASL_SSL,
+mTLS and OAUTHBEARER listeners, an authorizer, the dev OAuth server) and writes a config per
+component and mechanism under ``<state>/secure/``; ``<state>/mailtap.yaml`` then uses the
+PLAINTEXT admin listener (a super user), for ``topics ensure`` and the demo.
 """
 
 from __future__ import annotations
@@ -20,8 +25,11 @@ from typing import Any
 
 import yaml
 
-from mailtap.dev import dovecot, kafka, process, received, registry, smtp_server
-from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY, ENV_KAFKA_BOOTSTRAP
+from connectors.core.config import ENV_KAFKA_BOOTSTRAP, env_bootstrap_servers
+from mailtap.dev import dovecot, kafka, process, received, registry, scenario, smtp_server
+from mailtap.dev import secure as secure_kafka
+from mailtap.dev.errors import ServiceStartError
+from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +97,8 @@ class DevServices:
     smtp: SmtpInfo
     #: None when ``MAILTAP_DEV_REGISTRY=off`` (or a state dir from before the registry).
     registry: RegistryInfo | None = None
+    #: The secured listeners, principals and OAuth server (``up(secure=True)``), else None.
+    secure: secure_kafka.SecureKafka | None = None
     started_at: float = field(default=0.0, compare=False)
 
     @property
@@ -101,6 +111,8 @@ class DevServices:
         own = [self.imap.pid, self.smtp.pid]
         if self.registry is not None:
             own.append(self.registry.pid)
+        if self.secure is not None:
+            own.append(self.secure.oauth_pid)
         return [self.kafka.pid, *own] if self.kafka.pid is not None else own
 
     def add_user(self, username: str, password: str = dovecot.DEFAULT_PASSWORD) -> Account:
@@ -121,12 +133,14 @@ class DevServices:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("started_at")
+        data["secure"] = None if self.secure is None else self.secure.to_json()
         data["imap"]["accounts"] = [asdict(a) for a in self.imap.accounts]
         return json.loads(json.dumps(data, default=str))  # type: ignore[no-any-return]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> DevServices:
         k, i, s, r = data["kafka"], data["imap"], data["smtp"], data.get("registry")
+        secured = data.get("secure")
         return cls(
             state_dir=Path(data["state_dir"]),
             config_path=Path(data["config_path"]),
@@ -157,6 +171,7 @@ class DevServices:
             registry=None
             if r is None
             else RegistryInfo(url=r["url"], pid=r["pid"], log_path=Path(r["log_path"])),
+            secure=None if secured is None else secure_kafka.SecureKafka.from_json(secured),
             started_at=data.get("started_at", 0.0),
         )
 
@@ -171,6 +186,7 @@ def _state_path(state_dir: Path) -> Path:
 def _write_state(state_dir: Path, state: dict[str, Any]) -> None:
     tmp = state_dir / f".{STATE_FILE}.tmp"
     tmp.write_text(json.dumps(state, indent=2, default=str))
+    tmp.chmod(0o600)  # a secured set records its principals' credentials here
     tmp.replace(_state_path(state_dir))
 
 
@@ -259,16 +275,19 @@ def healthy(info: DevServices) -> bool:
         smtp_probe(info.smtp.host, info.smtp.port)
         if info.registry is not None:
             registry.probe(info.registry.url)
+        if info.secure is not None:
+            secure_kafka.probe_jwks(info.secure.jwks_url)
     except Exception:
         return False
     return True
 
 
-def up(state_dir: Path | str | None = None) -> DevServices:
-    """Start the services (or return the running ones when ``state_dir``'s set is healthy)."""
+def up(state_dir: Path | str | None = None, *, secure: bool = False) -> DevServices:
+    """Start the services (or return the running ones when ``state_dir``'s set is healthy and
+    secured or not as asked)."""
     root = resolve_state_dir(state_dir)
     running = status(root)
-    if running is not None:
+    if running is not None and (running.secure is not None) == secure:
         log.info("services in %s already up", root)
         return running
     down(root)  # a partial or dead earlier set: clear it before starting afresh
@@ -276,7 +295,7 @@ def up(state_dir: Path | str | None = None) -> DevServices:
     started: dict[str, Any] = {"processes": []}
     _write_state(root, started)
     try:
-        info = _start_all(root, started)
+        info = _start_all(root, started, secure)
     except BaseException:
         down(root)
         raise
@@ -286,9 +305,16 @@ def up(state_dir: Path | str | None = None) -> DevServices:
     return info
 
 
-def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
-    external = os.environ.get(ENV_KAFKA_BOOTSTRAP)
+def _start_all(root: Path, started: dict[str, Any], secured: bool) -> DevServices:
+    # A cluster that is already running (MAILTAP_KAFKA_BOOTSTRAP or its alias) instead of ours.
+    external = env_bootstrap_servers(os.environ)
+    if external and secured:
+        raise ServiceStartError(
+            f"--secure starts a broker of its own: unset {ENV_KAFKA_BOOTSTRAP} ({external})"
+        )
     names = ["imap", "smtp"] if external else ["kafka", "kafka_controller", "imap", "smtp"]
+    if secured:
+        names += secure_kafka.PORT_NAMES
     ports = _pick_ports(root, names)
 
     def record(pid: int) -> None:
@@ -298,8 +324,14 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
     # Kafka's JVM takes seconds; start it first and wait for it last.
     kafka_layout = kafka.KafkaLayout(root / "kafka")
     kafka_pid: int | None = None
+    secured_kafka: secure_kafka.SecureKafka | None = None
     if external:
         bootstrap = external
+    elif secured:
+        secured_kafka, kafka_pid, kafka_layout = secure_kafka.launch(
+            root / "secure", HOST, ports, record
+        )
+        bootstrap = secured_kafka.admin_bootstrap
     else:
         bootstrap = f"{HOST}:{ports['kafka']}"
         kafka.render(kafka_layout, HOST, ports["kafka"], ports["kafka_controller"])
@@ -313,7 +345,7 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
     schema_registry: registry.RunningRegistry | None = None
     if registry_wanted():
         if not registry.is_installed():
-            raise process.ServiceStartError(
+            raise ServiceStartError(
                 f"registry: not built ({registry.run_jar()} is missing): run `make registry`, "
                 f"or set {ENV_DEV_REGISTRY}=off for services and a config without a schema "
                 "registry (single-object encoding)"
@@ -406,6 +438,7 @@ def _start_all(root: Path, started: dict[str, Any]) -> DevServices:
             pid=schema_registry.pid,
             log_path=registry.RegistryLayout(registry_dir).stdout_log,
         ),
+        secure=secured_kafka,
     )
 
 
@@ -473,7 +506,20 @@ def config_document(info: DevServices) -> dict[str, Any]:
 def write_config(info: DevServices) -> Path:
     info.claims_dir.mkdir(parents=True, exist_ok=True)
     header = "# Written by `mailtap dev up` for the local development services.\n"
+    document = config_document(info)
     info.config_path.write_text(
-        header + yaml.safe_dump(config_document(info), sort_keys=False, default_flow_style=False)
+        header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
     )
+    if info.secure is not None:
+        # A streams section too, so that `mailtap run streams` starts from these as they are.
+        streams = {
+            **scenario.streams_section("mailtap-dev"),
+            "data_dir": str(info.state_dir / "streams"),
+        }
+        secure_kafka.write_client_configs(
+            info.secure,
+            {**document, "streams": streams},
+            "# Written by `mailtap dev up --secure`: one component, one mechanism (credentials "
+            "inside: keep private).\n",
+        )
     return info.config_path

@@ -21,8 +21,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from connectors.core.config import KafkaSettings
-from connectors.core.errors import ConfigError, MailtapError
+from connectors.core.kafka.errors import KafkaSecurityRefused, KafkaUnavailable, StopRequested
 from connectors.core.kafka.log import ClientLog
+from connectors.core.kafka.security import librdkafka_security, refusal
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +45,6 @@ MAX_METADATA_REQUEST_S = 2.0
 _NOT_YET = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
 
 _stop = threading.Event()
-
-
-class StopRequested(MailtapError):
-    """The process was asked to stop while it waited for Kafka; nothing was left half-done."""
-
-
-class KafkaUnavailable(ConfigError):
-    """The cluster did not answer within the wait; the message names the setting to check."""
 
 
 def request_stop() -> None:
@@ -96,9 +89,13 @@ def cluster_metadata(
     """``client.list_topics(topic)``, waiting up to ``timeout`` for the cluster to answer.
 
     Raises :class:`KafkaUnavailable` (with the sentence of :func:`unreachable`) when it does not,
-    :class:`StopRequested` when the process is stopping.
+    :class:`StopRequested` when the process is stopping, and
+    :class:`~connectors.core.kafka.security.KafkaSecurityRefused` as soon as librdkafka reports
+    that the login or the TLS handshake failed (a wrong password, an untrusted or expired
+    certificate): waiting for the timeout would only end in "cannot reach Kafka".
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     request = WAIT_SLICE_S
     while True:
         raise_if_stopping()
@@ -107,13 +104,31 @@ def cluster_metadata(
             return client.list_topics(topic, timeout=max(0.05, min(request, remaining)))
         except KafkaException as exc:
             err: KafkaError = exc.args[0]
+            sentence = refusal(kafka, err)
+            if sentence is not None:
+                raise KafkaSecurityRefused(sentence) from None
             if err.code() not in _NOT_YET:
                 raise
             request = min(request * 2, MAX_METADATA_REQUEST_S)
+            _serve_logs(client)
+            _raise_if_refused(kafka, started)
             if time.monotonic() >= deadline:
                 raise KafkaUnavailable(unreachable(kafka, err.str(), timeout)) from None
         finally:
             _serve_logs(client)
+
+
+def _raise_if_refused(kafka: KafkaSettings, since: float) -> None:
+    """Raise on the first authentication / TLS failure reported since ``since``.
+
+    The client errors of the whole process are looked at: the client waited on here reports
+    them only when polled, and a refusal another client of the same process saw meanwhile has
+    the same cause (one process, one set of settings).
+    """
+    for error in CLIENT_LOG.errors_since(since):
+        sentence = refusal(kafka, error)
+        if sentence is not None:
+            raise KafkaSecurityRefused(sentence)
 
 
 def init_transactions(producer: Producer, kafka: KafkaSettings, timeout: float) -> None:
@@ -149,7 +164,6 @@ def client_config(kafka: KafkaSettings) -> dict[str, Any]:
     """What every client gets: brokers, security, and librdkafka's logs through Python logging."""
     conf: dict[str, Any] = {
         "bootstrap.servers": kafka.bootstrap_servers,
-        "security.protocol": kafka.security_protocol,
         # Not librdkafka properties: confluent-kafka takes them from the same dict.
         "logger": CLIENT_LOG,
         "error_cb": CLIENT_LOG.client_error,
@@ -158,18 +172,7 @@ def client_config(kafka: KafkaSettings) -> dict[str, Any]:
         # a source holds a transactional producer per mailbox. client_properties can enable it.
         "enable.metrics.push": False,
     }
-    if kafka.sasl_mechanism:
-        conf["sasl.mechanism"] = kafka.sasl_mechanism
-    if kafka.sasl_username:
-        conf["sasl.username"] = kafka.sasl_username
-    if kafka.sasl_password:
-        conf["sasl.password"] = kafka.sasl_password.get_secret_value()
-    if kafka.ssl_ca_location:
-        conf["ssl.ca.location"] = kafka.ssl_ca_location
-    if kafka.security_protocol in ("SSL", "SASL_SSL"):
-        # Certificate verification is never optional (DESIGN.md, security rules).
-        conf["enable.ssl.certificate.verification"] = True
-        conf["ssl.endpoint.identification.algorithm"] = "https"
+    conf.update(librdkafka_security(kafka))
     conf.update(kafka.client_properties)
     return conf
 

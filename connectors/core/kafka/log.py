@@ -35,6 +35,7 @@ import logging
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +44,10 @@ from confluent_kafka import KafkaError
 #: One line per condition per minute at most: a 30 s outage is one line per condition, a long
 #: one a line a minute with the count, so the log still says the condition lasts.
 REPEAT_INTERVAL_S = 60.0
+
+#: Client errors kept for :meth:`ClientLog.errors_since`: a few seconds' worth while a cluster
+#: refuses every client of a process.
+RECENT_ERRORS = 64
 
 #: Conditions librdkafka retries by itself. Connection trouble is worth a WARNING (the operator
 #: may have to act); a coordinator that is loading or moving settles in seconds (INFO).
@@ -145,6 +150,10 @@ class ClientLog:
         self.logger = logger or logging.getLogger("librdkafka")
         self.repeat_interval = repeat_interval
         self._repeats = _Repeats(repeat_interval, clock)
+        self._clock = clock
+        # The latest client errors with when they came: a wait for the cluster ends early on an
+        # authentication or TLS failure among them (connectors.core.kafka.cluster_metadata).
+        self._recent: deque[tuple[float, KafkaError]] = deque(maxlen=RECENT_ERRORS)
 
     def log(self, level: int, fmt: str, *args: object) -> None:
         """What confluent-kafka calls: ``log(level, "%s [%s] %s", facility, client, text)``."""
@@ -160,6 +169,7 @@ class ClientLog:
 
         A transport error repeats the FAIL line logged for the same attempt: DEBUG.
         """
+        self._recent.append((self._clock(), error))
         text = f"{error.name()}: {error.str()}"
         if error.code() == KafkaError._TRANSPORT:
             level = logging.DEBUG
@@ -188,6 +198,10 @@ class ClientLog:
             suffix if repeats else "",
             extra={"facility": facility, "client": client, "repeated": repeats},
         )
+
+    def errors_since(self, since: float) -> list[KafkaError]:
+        """Client errors reported at or after ``since`` (this log's clock), oldest first."""
+        return [error for at, error in list(self._recent) if at >= since]
 
     def pending(self) -> dict[tuple[str, str], int]:
         """Repeats seen since each condition was last logged (not yet reported)."""

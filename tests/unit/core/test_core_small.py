@@ -63,7 +63,13 @@ def test_producer_config_is_idempotent_and_transactional() -> None:
 
 def test_ssl_always_verifies() -> None:
     conf = producer_config(
-        KafkaSettings(bootstrap_servers="a:1", security_protocol="SASL_SSL", sasl_mechanism="PLAIN")
+        KafkaSettings(
+            bootstrap_servers="a:1",
+            security_protocol="SASL_SSL",
+            sasl_mechanism="PLAIN",
+            sasl_username="u",
+            sasl_password="p",
+        )
     )
     assert conf["enable.ssl.certificate.verification"] is True
 
