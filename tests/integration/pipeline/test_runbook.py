@@ -29,7 +29,7 @@ from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, load_config
 from mailtap.components import Component, wait_for
-from mailtap.demo import scenario
+from mailtap.dev import scenario
 from mailtap.mailbox_data import cursor_key
 from mailtap.trace import TopicRecord, read_records
 
