@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Mailboxes, lag, deliveries and health, read from Kafka.",
     ),
     "dlq": ("mailtap.commands.dlq:dlq", "List, show, replay and drop dead letters."),
+    "trace": (
+        "mailtap.commands.trace:trace",
+        "One mail's events, workflow steps, commands and deliveries, in time order.",
+    ),
     "mailboxes": (
         "mailtap.commands.mailboxes:mailboxes",
         "Add or remove mailbox folders of running sources; list them and their owners.",

@@ -74,7 +74,7 @@ from streams.config import StreamsSettings
 from streams.conversation import conversation_key
 from streams.kafka_security import faust_credentials
 from streams.partitions import PartitionedTable
-from streams.pipeline import SKIPPED, Outcome, Pipeline
+from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
 
 log = logging.getLogger(__name__)
@@ -182,11 +182,16 @@ class StreamsWorker:
         load_raw: RawLoader | None = None,
         dnsfunc: DnsFunc | None = None,
         modules: tuple[str, ...] = BUILTIN_MODULES,
+        clock: Callable[[], dt.datetime] = wall_clock,
     ) -> None:
         self.settings = settings
         self.kafka = kafka
         self.pipeline = Pipeline(
-            settings, bind_workflows(settings, modules), load_raw=load_raw, dnsfunc=dnsfunc
+            settings,
+            bind_workflows(settings, modules),
+            load_raw=load_raw,
+            dnsfunc=dnsfunc,
+            clock=clock,
         )
         self.mail_serde = AvroSerde.for_schema("MailEvent", kafka)
         self.command_serde = AvroSerde.for_schema("ReplyCommand", kafka)

@@ -84,6 +84,24 @@ def parse_nameserver(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: The duration syntax of the smtp section (connectors.smtp.config.parse_duration); streams does
+#: not import a connector, so the few lines are repeated here.
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
+_AGE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_age(value: str) -> float:
+    """Seconds in a duration such as ``90m``, ``36h``, ``2d``.
+
+    >>> parse_age("2d"), parse_age("1.5h")
+    (172800.0, 5400.0)
+    """
+    match = _AGE.match(value.strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a duration like 90m, 36h or 2d")
+    return float(match.group(1)) * _AGE_UNITS[match.group(2)]
+
+
 class AddressSettings(StrictModel):
     address: str = Field(description="mailbox, e.g. helpdesk@example.com")
     name: str | None = Field(default=None, description="display name")
@@ -272,6 +290,15 @@ class StreamsSettings(StrictModel):
             "mail replayed after that is treated as new"
         ),
     )
+    max_reply_age: str = Field(
+        default="2d",
+        description=(
+            "mail that arrived longer ago than this (its internal_date: IMAP INTERNALDATE, EWS "
+            "DateTimeReceived; else when the source read it) is never answered, only SKIPPED "
+            "with guard max_reply_age: a first start with start: all or a replay of mail.events "
+            "by a new app_id must not write to old correspondents. A duration: 36h, 2d, 90m"
+        ),
+    )
     data_dir: str = Field(default=".state/streams", description="faust's local data directory")
     session_timeout_seconds: float = Field(
         default=10.0,
@@ -288,6 +315,17 @@ class StreamsSettings(StrictModel):
     @classmethod
     def _legacy_auth_policy(cls, data: Any) -> Any:
         return _read_legacy_require(data)
+
+    @field_validator("max_reply_age")
+    @classmethod
+    def _max_reply_age_is_duration(cls, value: str) -> str:
+        if parse_age(value) <= 0:
+            raise ValueError("max_reply_age must be longer than 0")
+        return value
+
+    @property
+    def max_reply_age_seconds(self) -> float:
+        return parse_age(self.max_reply_age)
 
     def policy_for(self, workflow: str) -> AuthPolicy:
         """The workflow's own ``require``, else ``streams.require``, else the default: the

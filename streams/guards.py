@@ -5,7 +5,8 @@ publishes every skip as a ``SKIPPED`` WorkflowEvent on ``mail.workflow`` (attrib
 and ``reason``), so "why did nobody answer?" has an answer on Kafka.
 
 Order in the pipeline (:mod:`streams.pipeline`): :data:`LOOP_GUARDS` (RFC 3834 loop
-prevention and our own addresses), then :func:`dedupe`, sender authentication
+prevention and our own addresses), then :func:`reply_age` (no answer to history), then
+:func:`dedupe`, sender authentication
 (:mod:`streams.auth`), then :func:`rate_limit` per authenticated sender; after the workflow
 ran, :func:`rate_limit` per recipient of its commands.
 
@@ -26,6 +27,7 @@ Skip(guard='auto_submitted', reason='Auto-Submitted: auto-replied')
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -142,6 +144,42 @@ def own_address(mail: MailView, *, own_addresses: frozenset[str], **_: Any) -> V
         if address is not None and address.normalized in own_addresses:
             return Skip("own_address", f"sent by our own address {address.address}")
     return PASS
+
+
+def reply_age(mail: MailView, *, now: dt.datetime, max_age_seconds: float, **_: Any) -> Verdict:
+    """History is never answered: mail that arrived more than ``max_age_seconds`` before ``now``.
+
+    The arrival is the mailbox's own time (``internal_date``), not the sender's ``Date``
+    header, which anyone can set; a mail without one arrived at the latest when the source
+    read it (``observed_at``). ``now`` is the worker's clock, never earlier than the mail's
+    ``observed_at``: a replay of an old ``mail.events`` by a new app id is judged now, when
+    it would write, not when the mail was first read.
+
+    >>> import datetime as dt
+    >>> from streams.mail import MailView
+    >>> old = MailView.from_record({"key": "k", "account": "a", "guard_headers": {},
+    ...     "internal_date": dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
+    ...     "observed_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
+    >>> reply_age(old, now=old.observed_at, max_age_seconds=2 * 86400)
+    Skip(guard='max_reply_age', reason='arrived 2020-01-01T00:00:00+00:00, 2192 days ago; mail older than 2 days (streams.max_reply_age) is not answered')
+    """
+    arrived = mail.internal_date or mail.observed_at
+    age = (max(now, mail.observed_at) - arrived).total_seconds()
+    if age > max_age_seconds:
+        return Skip(
+            "max_reply_age",
+            f"arrived {arrived.isoformat()}, {_span(age)} ago; mail older than "
+            f"{_span(max_age_seconds)} (streams.max_reply_age) is not answered",
+        )
+    return PASS
+
+
+def _span(seconds: float) -> str:
+    """``259200`` -> ``3 days``; below two days in hours, below two hours in minutes."""
+    for unit, size in (("days", 86400), ("hours", 3600), ("minutes", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds // size:.0f} {unit}"
+    return f"{seconds:.0f} seconds"
 
 
 Guard = Callable[..., Verdict]

@@ -205,6 +205,8 @@ class MailView:
     subject: str | None
     date: dt.datetime | None
     observed_at: dt.datetime
+    internal_date: dt.datetime | None
+    """When the mail arrived in the mailbox (IMAP INTERNALDATE, EWS DateTimeReceived)."""
     text_body: str | None
     html_body: str | None
     attachments: tuple[AttachmentView, ...]
@@ -243,6 +245,7 @@ class MailView:
             subject=record.get("subject"),
             date=record.get("date"),
             observed_at=record["observed_at"],
+            internal_date=record.get("internal_date"),
             text_body=record.get("text_body"),
             html_body=record.get("html_body"),
             attachments=tuple(

@@ -8,6 +8,7 @@ Per mail::
     tombstone? -> ignored
     route      -> no rule: UNROUTED event
     loop guards (RFC 3834, own address)  -> SKIPPED
+    arrived before now - max_reply_age   -> SKIPPED (history: start: all, a replay)
     dedupe (mail key x workflow)         -> SKIPPED
     sender authentication (policy)       -> SKIPPED
     rate limit per authenticated sender  -> SKIPPED
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
@@ -52,6 +53,7 @@ from streams.guards import (
     rate_key,
     rate_limit,
     record_reply,
+    reply_age,
 )
 from streams.mail import MailView
 from streams.routing import route
@@ -64,6 +66,10 @@ SKIPPED = "SKIPPED"
 FAILED = "FAILED"
 #: ``workflow`` field of events about mail that reached no workflow.
 ROUTING = "routing"
+
+
+def wall_clock() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
 
 
 class Tables(Protocol):
@@ -115,9 +121,13 @@ class Pipeline:
         *,
         load_raw: RawLoader | None = None,
         dnsfunc: DnsFunc | None = None,
+        clock: Callable[[], dt.datetime] = wall_clock,
     ) -> None:
+        """``clock``: "now" for :func:`streams.guards.reply_age` (a mail's age is judged when
+        the worker reads it, never earlier than the mail's ``observed_at``)."""
         self.settings = settings
         self.workflows = dict(workflows)
+        self._clock = clock
         self._load_raw = load_raw
         self._dnsfunc = dnsfunc
         self._checks = OwnChecks.from_settings(settings.auth)  # one DNS cache per worker
@@ -136,6 +146,10 @@ class Pipeline:
             return Outcome(events=[_unrouted(mail)])
         bound = self.workflows[rule.workflow]
         verdict = first_skip(mail, LOOP_GUARDS, own_addresses=self._own)
+        if isinstance(verdict, Pass):
+            verdict = reply_age(
+                mail, now=self._clock(), max_age_seconds=self.settings.max_reply_age_seconds
+            )
         if isinstance(verdict, Pass):
             verdict = dedupe(mail, bound.name, tables.runs)
         if isinstance(verdict, Skip):

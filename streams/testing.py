@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from connectors.core.avro.replies import ReplyCommand
@@ -107,6 +107,11 @@ def mail_record(
     }
 
 
+def _read_when_observed() -> dt.datetime:
+    """The earliest time: the pipeline then judges a mail's age at its ``observed_at``."""
+    return dt.datetime.min.replace(tzinfo=dt.UTC)
+
+
 class WorkflowHarness:
     """Pipeline + in-memory tables; collects every command and event it produced."""
 
@@ -117,7 +122,11 @@ class WorkflowHarness:
         modules: Iterable[str] = BUILTIN_MODULES,
         load_raw: RawLoader | None = None,
         dnsfunc: DnsFunc | None = None,
+        clock: Callable[[], dt.datetime] | None = None,
     ) -> None:
+        """``clock``: the worker's "now" for ``streams.max_reply_age``; by default each mail
+        is read the moment it was observed (its ``observed_at``), so records built with
+        :func:`mail_record` at any fixed time are not history. Pass a clock to play a replay."""
         self.settings = (
             settings
             if isinstance(settings, StreamsSettings)
@@ -128,6 +137,7 @@ class WorkflowHarness:
             bind_workflows(self.settings, modules),
             load_raw=load_raw,
             dnsfunc=dnsfunc,
+            clock=clock or _read_when_observed,
         )
         self.tables = MemoryTables()
         self.commands: list[ReplyCommand] = []

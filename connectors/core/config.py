@@ -4,10 +4,15 @@ The file is a mapping of sections. The core validates ``kafka``, ``claim_check``
 each connector validates its own section through :meth:`MailtapConfig.section`, so the core never
 imports a connector (dependency direction in DESIGN.md).
 
-Environment overrides: ``MAILTAP__<SECTION>__<KEY>[__<KEY>...]=value`` sets a nested key (values are
-parsed as YAML scalars, so ``MAILTAP__HEALTH__PORT=9100`` is an int); ``MAILTAP_KAFKA_BOOTSTRAP``
-overrides ``kafka.bootstrap_servers`` (the variable the test suite, the demo and ``mailtap dev up``
-honour). ``MAILTAP__KAFKA__BOOTSTRAP_SERVERS`` is the same setting spelt generically: both are
+Environment overrides: ``MAILTAP__<SECTION>__<KEY>[__<KEY>...]=value`` sets a nested key;
+``MAILTAP_KAFKA_BOOTSTRAP`` overrides ``kafka.bootstrap_servers`` (the variable the test suite
+and the demo honour). A value takes the type of the field it sets (:func:`typed_env_values`): a
+string field (a password, an address, a host) gets the variable's text as it is — ``pass #1``,
+``0777`` and ``!x`` stay what they say —, a number or a bool is parsed by the model
+(``MAILTAP__HEALTH__PORT=9100``), a list or a mapping is read as YAML
+(``MAILTAP__IMAP__ACCOUNTS__0__FOLDERS=[INBOX, Archive]``), and ``null`` (or ``~``) unsets an
+optional field (a required string field takes it as text).
+``MAILTAP__KAFKA__BOOTSTRAP_SERVERS`` is the same setting spelt generically: both are
 resolved in one place, :func:`env_bootstrap_servers`, and setting both to different values is
 an error rather than one silently winning.
 We merge these ourselves rather than with pydantic-settings' env source because connector sections
@@ -24,10 +29,12 @@ Example::
 from __future__ import annotations
 
 import os
+import re
+import types
 from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -363,12 +370,16 @@ class MailtapConfig(StrictModel):
     source_path: str | None = None
     #: ``{dotted key path: MAILTAP__ variable}`` of the overrides applied, for error messages.
     _env_sources: dict[str, str] = PrivateAttr(default_factory=dict)
+    #: Connector sections with their :class:`EnvText` values untyped, for :meth:`section`.
+    _env_sections: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def section(self, name: str, model: type[M]) -> M:
         """Validate the raw section ``name`` with ``model``; errors name the full key path."""
         raw = (self.model_extra or {}).get(name)
         if raw is None:
             raise ConfigError(missing_section(name, self.model_extra or {}, self._where()))
+        # The section as merged, its environment values still text: typed by this model.
+        raw = typed_env_values(self._env_sections.get(name, raw), model)
         try:
             return model.model_validate(raw)
         except ValidationError as exc:
@@ -381,6 +392,14 @@ class MailtapConfig(StrictModel):
 
     def _where(self) -> str:
         return self.source_path or "configuration"
+
+
+class EnvText(str):
+    """The text of a ``MAILTAP__`` variable, not typed yet: :func:`typed_env_values` gives it
+    the type of the field it lands in once the field's model is known (a connector's section
+    is known only to the connector)."""
+
+    __slots__ = ()
 
 
 def env_bootstrap_servers(env: Mapping[str, str]) -> str | None:
@@ -403,18 +422,19 @@ def env_bootstrap_servers(env: Mapping[str, str]) -> str | None:
 
 def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """Return ``raw`` with ``MAILTAP__A__B=v`` and ``MAILTAP_KAFKA_BOOTSTRAP`` applied; a number
-    indexes an existing list entry (``MAILTAP__IMAP__ACCOUNTS__0__PASSWORD``).
+    indexes an existing list entry (``MAILTAP__IMAP__ACCOUNTS__0__PASSWORD``). The values are
+    :class:`EnvText`, typed by :func:`typed_env_values`.
 
     >>> apply_env_overrides({"kafka": {"bootstrap_servers": "a:1"}},
     ...                     {"MAILTAP__HEALTH__PORT": "9100", "MAILTAP_KAFKA_BOOTSTRAP": "b:2"})
-    {'kafka': {'bootstrap_servers': 'b:2'}, 'health': {'port': 9100}}
+    {'kafka': {'bootstrap_servers': 'b:2'}, 'health': {'port': '9100'}}
     """
     merged: dict[str, Any] = {k: v for k, v in raw.items()}
     for name, value in sorted(env.items()):
         if not name.startswith(ENV_PREFIX):
             continue
         path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
-        if not path:
+        if not path or _indexes_a_missing_list(merged, path):
             continue
         node: Any = merged
         for part, after in pairwise(path):
@@ -425,13 +445,133 @@ def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str
             child = list(child) if is_list else dict(child) if isinstance(child, Mapping) else {}
             _set(node, part, child)
             node = child
-        _set(node, path[-1], yaml.safe_load(value) if value else value)
+        _set(node, path[-1], EnvText(value))
     bootstrap = env_bootstrap_servers(env)
     if bootstrap:
         kafka = dict(merged.get("kafka") or {})
         kafka["bootstrap_servers"] = bootstrap
         merged["kafka"] = kafka
     return merged
+
+
+#: Types whose value is text: an environment variable sets them to its text, unparsed.
+_TEXT_TYPES: tuple[type, ...] = (str, SecretStr, Path, re.Pattern)
+#: Scalars pydantic parses from text by itself (``"0777"`` -> 777, ``"yes"`` -> True).
+_SCALAR_TYPES: tuple[type, ...] = (int, float, bool, type(None))
+_NULLS = frozenset({"null", "Null", "NULL", "~"})
+
+
+def typed_env_values(value: Any, annotation: Any) -> Any:
+    """``value`` with each :class:`EnvText` in it given the type of the field it sets.
+
+    ``annotation`` is the type of ``value`` (a settings model for a section). A string field
+    takes the text literally: YAML would read ``pass #1`` as ``pass`` (a comment), ``0777`` as
+    511 (an octal number) and refuse ``!x`` (a tag), and the wrong password would be sent
+    without a word. Numbers and bools go to the model as text, which pydantic parses strictly
+    (``0777`` is 777, ``abc`` an error naming the key); lists, mappings and fields of unknown
+    type (``Any``) are read as YAML, as every value was before. ``null`` and ``~`` unset an
+    optional field of any type (``MAILTAP__KAFKA__SCHEMA_REGISTRY_URL=null``): an optional
+    secret spelled exactly so is not worth losing the only way to unset a key.
+
+    >>> from pydantic import BaseModel
+    >>> class Account(BaseModel):
+    ...     password: SecretStr
+    ...     port: int
+    ...     folders: list[str] = []
+    >>> typed_env_values({"password": EnvText("0777 #1"), "port": EnvText("0993"),
+    ...                   "folders": EnvText("[INBOX, Sent]")}, Account)
+    {'password': '0777 #1', 'port': '0993', 'folders': ['INBOX', 'Sent']}
+    """
+    if isinstance(value, EnvText):
+        return _typed_text(str(value), annotation)
+    if isinstance(value, dict):
+        model = _model_in(annotation)
+        if model is None:
+            item = _item_type(annotation, mapping=True)
+            return {k: typed_env_values(v, item) for k, v in value.items()}
+        return {k: _typed_field(model, str(k), v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        item = _item_type(annotation, mapping=False)
+        return [typed_env_values(v, item) for v in value]
+    return value
+
+
+def _typed_field(model: type[BaseModel], key: str, value: Any) -> Any:
+    field = model.model_fields.get(key) or next(
+        (f for f in model.model_fields.values() if f.alias == key), None
+    )
+    if field is not None:
+        return typed_env_values(value, field.annotation)
+    if model.model_config.get("extra") == "allow":
+        return value  # a connector's section: typed by its own model in MailtapConfig.section
+    return typed_env_values(value, Any)  # an unknown key: the model will name it
+
+
+def _members(annotation: Any) -> list[Any]:
+    """``Annotated[X | None, ...]`` -> ``[X, NoneType]``."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _members(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return [m for arg in get_args(annotation) for m in _members(arg)]
+    return [annotation]
+
+
+def _is_text(member: Any) -> bool:
+    if get_origin(member) is Literal:
+        return any(isinstance(arg, str) for arg in get_args(member))
+    return isinstance(member, type) and issubclass(member, _TEXT_TYPES)
+
+
+def _typed_text(text: str, annotation: Any) -> Any:
+    members = _members(annotation)
+    if text in _NULLS and type(None) in members:
+        return None  # the one way to unset an optional key from the environment
+    if not text or any(_is_text(m) for m in members):
+        return text
+    if all(isinstance(m, type) and issubclass(m, _SCALAR_TYPES) for m in members):
+        return text
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text  # the model says what it expected
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    for member in _members(annotation):
+        if isinstance(member, type) and issubclass(member, BaseModel):
+            return member
+    return None
+
+
+def _item_type(annotation: Any, *, mapping: bool) -> Any:
+    """The value type of ``dict[str, X]`` (``mapping``) or of ``list[X]`` / ``tuple[X, ...]``."""
+    for member in _members(annotation):
+        args = get_args(member)
+        origin = get_origin(member)
+        if mapping and origin is dict and len(args) == 2:
+            return args[1]
+        if not mapping and origin in (list, tuple, set, frozenset) and args:
+            return args[0]
+    return Any
+
+
+def _indexes_a_missing_list(merged: dict[str, Any], path: list[str]) -> bool:
+    """True for ``MAILTAP__EWS__ACCOUNTS__0__PASSWORD`` when the file has no ``ews.accounts``.
+
+    List entries come from the file; such a variable belongs to another file read with the
+    same environment (compose gives every service one env file; the Exchange source has its own
+    config file), so it is not applied here. An index past the end of a list the file *has*
+    stays an error (:func:`_set`).
+    """
+    node: Any = merged
+    for depth, part in enumerate(path[:-1]):
+        if not isinstance(node, (dict, list)):
+            return False
+        node = _child(node, part)
+        if node is None:  # from here on the variable creates what it names
+            return any(p.isdigit() for p in path[depth + 1 :])
+    return False
 
 
 def _child(node: dict[str, Any] | list[Any], part: str) -> Any:
@@ -482,8 +622,13 @@ def config_from_dict(
             f"or set {ENV_KAFKA_BOOTSTRAP}"
         )
     sources = env_sources(env or {})
+    # Connector sections stay untyped until their owner's model types them (section()); what
+    # reads a section raw (retry tiers, app ids) sees YAML-read values, as before.
+    typed = typed_env_values(merged, MailtapConfig)
+    untyped = {k: v for k, v in merged.items() if k not in MailtapConfig.model_fields}
+    typed.update({k: typed_env_values(v, Any) for k, v in untyped.items()})
     try:
-        config = MailtapConfig.model_validate({**merged, "source_path": source})
+        config = MailtapConfig.model_validate({**typed, "source_path": source})
     except ValidationError as exc:
         raise ConfigError(
             describe(
@@ -491,4 +636,5 @@ def config_from_dict(
             )
         ) from None
     config._env_sources = sources
+    config._env_sections = untyped
     return config

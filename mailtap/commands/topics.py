@@ -1,4 +1,5 @@
-"""``mailtap topics ensure -c CONFIG``: create the topics of DESIGN.md, idempotently."""
+"""``mailtap topics ensure -c CONFIG``: create mailtap's topics (deploy/README.md, "Topics and
+ACLs"), idempotently."""
 
 from __future__ import annotations
 
@@ -26,7 +27,11 @@ def topics() -> None:
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def ensure(config_path: str, as_json: bool) -> None:
-    """Create missing topics and align cleanup policies (compaction where DESIGN.md says so)."""
+    """Create missing topics and align cleanup policies.
+
+    Compacted: mail.events, mail.delivery, mail.workflow and mailtap's own state topics; the
+    others delete (deploy/README.md, "Topics and ACLs", lists each with its policy).
+    """
     try:
         cfg = load_config(config_path)
         tiers = retry_tiers_of(cfg)

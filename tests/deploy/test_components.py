@@ -20,6 +20,7 @@ from imapclient import IMAPClient
 from mailtap.dev import scenario
 from tests.deploy.containers import (
     free_port,
+    healthz,
     logs,
     mailtap_container,
     run_once,
@@ -63,6 +64,9 @@ def component_env(services, unique: str, account) -> dict[str, str]:
         "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": account.password,
         "MAILTAP__STREAMS__APP_ID": f"streams-{unique}",
         "MAILTAP__STREAMS__AUTHSERV_ID": scenario.AUTHSERV_ID,
+        # Required by the shipped file: no reply leaves from a placeholder address.
+        "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS": scenario.HELPDESK,
+        "MAILTAP__SMTP__FROM_ADDRESS": scenario.HELPDESK,
         "MAILTAP__SMTP__HOST": services.smtp.host,
         "MAILTAP__SMTP__PORT": str(services.smtp.port),
         "MAILTAP__SMTP__SECURITY": "plain",
@@ -200,6 +204,12 @@ def test_ews_source_reaches_healthy_and_publishes_a_delivered_mail(
             started = time.monotonic()
             detail = wait_healthy(container, port)
             print(f"ews-source: healthy after {time.monotonic() - started:.1f} s: {detail}")
+            # The shipped file starts at start: latest (mail already in the folder is not
+            # published): deliver once the folder streams, not while it takes its start point.
+            deadline = time.monotonic() + 180
+            while "STREAMING" not in healthz(port)[1].get("states", {}).values():
+                assert time.monotonic() < deadline, f"never STREAMING:\n{logs(container)}"
+                time.sleep(0.5)
             mail = scenario.ticket_request(unique)
             ews.deliver(EWS_USER, mail.raw)
             event = wait_record(

@@ -42,23 +42,22 @@ def compose(podman, *args: str, env: dict[str, str] | None = None, timeout: floa
 
 def test_config_points_at_an_existing_cluster_from_the_environment(podman, image, tmp_path) -> None:
     cluster = {
+        **deploy.COMPOSE_REQUIRED,
         "MAILTAP_KAFKA_BOOTSTRAP": "b1.example.com:9093",
         "MAILTAP__KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
         "MAILTAP__KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
         "MAILTAP__KAFKA__SASL_USERNAME": "mailtap",
         "MAILTAP__KAFKA__SASL_PASSWORD": "from-a-secret-store",
-        "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "imap-secret",
     }
     # As deploy/README.md does it: the cluster in an env file, not in the YAML.
     env_file = tmp_path / "mailtap.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in cluster.items()))
-    result = compose(podman, "--env-file", str(env_file), "config")
+    result = compose(podman, "config", env={"MAILTAP_ENV_FILE": str(env_file)})
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
     for name in ("imap-source", "streams", "smtp-sink", "topics"):
-        env = services[name]["environment"]
-        assert env["MAILTAP_KAFKA_BOOTSTRAP"] == "b1.example.com:9093"
-        assert env["MAILTAP__KAFKA__SASL_MECHANISM"] == "SCRAM-SHA-512"
+        assert services[name]["env_file"] == [str(env_file)], services[name]
+        assert services[name]["environment"] == {"MAILTAP_CONFIG": "/etc/mailtap/mailtap.yaml"}
     # deploy/README.md's check before `up`: the shipped config with that env file, per component.
     check = podman.run(
         "run",
@@ -72,8 +71,28 @@ def test_config_points_at_an_existing_cluster_from_the_environment(podman, image
         "check",
     )
     assert "valid for imap-source, streams, smtp-sink" in check.stdout
-    missing = compose(podman, "config", env={"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": ""})
-    assert missing.returncode != 0 and "IMAP password" in missing.stderr + missing.stdout
+
+
+#: Printed by ``podman exec`` in a running container: the settings mailtap resolved there.
+EFFECTIVE = """
+import json, os
+from connectors.core.config import load_config
+from connectors.imap.config import ImapSourceSettings
+from connectors.smtp.config import SmtpSinkSettings
+from streams.config import StreamsSettings
+config = load_config(os.environ["MAILTAP_CONFIG"])
+out = {"kafka": config.kafka.bootstrap_servers}
+if config.has_section("imap"):
+    account = config.section("imap", ImapSourceSettings).accounts[0]
+    out["imap_password"] = account.password.get_secret_value()
+if config.has_section("streams"):
+    streams = config.section("streams", StreamsSettings)
+    out["from"] = streams.from_address.address
+    out["require"] = streams.policy_for("ticket_intake")
+if config.has_section("smtp"):
+    out["envelope_from"] = config.section("smtp", SmtpSinkSettings).from_address
+print(json.dumps(out))
+"""
 
 
 @pytest.fixture(scope="session")
@@ -95,8 +114,14 @@ def containers(podman) -> dict[str, dict]:
 @pytest.mark.timeout(900)
 def test_up_and_down_with_the_local_kafka_profile(podman, image, standins, tmp_path) -> None:
     env_file = tmp_path / "mailtap.env"
-    env_file.write_text("MAILTAP__IMAP__ACCOUNTS__0__PASSWORD=not-used-here\n")
-    up = compose(podman, "--env-file", str(env_file), "--profile", "local-kafka", "up", "-d")
+    env_file.write_text(
+        "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD='pa ss #1 !x: \"q\" 0777 é'\n"
+        "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS=help@example.org\n"
+        "MAILTAP__SMTP__FROM_ADDRESS=bounces@example.org\n"
+        "MAILTAP__STREAMS__WORKFLOWS__TICKET_INTAKE__REQUIRE=none\n"
+    )
+    env = {"MAILTAP_ENV_FILE": str(env_file)}
+    up = compose(podman, "--profile", "local-kafka", "up", "-d", env=env)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
         assert set(containers(podman)) >= {
@@ -120,10 +145,22 @@ def test_up_and_down_with_the_local_kafka_profile(podman, image, standins, tmp_p
         assert healthy == {"streams", "smtp-sink"}, logs(podman)
         topics = podman.run("inspect", containers(podman)["topics"]["Id"]).stdout
         assert json.loads(topics)[0]["State"]["ExitCode"] == 0, logs(podman)
+        # What each running component resolved from the env file: every value as written.
+        effective = {
+            name: json.loads(
+                podman.run("exec", containers(podman)[name]["Id"], "python", "-c", EFFECTIVE)
+                .stdout.strip()
+                .splitlines()[-1]
+            )
+            for name in ("imap-source", "streams", "smtp-sink")
+        }
+        for name, settings in effective.items():
+            assert settings["imap_password"] == 'pa ss #1 !x: "q" 0777 é', name
+            assert settings["from"] == "help@example.org", name
+            assert settings["require"] == "none", name
+            assert settings["envelope_from"] == "bounces@example.org", name
     finally:
-        down = compose(
-            podman, "--env-file", str(env_file), "--profile", "local-kafka", "down", "-v"
-        )
+        down = compose(podman, "--profile", "local-kafka", "down", "-v", env=env)
     assert down.returncode == 0, down.stderr[-2000:]
     assert containers(podman) == {}
 

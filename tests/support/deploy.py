@@ -1,5 +1,6 @@
-"""What the deploy tests read from the shipped files: the compose services with their resolved
-environment, the Kubernetes manifests, each Deployment's component and environment.
+"""What the deploy tests read from the shipped files: the compose services with the environment
+their containers get from the env file, the Kubernetes manifests, each Deployment's component
+and environment.
 
 Compose interpolation (``${VAR:-default}``, ``${VAR:?message}``) is resolved here rather than
 through ``podman-compose config`` so that the unit tests need neither podman nor a network;
@@ -15,16 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dotenv import dotenv_values
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 K8S_BASE = ROOT / "deploy" / "k8s" / "base"
-#: Values for the compose variables a user must set (the ones with ``:?``, and the EWS password
-#: of --profile ews, without which ews-source stops at start).
+#: The env file's variables a user must set (deploy/compose/mailtap.env.example): without them
+#: a component stops at start (the EWS password only with --profile ews).
 COMPOSE_REQUIRED = {
     "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "imap-secret",
     "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": "ews-secret",
+    "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS": "help@example.org",
+    "MAILTAP__SMTP__FROM_ADDRESS": "bounces@example.org",
 }
 
 _VAR = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
@@ -55,20 +59,37 @@ def interpolate(text: str, env: Mapping[str, str]) -> str:
 
 
 def compose_services(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    text = interpolate(COMPOSE_FILE.read_text(), {**COMPOSE_REQUIRED, **(env or {})})
+    """The services with ``${...}`` resolved from ``env`` (the shell or ``--env-file``)."""
+    text = interpolate(COMPOSE_FILE.read_text(), env or {})
     services: dict[str, Any] = yaml.safe_load(text)["services"]
     return services
 
 
-def mailtap_services(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The compose services that run a mailtap component (``command: [run, NAME, ...]``)."""
+def read_env_file(path: Path) -> dict[str, str]:
+    """An env file as compose reads it (python-dotenv, podman-compose's own parser)."""
+    return {k: v or "" for k, v in dotenv_values(path).items()}
+
+
+def container_env(service: Mapping[str, Any], env_file: Mapping[str, str]) -> dict[str, str]:
+    """What a container of ``service`` gets: every variable of its env file, then its
+    ``environment`` on top (compose's precedence), every value a string."""
+    assert service.get("env_file"), "the service reads no env file"
+    env = {**env_file, **(service.get("environment") or {})}
+    return {k: str(v) for k, v in env.items()}
+
+
+def mailtap_services(env_file: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The compose services that run a mailtap component (``command: [run, NAME, ...]``), each
+    ``environment`` replaced by the container's whole environment when the env file holds
+    :data:`COMPOSE_REQUIRED` and ``env_file``."""
+    values = {**COMPOSE_REQUIRED, **(env_file or {})}
     services = {
         name: service
-        for name, service in compose_services(env).items()
+        for name, service in compose_services().items()
         if (service.get("command") or [None])[0] == "run"
     }
-    for service in services.values():  # compose passes every value as a string
-        service["environment"] = {k: str(v) for k, v in service["environment"].items()}
+    for service in services.values():
+        service["environment"] = container_env(service, values)
     return services
 
 

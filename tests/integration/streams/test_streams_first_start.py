@@ -231,3 +231,56 @@ def test_a_worker_started_before_the_sources_waits_for_mail_events(
     )
     with pytest.raises(ConfigError, match=r"does not exist on .* \(waited 1s\); create the topics"):
         events_partitions(never, wait=1.0)
+
+
+def test_a_first_start_on_old_mail_answers_only_the_new_one(
+    kafka: KafkaSettings,  # noqa: F811
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    # What start: all (or a new app id reading mail.events from offset 0) feeds a worker: mail
+    # that arrived long ago, read now. Only the mail of today gets its acknowledgement.
+    now = dt.datetime.now(dt.UTC)
+    history = []
+    for days in (3, 400):
+        mail = ticket_mail(days)
+        mail["internal_date"] = now - dt.timedelta(days=days)
+        history.append(mail)
+    fresh = ticket_mail(0)
+    produce(kafka, [*history, fresh])
+    app_id = f"mailtap-streams-{unique}"
+    worker = CliWorker(write_config(kafka, tmp_path, app_id), tmp_path / "worker.log")
+    commands = TopicReader(kafka, kafka.topics.commands, COMMAND)
+    events = TopicReader(kafka, kafka.topics.workflow, EVENT)
+    old_keys = {m["key"] for m in history}
+    try:
+        wait_for_ticket(commands, events, fresh["key"], worker)
+
+        def history_skipped() -> bool:
+            skipped = {e["event_key"] for e in events.records if e["status"] == "SKIPPED"}
+            return old_keys <= skipped
+
+        deadline = time.monotonic() + DEADLINE_S
+        while not history_skipped():
+            assert time.monotonic() < deadline, f"timed out; worker log:\n{worker.tail()}"
+            msg = events.consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                events.records.append(EVENT.decode(msg.value()))
+        commands.drain(worker)  # type: ignore[arg-type]
+    finally:
+        code = worker.stop()
+        commands.close()
+        events.close()
+    assert code == 0, worker.tail()
+    reasons = {
+        e["event_key"]: e["attributes"]
+        for e in events.records
+        if e["event_key"] in old_keys and e["status"] == "SKIPPED"
+    }
+    assert {a["guard"] for a in reasons.values()} == {"max_reply_age"}
+    assert "400 days ago" in reasons[history[1]["key"]]["reason"]
+    assert "streams.max_reply_age" in reasons[history[0]["key"]]["reason"]
+    assert [c for c in commands.records if c["event_key"] in old_keys] == []
+    assert [c["step"] for c in commands.records if c["event_key"] == fresh["key"]] == [
+        "acknowledge"
+    ]

@@ -66,6 +66,11 @@ def test_streams_metrics_move_when_a_mail_flows(
     assert total(before, "mailtap_streams_records_processed_total") == 0
 
     now = dt.datetime.now(dt.UTC)
+    # Read today from a mailbox where it arrived a year ago (start: all): never answered.
+    old_mail = mail_record(
+        message_id="m-old@example.com", sender="old@example.org", observed_at=now
+    )
+    old_mail["internal_date"] = now - dt.timedelta(days=365)
     produce(
         kafka,
         [
@@ -75,13 +80,14 @@ def test_streams_metrics_move_when_a_mail_flows(
             mail_record(
                 message_id="m-none@example.com", to=["nobody@example.com"], observed_at=now
             ),
+            old_mail,
         ],
     )
 
     def moved() -> bool:
         s = scrape(health_port)
         return (
-            total(s, "mailtap_streams_records_processed_total") >= 2
+            total(s, "mailtap_streams_records_processed_total") >= 3
             and total(s, "mailtap_streams_table_entries", table="runs") >= 1
         )
 
@@ -89,6 +95,8 @@ def test_streams_metrics_move_when_a_mail_flows(
     after = scrape(health_port)
     assert total(after, "mailtap_streams_commands_emitted_total", workflow="ticket_intake") >= 1
     assert total(after, "mailtap_streams_guard_decisions_total", guard="routing") == 1
+    assert total(after, "mailtap_streams_guard_decisions_total", guard="max_reply_age") == 1
+    assert total(after, "mailtap_streams_commands_emitted_total", workflow="ticket_intake") == 1
     assert total(after, "mailtap_streams_workflow_steps_total", status="UNROUTED") == 1
     assert total(after, "mailtap_streams_workflow_failures_total") == 0
     # Lag per partition of the events topic: one sample per assigned partition.

@@ -11,8 +11,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from connectors.core.config import load_config
+from connectors.smtp.config import SmtpSinkSettings
 from mailtap.cli import main
 from mailtap.commands.run import COMPONENTS
+from streams.config import StreamsSettings
 from tests.support import deploy
 
 SERVICES = deploy.mailtap_services()
@@ -65,8 +68,85 @@ def test_compose_points_at_an_existing_cluster_through_the_environment() -> None
             deploy.compose_config_file(service), service["command"][1], service["environment"]
         )
         assert code == 0, output
-    with pytest.raises(KeyError, match="MAILTAP__IMAP__ACCOUNTS__0__PASSWORD"):
-        deploy.compose_services({"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": ""})
+
+
+@pytest.mark.parametrize(
+    ("variable", "component", "says"),
+    [
+        ("MAILTAP__IMAP__ACCOUNTS__0__PASSWORD", "imap-source", "password"),
+        ("MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS", "streams", "streams.from_address"),
+        ("MAILTAP__SMTP__FROM_ADDRESS", "smtp-sink", "smtp.from_address"),
+    ],
+)
+def test_compose_stops_at_start_without_a_required_variable(
+    variable: str, component: str, says: str
+) -> None:
+    # Never a placeholder: a reply from support@example.com or a login without a password.
+    (service,) = [s for s in SERVICES.values() if s["command"][1] == component]
+    env = {k: v for k, v in service["environment"].items() if k != variable}
+    code, output = config_check(deploy.compose_config_file(service), component, env)
+    assert code != 0
+    assert says in output, output
+
+
+def test_every_variable_of_the_env_file_reaches_every_container(tmp_path: Path) -> None:
+    env_file = tmp_path / "mailtap.env"
+    env_file.write_text(
+        "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD=imap-secret\n"
+        "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS=help@example.org\n"
+        "MAILTAP__STREAMS__FROM_ADDRESS__NAME='Example Help'\n"
+        "MAILTAP__SMTP__FROM_ADDRESS=bounces@example.org\n"
+        # Keys the compose file does not name: they arrive all the same.
+        "MAILTAP__STREAMS__WORKFLOWS__TICKET_INTAKE__REQUIRE=none\n"
+        "MAILTAP__STREAMS__MAX_REPLY_AGE=36h\n"
+        "MAILTAP__SMTP__POOL_SIZE=3\n"
+    )
+    values = deploy.read_env_file(env_file)
+    services = deploy.compose_services()
+    for name in ("topics", "imap-source", "streams", "smtp-sink", "ews-source"):
+        env = deploy.container_env(services[name], values)
+        assert {k: env[k] for k in values} == values, name
+    streams_env = deploy.container_env(services["streams"], values)
+    config = load_config(deploy.compose_config_file(services["streams"]), env=streams_env)
+    streams = config.section("streams", StreamsSettings)
+    assert streams.from_address.address == "help@example.org"
+    assert streams.from_address.name == "Example Help"
+    assert streams.max_reply_age_seconds == 36 * 3600
+    # A workflow's require from the environment, with nothing forcing auth_policy beside it.
+    assert streams.policy_for("ticket_intake") == "none"
+    sink_env = deploy.container_env(services["smtp-sink"], values)
+    sink = load_config(deploy.compose_config_file(services["smtp-sink"]), env=sink_env)
+    smtp = sink.section("smtp", SmtpSinkSettings)
+    assert (smtp.from_address, smtp.pool_size) == ("bounces@example.org", 3)
+
+
+def test_compose_forces_no_setting_on_the_containers() -> None:
+    # Only where the config file is: a value here would beat the env file's (compose's
+    # precedence), as MAILTAP__STREAMS__AUTH_POLICY once beat every workflow's require.
+    for name, service in deploy.compose_services().items():
+        if "env_file" in service:
+            assert set(service.get("environment") or {}) == {"MAILTAP_CONFIG"}, name
+
+
+def test_shipped_sources_start_at_the_latest_mail() -> None:
+    # start: all answers years of customers on the first start (issue 28); the guard
+    # streams.max_reply_age is the second line of defence, not the first.
+    files = [
+        deploy.compose_config_file(s) for s in SERVICES.values() if "source" in s["command"][1]
+    ]
+    texts = [yaml.safe_load(f.read_text()) for f in files]
+    texts += [
+        yaml.safe_load(data)
+        for configmap in deploy.k8s_kind("ConfigMap")
+        for data in configmap["data"].values()
+    ]
+    accounts = [
+        account
+        for text in texts
+        for section in ("imap", "ews")
+        for account in (text.get(section) or {}).get("accounts", [])
+    ]
+    assert accounts and {a.get("start", "latest") for a in accounts} == {"latest"}
 
 
 def test_compose_broker_and_registry_only_in_the_local_kafka_profile() -> None:
@@ -82,7 +162,7 @@ def test_compose_config_alone_names_its_components(tmp_path: Path) -> None:
     result = CliRunner().invoke(
         main,
         ["config", "check", "-c", str(deploy.compose_config_file(service))],
-        env={"MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "x"},
+        env=dict(deploy.COMPOSE_REQUIRED),
     )
     assert result.exit_code == 0, result.output
     assert "valid for imap-source, streams, smtp-sink" in result.output

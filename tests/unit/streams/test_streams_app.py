@@ -77,7 +77,8 @@ def worker(tmp_path: Path) -> Iterator[tuple[StreamsWorker, Recorder]]:
             },
         }
     )
-    w = StreamsWorker(settings, KAFKA, partitions=3)
+    # The mails are built at streams.testing.EPOCH: the worker reads them then, not today.
+    w = StreamsWorker(settings, KAFKA, partitions=3, clock=lambda: EPOCH)
     recorder = Recorder()
     w.commands_topic.send = recorder.sender("commands")
     w.workflow_topic.send = recorder.sender("workflow")

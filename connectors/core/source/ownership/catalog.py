@@ -186,7 +186,7 @@ class MailboxWatcher:
         """Take in every record written so far (before the first units start)."""
         partitions = topic_partitions(self._consumer, self._kafka, self._topic, timeout)
         if partitions is None:
-            raise RuntimeError(f"topic {self._topic} is missing; `mailtap topics create` makes it")
+            raise RuntimeError(f"topic {self._topic} is missing; `mailtap topics ensure` makes it")
         # The end as of now: the read is over once the position reaches it, at the fetch that
         # brought the last record (or at once, on an empty topic). The end-of-partition event
         # alone would come only after one more fetch, which the broker holds for
