@@ -112,7 +112,10 @@ class ImapSource:
         serde = AvroSerde.for_schema("MailEvent", self.kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
-        ensure_topics(self.kafka)
+        t = self.kafka.topics
+        # Its own topics only (the index topic is connectors.imap.indexlog's): the others are
+        # the admin's (mailtap topics ensure), the ACLs connectors.core.kafka.acls computes.
+        ensure_topics(self.kafka, only=[t.events, t.offsets, t.mailboxes])
         with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
             loading = loader.submit(load_indexes, self.kafka, serde, names) if names else None
             # A registry that refuses the schema stops the source here, with the sentence, not

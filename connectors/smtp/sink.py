@@ -66,7 +66,6 @@ from connectors.core import tracing
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
-from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.classify import (
     MAX_DIAGNOSTIC,
     DeliveryStatus,
@@ -89,6 +88,7 @@ from connectors.smtp.state import (
     read_state,
 )
 from connectors.smtp.suppression import SuppressionTable, screen
+from connectors.smtp.topics import ensure_sink_topics
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
@@ -182,7 +182,9 @@ class SmtpSink:
     # --- start / stop -------------------------------------------------------------------------
 
     def start(self) -> None:
-        ensure_topics(self.kafka, retry_tiers=self.settings.retry_tiers)
+        ensure_sink_topics(
+            self.kafka, self.settings.retry_tiers, suppressions=self.suppressions is not None
+        )
         commands = self.topics.commands
         counts = partition_counts(self.kafka, [commands])
         ensure_state_topic(self.kafka, self.settings.state_topic, counts[commands])
