@@ -30,7 +30,9 @@ from connectors.core import faults
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
+from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
+from connectors.core.kafka.permissions import check_permissions
 from connectors.core.kafka.topics import ensure_topics
 from connectors.core.kafka.transactions import TransactionalSourceWriter, transactional_id
 from connectors.core.mail import ParseLimits, parse_mail
@@ -136,6 +138,9 @@ class EwsSource:
         # Its own topics only (connectors.core.kafka.acls); one encoding per topic: refuse to
         # write mail.events framed otherwise than it is.
         t = self.cfg.kafka.topics
+        check_permissions(
+            self.cfg.kafka, source_acls(self.cfg.kafka, source="ews", group=self.settings.group)
+        )
         ensure_topics(self.cfg.kafka, only=[t.events, t.offsets, t.mailboxes])
         if self._serve_health:
             h = self.cfg.health

@@ -21,8 +21,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 )
 
 from connectors.core.config import KafkaSettings
+from connectors.core.kafka.acls import Acl, Operation
 from connectors.core.kafka.clients import admin_client, cluster_metadata
 from connectors.core.kafka.encoding import avro_topics, check_topic_encodings
+from connectors.core.kafka.permissions import denied
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,7 @@ def ensure_topic_specs(
                 result[name] = "created"
             except KafkaException as exc:
                 if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                    raise
+                    raise _refused(kafka, exc, name, "Create") from None
                 result[name] = "ok"
     present = [s for s in specs if s.name in existing]
     if present:
@@ -131,7 +133,10 @@ def ensure_topic_specs(
         wanted = {s.name: s for s in present}
         to_alter = []
         for resource, fut in described.items():
-            entries = fut.result()
+            try:
+                entries = fut.result()
+            except KafkaException as exc:
+                raise _refused(kafka, exc, resource.name, "DescribeConfigs") from None
             spec = wanted[resource.name]
             if all(entries[k].value == v for k, v in spec.config.items() if k in entries):
                 result[spec.name] = "ok"
@@ -149,10 +154,21 @@ def ensure_topic_specs(
                 )
                 for s in to_alter
             ]
-            for fut in admin.incremental_alter_configs(resources).values():
-                fut.result()
+            for resource, fut in admin.incremental_alter_configs(resources).items():
+                try:
+                    fut.result()
+                except KafkaException as exc:
+                    raise _refused(kafka, exc, resource.name, "AlterConfigs") from None
             result.update({s.name: "updated" for s in to_alter})
     for name, state in sorted(result.items()):
         if state != "ok":
             log.info("topic %s %s", name, state)
     return result
+
+
+def _refused(
+    kafka: KafkaSettings, exc: KafkaException, topic: str, operation: Operation
+) -> Exception:
+    """A refused topic operation as the sentence naming it (connectors.core.kafka.permissions);
+    any other error as it was."""
+    return denied(kafka, exc, Acl("topic", topic, operation)) or exc

@@ -34,6 +34,7 @@ from connectors.core.config import KafkaSettings
 from connectors.core.errors import MailtapError
 from connectors.core.kafka.clients import init_transactions, producer_config
 from connectors.core.kafka.offsets import SourceOffset, SourcePartition, canonical_json
+from connectors.core.kafka.permissions import denied_transactional_id
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,10 @@ class TransactionalSourceWriter:
         try:
             init_transactions(self._producer, kafka, INIT_TIMEOUT_S)
         except KafkaException as exc:
-            raise _translate(exc) from exc
+            # A refused transactional id is the sentence naming its ACL; the worker backs off
+            # with it (unhealthy, BACKOFF) and writes nothing until it is granted.
+            refused = denied_transactional_id(kafka, exc, txn_id)
+            raise refused or _translate(exc) from None
         log.info("transactional writer ready", extra={"transactional_id": txn_id})
 
     def write(
