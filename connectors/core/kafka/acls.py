@@ -14,15 +14,17 @@ checks across all topics are the admin's (``mailtap topics ensure``).
 
 Learned from the broker's authorizer log (``kafka.authorizer.logger``, PITFALLS.md) with Kafka
 4.1: a consumer that only ``assign()``s and never commits needs ``Describe`` on its group (the
-offset fetch), not ``Read``; a transactional producer needs ``Write`` and ``Describe`` on its
-transactional id and ``Write`` on the topics, no cluster ``IdempotentWrite`` (KIP-679).
+offset fetch), not ``Read``; a transactional producer needs ``Write`` on its transactional id
+and on the topics, no cluster ``IdempotentWrite`` (KIP-679). ``Describe`` is left out where
+``Read`` or ``Write`` on the same resource implies it (and ``DescribeConfigs`` where
+``AlterConfigs`` does): the authorizer grants it with them.
 
 Example::
 
     >>> from connectors.core.config import KafkaSettings
     >>> kafka = KafkaSettings(bootstrap_servers="k:9092")
     >>> [str(a) for a in reader_acls(kafka, group_prefix="team-")]
-    ['Read group team- (prefixed)', 'Describe topic mail.events', 'Read topic mail.events']
+    ['Read group team- (prefixed)', 'Read topic mail.events']
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ ENCODING_CHECK_GROUP_PREFIX = "mailtap-encoding-check-"  # connectors.core.kafka
 SUPPRESSIONS_GROUP_PREFIX = "mailtap-suppressions-"  # connectors.smtp.suppression
 #: ``mailtap consume`` names its group so; the default group prefix of a reader.
 CONSUME_GROUP_PREFIX = "mailtap-consume-"
+
+
+#: operation -> the operations that imply it (granted with them by Kafka's authorizer).
+_IMPLIED: dict[str, set[str]] = {
+    "Describe": {"Read", "Write", "Delete", "Alter"},
+    "DescribeConfigs": {"AlterConfigs"},
+}
 
 
 @dataclass(frozen=True, order=True)
@@ -139,7 +148,17 @@ class _Acls:
             self._acls.setdefault(acl, acl)
 
     def sorted(self) -> list[Acl]:
-        return sorted(self._acls.values())
+        """The bindings without those another one implies (Kafka's authorizer: Read, Write,
+        Delete and Alter imply Describe; AlterConfigs implies DescribeConfigs)."""
+        ops: dict[tuple[str, str, str], set[str]] = {}
+        for acl in self._acls.values():
+            ops.setdefault((acl.resource_type, acl.name, acl.pattern), set()).add(acl.operation)
+        return sorted(
+            acl
+            for acl in self._acls.values()
+            if not _IMPLIED.get(acl.operation, set())
+            & ops[(acl.resource_type, acl.name, acl.pattern)]
+        )
 
 
 def markdown_row(principal: str, acls: Iterable[Acl]) -> str:
