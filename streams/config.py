@@ -37,7 +37,9 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from connectors.core.config import StrictModel
 
 #: What a mail must prove before a workflow runs (:mod:`streams.auth`).
 AuthPolicy = Literal["none", "trusted-ar", "dkim-aligned", "dmarc-pass"]
@@ -82,11 +84,7 @@ def parse_nameserver(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AddressSettings(_Strict):
+class AddressSettings(StrictModel):
     address: str = Field(description="mailbox, e.g. helpdesk@example.com")
     name: str | None = Field(default=None, description="display name")
 
@@ -101,7 +99,7 @@ class AddressSettings(_Strict):
         return self
 
 
-class RateLimitSettings(_Strict):
+class RateLimitSettings(StrictModel):
     """At most ``max_replies`` answered mails per authenticated sender, and at most
     ``max_replies`` mails to any one recipient, within ``window_seconds`` (RFC 3834 §2).
 
@@ -126,7 +124,7 @@ class RateLimitSettings(_Strict):
     )
 
 
-class RuleMatch(_Strict):
+class RuleMatch(StrictModel):
     """All given conditions must hold; an empty match matches every mail (a catch-all)."""
 
     account: str | None = Field(default=None, description="configured account name, exact")
@@ -145,7 +143,7 @@ class RuleMatch(_Strict):
     )
 
 
-class RoutingRule(_Strict):
+class RoutingRule(StrictModel):
     name: str | None = Field(default=None, description="shown in logs and UNROUTED events")
     match: RuleMatch = Field(
         default=RuleMatch(), description="conditions, all of which must hold (none: every mail)"
@@ -153,7 +151,7 @@ class RoutingRule(_Strict):
     workflow: str = Field(description="registered workflow name, e.g. ticket_intake")
 
 
-class AuthSettings(_Strict):
+class AuthSettings(StrictModel):
     """Our own sender checks (policies ``dkim-aligned`` and ``dmarc-pass``, :mod:`streams.auth`)."""
 
     trusted_received_by: str | None = Field(
@@ -193,7 +191,7 @@ class AuthSettings(_Strict):
         return value
 
 
-class WorkflowSettings(_Strict):
+class WorkflowSettings(StrictModel):
     require: AuthPolicy | None = Field(
         default=None,
         description=("overrides streams.require for this workflow (old name: auth_policy)"),
@@ -211,7 +209,7 @@ class WorkflowSettings(_Strict):
         return _read_legacy_require(data)
 
 
-class StreamsSettings(_Strict):
+class StreamsSettings(StrictModel):
     app_id: str = Field(
         default="mailtap-streams",
         description="faust app id: the consumer group and the prefix of the changelog topics",

@@ -21,7 +21,8 @@ from typing import Literal
 
 from publicsuffixlist import PublicSuffixList
 
-from streams.resolver import DnsTempError, Resolver
+from streams.errors import DnsTempError
+from streams.resolver import Resolver
 
 Alignment = Literal["r", "s"]
 DmarcOutcome = Literal["pass", "fail", "none", "temperror", "permerror"]

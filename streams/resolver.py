@@ -26,12 +26,9 @@ import dns.rdatatype
 import dns.resolver
 
 from streams.config import parse_nameserver
+from streams.errors import DnsTempError
 
 log = logging.getLogger(__name__)
-
-
-class DnsTempError(Exception):
-    """The answer could not be had now (timeout, SERVFAIL, no server reachable)."""
 
 
 @dataclass

@@ -69,6 +69,7 @@ from pydantic import BaseModel, ValidationError
 
 from connectors.core.errors import ConfigError
 from streams.config import AddressSettings, StreamsSettings
+from streams.errors import HeaderInjectionError
 from streams.mail import Address, AttachmentView, MailView, ThreadRef
 
 if TYPE_CHECKING:
@@ -94,10 +95,6 @@ MAX_FILENAME_CHARS = 120
 #: MIME type of an attachment whose declared type is not a plain ``type/subtype``.
 FALLBACK_CONTENT_TYPE = "application/octet-stream"
 _MIME_TYPE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]+")
-
-
-class HeaderInjectionError(ValueError):
-    """A value meant for a mail header contains CR or LF."""
 
 
 def command_id(event_key: str, workflow: str, step: str) -> str:

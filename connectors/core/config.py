@@ -6,7 +6,10 @@ imports a connector (dependency direction in DESIGN.md).
 
 Environment overrides: ``MAILTAP__<SECTION>__<KEY>[__<KEY>...]=value`` sets a nested key (values are
 parsed as YAML scalars, so ``MAILTAP__HEALTH__PORT=9100`` is an int); ``MAILTAP_KAFKA_BOOTSTRAP``
-overrides ``kafka.bootstrap_servers`` (the variable the test suite and the demo honour).
+overrides ``kafka.bootstrap_servers`` (the variable the test suite, the demo and ``mailtap dev up``
+honour). ``MAILTAP__KAFKA__BOOTSTRAP_SERVERS`` is the same setting spelt generically: both are
+resolved in one place, :func:`env_bootstrap_servers`, and setting both to different values is
+an error rather than one silently winning.
 We merge these ourselves rather than with pydantic-settings' env source because connector sections
 are opaque to the core until their owner validates them.
 
@@ -45,6 +48,8 @@ from connectors.core.errors import ConfigError
 
 ENV_PREFIX = "MAILTAP__"
 ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"
+#: The generic spelling of :data:`ENV_KAFKA_BOOTSTRAP`, an alias of it.
+ENV_KAFKA_BOOTSTRAP_GENERIC = f"{ENV_PREFIX}KAFKA__BOOTSTRAP_SERVERS"
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -280,6 +285,32 @@ class ClientCredentialsSettings(StrictModel):
 KafkaSettings.model_rebuild()
 
 
+class ParseLimitSettings(StrictModel):
+    """Caps applied before parsing (Python's email package is slow on hostile input).
+
+    Mirrors ``connectors.core.mail.limits.ParseLimits``; unset fields keep the parser's defaults.
+    The ``limits`` of every source section (``imap``, ``ews``).
+    """
+
+    max_message_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_bytes: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_header_lines: int | None = Field(
+        default=None, gt=0, description="parser default when unset"
+    )
+    max_mime_depth: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_params: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_parts: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_body_bytes: int | None = Field(default=None, gt=0, description="parser default when unset")
+    max_attachments: int | None = Field(default=None, gt=0, description="parser default when unset")
+
+    def overrides(self) -> dict[str, int]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class ClaimCheckSettings(StrictModel):
     """Where large bodies, attachments and raw MIME go (referenced from events by URI)."""
 
@@ -340,6 +371,24 @@ class MailtapConfig(StrictModel):
         return self.source_path or "configuration"
 
 
+def env_bootstrap_servers(env: Mapping[str, str]) -> str | None:
+    """The Kafka bootstrap servers the environment names, if any: ``MAILTAP_KAFKA_BOOTSTRAP`` or
+    its alias ``MAILTAP__KAFKA__BOOTSTRAP_SERVERS`` (both set: they must agree).
+
+    >>> env_bootstrap_servers({"MAILTAP__KAFKA__BOOTSTRAP_SERVERS": "b:2"})
+    'b:2'
+    """
+    short = env.get(ENV_KAFKA_BOOTSTRAP) or None
+    generic = env.get(ENV_KAFKA_BOOTSTRAP_GENERIC) or None
+    if short and generic and short != generic:
+        raise ConfigError(
+            f"{ENV_KAFKA_BOOTSTRAP}={short} and {ENV_KAFKA_BOOTSTRAP_GENERIC}={generic} both set "
+            f"kafka.bootstrap_servers, to different values: unset one "
+            f"({ENV_KAFKA_BOOTSTRAP} is the documented one)"
+        )
+    return short or generic
+
+
 def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """Return ``raw`` with ``MAILTAP__A__B=v`` and ``MAILTAP_KAFKA_BOOTSTRAP`` applied; a number
     indexes an existing list entry (``MAILTAP__IMAP__ACCOUNTS__0__PASSWORD``).
@@ -365,9 +414,10 @@ def apply_env_overrides(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str
             _set(node, part, child)
             node = child
         _set(node, path[-1], yaml.safe_load(value) if value else value)
-    if env.get(ENV_KAFKA_BOOTSTRAP):
+    bootstrap = env_bootstrap_servers(env)
+    if bootstrap:
         kafka = dict(merged.get("kafka") or {})
-        kafka["bootstrap_servers"] = env[ENV_KAFKA_BOOTSTRAP]
+        kafka["bootstrap_servers"] = bootstrap
         merged["kafka"] = kafka
     return merged
 

@@ -27,6 +27,10 @@ class DataError(MailtapError):
     """One input item is bad; skip it (with a record of why) and move on."""
 
 
+class TokenEndpointUnavailable(MailtapError, ConnectionError):
+    """The OAuth2 token endpoint could not be reached or failed (5xx): transient."""
+
+
 class Disposition(enum.Enum):
     """What to do about a failure."""
 

@@ -30,7 +30,7 @@ from oauthlib.oauth2 import BackendApplicationClient, OAuth2Error
 from requests_oauthlib import OAuth2Session
 
 from connectors.core.config import ClientCredentialsSettings
-from connectors.core.errors import AuthenticationError
+from connectors.core.errors import AuthenticationError, TokenEndpointUnavailable
 from connectors.core.redact import quiet_token_libraries
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,6 @@ __all__ = [
 REFRESH_BEFORE_S = 300.0
 #: Without ``expires_in`` in the answer, a token is kept this long.
 DEFAULT_LIFETIME_S = 3600.0
-
-
-class TokenEndpointUnavailable(ConnectionError):
-    """The token endpoint could not be reached or failed (5xx): transient."""
 
 
 class ClientCredentials:

@@ -27,12 +27,12 @@ import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.core.source.ownership.group import GroupSettings
+from connectors.core.config import StrictModel
 from connectors.core.source.settings import (
     START_DESCRIPTION,
-    check_section,
+    SourceSettings,
     start_since,
     validate_start,
 )
@@ -43,11 +43,7 @@ SECTION = "ews"
 MAIL_FOLDERS = frozenset({"inbox", "junkemail", "sentitems", "deleteditems", "drafts"})
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EwsAccountSettings(_Strict):
+class EwsAccountSettings(StrictModel):
     """One Exchange mailbox; each folder gets its own worker, subscription and cursor."""
 
     name: str = Field(min_length=1, description="account name in keys, offsets and metrics")
@@ -153,8 +149,10 @@ class EwsAccountSettings(_Strict):
         return start_since(self.start)
 
 
-class EwsSourceSettings(_Strict):
+class EwsSourceSettings(SourceSettings):
     """The whole ``ews`` section."""
+
+    ACCOUNTS_KEY = "accounts"
 
     # Not Field(min_length=1): pydantic would then echo the whole accounts list, passwords
     # included, in the error of an invalid account; the emptiness check is below.
@@ -192,35 +190,6 @@ class EwsSourceSettings(_Strict):
     max_connections: int = Field(
         default=4, ge=2, le=16, description="HTTP connections per mailbox (the stream holds one)"
     )
-    backoff_initial_seconds: float = Field(
-        default=1.0, gt=0, description="first reconnect delay; doubles (with jitter) per failure"
-    )
-    backoff_cap_seconds: float = Field(
-        default=300.0,
-        gt=0,
-        description="longest reconnect delay; also the delay after an auth error",
-    )
-    #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
-    max_record_bytes: int = Field(
-        default=900_000,
-        gt=1024,
-        description="largest Kafka record the source writes; bigger events shed bodies first",
-    )
-    group: GroupSettings | None = Field(
-        default=None,
-        description="share the mailboxes among the instances with the same group id "
-        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
-    )
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> EwsSourceSettings:
-        check_section(
-            [a.name for a in self.accounts],
-            self.backoff_initial_seconds,
-            self.backoff_cap_seconds,
-            accounts_key="accounts",
-        )
-        return self
 
 
 def _is_loopback(host: str) -> bool:

@@ -14,30 +14,19 @@ DLQ record (wire sample)::
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.store import (
     ClaimCheckBatch,
     ClaimCheckError,
-    ClaimCheckStore,
-    staged_batch,
 )
 from connectors.core.kafka.transactions import SourceRecord
-from connectors.core.source.records import MailEventRecords
+from connectors.core.source.records import MailRecordBuilder
 from connectors.ews.connection import FetchedItem
 
 log = logging.getLogger(__name__)
-
-#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> an object with
-#: ``.key``, ``.event`` and ``.parse_error`` (``connectors.core.mail.parse_mail`` with limits and
-#: the claim-check store bound by the caller).
-Parser = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -56,41 +45,10 @@ def flags_of(item: FetchedItem) -> list[str]:
     return system + list(item.categories)
 
 
-class EwsRecordBuilder:
+class EwsRecordBuilder(MailRecordBuilder):
     """Builds the records of one mailbox folder (account, folder)."""
 
-    def __init__(
-        self,
-        *,
-        account: str,
-        folder: str,
-        parser: Parser,
-        serde: AvroSerde,
-        events_topic: str,
-        dlq_topic: str,
-        max_record_bytes: int,
-        claim_check: ClaimCheckStore | None = None,
-    ) -> None:
-        self.account = account
-        self.folder = folder
-        self._parse = parser
-        #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
-        self._claim_check = claim_check
-        self._records = MailEventRecords(
-            source_kind="EWS",
-            account=account,
-            folder=folder,
-            serde=serde,
-            events_topic=events_topic,
-            dlq_topic=dlq_topic,
-            max_record_bytes=max_record_bytes,
-        )
-
-    def staged_blobs(self) -> AbstractContextManager[ClaimCheckBatch | None]:
-        """``with builder.staged_blobs() as blobs:`` a claim-check batch for :meth:`build` (small
-        blobs share one pack file); the block commits it before the Kafka transaction that
-        references it, and what it did not commit is discarded on the way out."""
-        return staged_batch(self._claim_check)
+    source_kind = "EWS"
 
     def build(
         self,
@@ -101,28 +59,16 @@ class EwsRecordBuilder:
         """The records of ``item`` as a ``change`` (ADDED / UPDATED). Raises ClaimCheckError
         when the store fails: that is not a bad mail, and the batch must be retried rather than
         published without its content."""
-        source = {
-            "kind": "EWS",
-            "folder": self.folder,
-            "uidvalidity": None,
-            "uid": None,
-            "modseq": None,
-            "item_id": item.item_id,
-            "change_key": item.change_key,
-        }
+        source = self.source_block(item_id=item.item_id, change_key=item.change_key)
         located = (("mailtap.source.item_id", item.item_id.encode()),)
-        # The parser has the store bound; a batch replaces it for this call.
-        stores = {"claim_check": blobs} if blobs is not None else {}
         try:
-            parsed = self._parse(
+            parsed = self.parse_raw(
                 item.mime,
-                account=self.account,
                 source=source,
                 flags=flags_of(item),
                 internal_date=item.received,
-                observed_at=dt.datetime.now(dt.UTC),
+                blobs=blobs,
                 change=change,
-                **stores,
             )
             event: dict[str, Any] = dict(parsed.event)
             key = str(parsed.key)
@@ -145,30 +91,12 @@ class EwsRecordBuilder:
     def key_of(self, item: FetchedItem) -> str | None:
         """The key ``item`` is published under, without storing anything (the tombstone check
         compares it with the key of a mail that left the folder)."""
-        source = {
-            "kind": "EWS",
-            "folder": self.folder,
-            "uidvalidity": None,
-            "uid": None,
-            "modseq": None,
-            "item_id": item.item_id,
-            "change_key": item.change_key,
-        }
+        source = self.source_block(item_id=item.item_id, change_key=item.change_key)
         try:
-            parsed = self._parse(
-                item.mime,
-                account=self.account,
-                source=source,
-                flags=[],
-                internal_date=item.received,
-                observed_at=dt.datetime.now(dt.UTC),
-                claim_check=None,
+            parsed = self.parse_raw(
+                item.mime, source=source, flags=[], internal_date=item.received, claim_check=None
             )
             return str(parsed.key)
         except Exception:
             log.exception("ews %s/%s item %s: no key", self.account, self.folder, item.item_id)
             return None
-
-    def tombstone(self, key: str) -> SourceRecord:
-        """The record that deletes ``key``: the mail is gone from every watched folder."""
-        return self._records.tombstone(key)

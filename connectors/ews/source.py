@@ -34,15 +34,17 @@ from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
 from connectors.core.kafka.permissions import check_permissions
 from connectors.core.kafka.topics import ensure_topics
-from connectors.core.kafka.transactions import TransactionalSourceWriter, transactional_id
+from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
+from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import WorkUnit, by_folder
 from connectors.core.source.ownership.wiring import Sharing, start_sharing
+from connectors.core.source.worker import Writer
 from connectors.ews.config import SECTION, EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import EwsConnection
 from connectors.ews.records import EwsRecordBuilder
-from connectors.ews.worker import SOURCE_KIND, EwsFolderWorker, Writer, source_partition
+from connectors.ews.worker import SOURCE_KIND, EwsFolderWorker
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +72,7 @@ class EwsSource:
         self._serve_health = serve_health
         self._health: HealthServer | None = None
         self._claim_check = open_configured(cfg.claim_check)
+        self._limits = ParseLimits(**settings.limits.overrides())
         self._accounts = {a.name: a for a in settings.accounts}
         #: The mailbox folders this instance owns now, each with its worker and thread.
         self._runs: dict[WorkUnit, _FolderRun] = {}
@@ -95,12 +98,12 @@ class EwsSource:
         self, account: EwsAccountSettings, folder: str, stop: threading.Event
     ) -> EwsFolderWorker:
         kafka = self.cfg.kafka
-        parser = functools.partial(parse_mail, limits=ParseLimits(), claim_check=self._claim_check)
+        parser = functools.partial(parse_mail, limits=self._limits, claim_check=self._claim_check)
         builder = EwsRecordBuilder(
             account=account.name,
             folder=folder,
             parser=parser,
-            serde=AvroSerde.for_schema("MailEvent", kafka),
+            serde=AvroSerde.shared("MailEvent", kafka),
             events_topic=kafka.topics.events,
             dlq_topic=kafka.topics.dlq,
             max_record_bytes=self.settings.max_record_bytes,
@@ -123,8 +126,8 @@ class EwsSource:
             writer_factory=writer_factory,
             read_offsets=self._offset_reads,
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
-            transactional_id=transactional_id(
-                TRANSACTIONAL_ID_PREFIX, source_partition(account.name, folder)
+            transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
+                TRANSACTIONAL_ID_PREFIX
             ),
             before_commit=lambda: crash.reached("before_write"),
         )

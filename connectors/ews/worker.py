@@ -37,14 +37,15 @@ import enum
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from connectors.core.kafka.offsets import canonical_json
 from connectors.core.kafka.transactions import FencedError, SourceRecord
 from connectors.core.mail.identity import message_id_of_key
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
-from connectors.core.source.reconnect import backoff_delay
+from connectors.core.source.location import SourceLocation
+from connectors.core.source.state import StateMachine
+from connectors.core.source.worker import FolderWorker, Writer
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import Change, ChangeKind, EwsConnection, ItemRef
 from connectors.ews.cursor import EPOCH, EwsCursor, change_digest, item_digest
@@ -73,23 +74,15 @@ class WorkerState(enum.Enum):
 S = WorkerState
 
 
-class Writer(Protocol):
-    def write(
-        self,
-        records: Sequence[SourceRecord],
-        offsets: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
-    ) -> None: ...
-
-    def close(self) -> None: ...
+#: The streaming wait and the catch-up repeat with every notification: logged at DEBUG.
+ROUTINE = frozenset({(S.STREAMING, S.CATCHING_UP), (S.CATCHING_UP, S.STREAMING)})
 
 
-def source_partition(account: str, folder: str) -> dict[str, str]:
-    """The offsets-topic key of one mailbox folder (canonical JSON of this mapping)."""
-    return {"source": SOURCE_KIND, "account": account, "folder": folder}
+class EwsFolderWorker(FolderWorker[WorkerState]):
+    """Publishes one folder of one Exchange mailbox. ``run()`` (the source contract's loop,
+    :class:`~connectors.core.source.worker.FolderWorker`) is the thread body."""
 
-
-class EwsFolderWorker:
-    """Publishes one folder of one Exchange mailbox. ``run()`` is the thread body."""
+    connection_lost = ConnectionLost
 
     def __init__(
         self,
@@ -106,98 +99,51 @@ class EwsFolderWorker:
         transactional_id: str,
         before_commit: Callable[[], None] | None = None,
     ) -> None:
+        where = SourceLocation(SOURCE_KIND, account.name, folder)
+        super().__init__(
+            where=where,
+            machine=StateMachine(
+                where, S.DISCONNECTED, routine=ROUTINE, on_change=self._state_changed, logger=log
+            ),
+            states=WorkerState,
+            backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
+            metrics=metrics,
+            stop=stop,
+            writer_factory=writer_factory,
+            read_offsets=read_offsets,
+            transactional_id=transactional_id,
+        )
         self.account = account
         self.folder = folder
         self.settings = settings
         self.builder = builder
-        self.metrics = metrics
-        self.stop = stop
-        self._writer_factory = writer_factory
-        self._read_offsets = read_offsets
         self._connection_factory = connection_factory
-        self.transactional_id = transactional_id
         self._before_commit = before_commit or (lambda: None)
-        self.partition = source_partition(account.name, folder)
-        self._partition_key = canonical_json(self.partition)
         self._margin = dt.timedelta(seconds=settings.catchup_margin_seconds)
-        self.backoff = Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds)
-        self.state = S.DISCONNECTED
         self.cursor: EwsCursor | None = None
-        self.fenced = False
         self.events_published = 0
         self.tombstones_published = 0
-        self._writer: Writer | None = None
         self._conn: EwsConnection | None = None
-        self._labels = (SOURCE_KIND, account.name, folder)
 
-    # --- thread body ---------------------------------------------------------------------------
-
-    def run(self) -> None:
-        self.metrics.watch(*self._labels)
-        try:
-            while not self.stop.is_set():
-                try:
-                    if self._writer is None:
-                        # init_transactions fences an older instance and aborts its open
-                        # transaction, so the cursor read below sees only committed batches.
-                        self._writer = self._writer_factory(self.transactional_id)
-                        self.cursor = None
-                    self._session()
-                except FencedError as exc:
-                    self.fenced = True
-                    log.error(
-                        "ews %s/%s: fenced by another instance with transactional id %s; "
-                        "stopping this mailbox: %s",
-                        self.account.name,
-                        self.folder,
-                        self.transactional_id,
-                        exc,
-                    )
-                    return
-                except Exception as exc:
-                    if self.stop.is_set():
-                        break  # interrupted on purpose (see interrupt()); nothing to report
-                    self._back_off(exc)
-        finally:
-            self._drop_connection()
-            if self.fenced:
-                self._writer = None
-            self._discard_writer()  # releases the producer (librdkafka stops reconnecting)
-            self._to(S.STOPPED)
+    @property
+    def state(self) -> WorkerState:
+        return self.machine.state
 
     def _to(self, new: WorkerState, reason: str = "") -> None:
-        old, self.state = self.state, new
-        if old is new:
-            return
-        self.metrics.set_state(*self._labels, "FENCED" if self.fenced else new.value)
-        routine = {old, new} == {S.STREAMING, S.CATCHING_UP}
-        level = logging.WARNING if new is S.BACKOFF else logging.DEBUG if routine else logging.INFO
-        log.log(
-            level,
-            "ews %s/%s: %s -> %s%s",
-            self.account.name,
-            self.folder,
-            old.value,
-            new.value,
-            f" ({reason})" if reason else "",
-            extra={"account": self.account.name, "folder": self.folder, "state": new.value},
-        )
+        self.machine.to(new, reason)
 
-    def _back_off(self, exc: Exception) -> None:
-        # The cursor in memory is the last one committed (see _commit), so it is kept: reading it
-        # back from Kafka now could return an older one (see _load_cursor).
+    # --- the source contract's hooks (connectors.core.source.worker) ---------------------------
+
+    def _on_new_writer(self) -> None:
+        # The cursor in memory is otherwise the last one committed (see _commit) and kept across
+        # a backoff: reading it back from Kafka then could return an older one (_load_cursor).
+        self.cursor = None
+
+    def _connecting(self) -> bool:
+        return self.machine.state is S.CONNECTING
+
+    def _close(self) -> None:
         self._drop_connection()
-        delay = backoff_delay(
-            exc,
-            backoff=self.backoff,
-            metrics=self.metrics,
-            labels=self._labels,
-            connecting=self.state is S.CONNECTING,
-            connection_lost=ConnectionLost,
-            logger=log,
-        )
-        self._to(S.BACKOFF, f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s")
-        self.stop.wait(delay)
 
     def interrupt(self) -> None:
         """From another thread, after ``stop`` is set: unblock a stream read."""
@@ -521,9 +467,8 @@ class EwsFolderWorker:
             self.metrics.dlq_records.labels(*self._labels).inc(dlq)
 
     def _commit(self, records: Sequence[SourceRecord], cursor: EwsCursor) -> None:
-        assert self._writer is not None
         try:
-            self._writer.write(records, [(self.partition, cursor.to_offset())])
+            self._write(records, cursor.to_offset())
         except FencedError:
             raise
         except Exception:
@@ -540,9 +485,3 @@ class EwsFolderWorker:
                 self.folder,
             )
         self.cursor = cursor
-
-    def _discard_writer(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            with contextlib.suppress(Exception):
-                writer.close()

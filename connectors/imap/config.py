@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.core.config import ClientCredentialsSettings
-from connectors.core.source.ownership.group import GroupSettings
+from connectors.core.config import ClientCredentialsSettings, StrictModel
 from connectors.core.source.settings import (
     START_DESCRIPTION,
-    check_section,
+    SourceSettings,
     start_since,
     validate_start,
 )
@@ -38,36 +37,7 @@ from connectors.core.source.settings import (
 SECTION = "imap"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ParseLimitSettings(_Strict):
-    """Caps applied before parsing (Python's email package is slow on hostile input).
-
-    Mirrors ``connectors.core.mail.limits.ParseLimits``; unset fields keep the parser's defaults.
-    """
-
-    max_message_bytes: int | None = Field(
-        default=None, gt=0, description="parser default when unset"
-    )
-    max_header_bytes: int | None = Field(
-        default=None, gt=0, description="parser default when unset"
-    )
-    max_header_lines: int | None = Field(
-        default=None, gt=0, description="parser default when unset"
-    )
-    max_mime_depth: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_params: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_parts: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_body_bytes: int | None = Field(default=None, gt=0, description="parser default when unset")
-    max_attachments: int | None = Field(default=None, gt=0, description="parser default when unset")
-
-    def overrides(self) -> dict[str, int]:
-        return {k: v for k, v in self.model_dump().items() if v is not None}
-
-
-class ImapAccountSettings(_Strict):
+class ImapAccountSettings(StrictModel):
     """One mailbox account; each folder gets its own worker, connection and cursor."""
 
     name: str = Field(min_length=1, description="account name in keys, offsets and metrics")
@@ -163,8 +133,10 @@ class ImapAccountSettings(_Strict):
         return self.after_commit[5:].strip() if self.after_commit.startswith("move:") else None
 
 
-class ImapSourceSettings(_Strict):
+class ImapSourceSettings(SourceSettings):
     """The whole ``imap`` section."""
+
+    ACCOUNTS_KEY = "imap.accounts"
 
     # Non-empty is checked in _unique_names: a min_length here makes pydantic add a second error
     # whose "input" is the whole account list, and the core's message would quote the passwords.
@@ -208,15 +180,6 @@ class ImapSourceSettings(_Strict):
         default="auto",
         description="auto: use QRESYNC on reconnect where the server offers it; off: list the folder",
     )
-    backoff_initial_seconds: float = Field(
-        default=1.0, gt=0, description="first reconnect delay (exponential, full jitter)"
-    )
-    backoff_cap_seconds: float = Field(
-        default=300.0, gt=0, description="longest reconnect delay; auth failures always wait it"
-    )
-    dlq_topic: str | None = Field(
-        default=None, description="where unparseable mails are reported; kafka.topics.dlq if unset"
-    )
     #: Claim-check blobs are fsynced on this many threads (shared by all mailboxes) while the
     #: parser goes on; a batch's blobs are durable before its transaction commits.
     claim_check_threads: int = Field(
@@ -231,25 +194,17 @@ class ImapSourceSettings(_Strict):
     max_batch_bytes: int = Field(
         default=32 * 1024 * 1024, gt=0, description="bytes of mail per FETCH round trip"
     )
-    #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
-    max_record_bytes: int = Field(
-        default=900_000, gt=1024, description="largest event record; bodies dropped above it"
-    )
-    limits: ParseLimitSettings = Field(
-        default=ParseLimitSettings(), description="caps applied before parsing"
-    )
-    group: GroupSettings | None = Field(
-        default=None,
-        description="share the mailboxes among the instances with the same group id "
-        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
-    )
 
-    @model_validator(mode="after")
-    def _unique_names(self) -> ImapSourceSettings:
-        check_section(
-            [a.name for a in self.accounts],
-            self.backoff_initial_seconds,
-            self.backoff_cap_seconds,
-            accounts_key="imap.accounts",
-        )
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _no_own_dlq(cls, data: Any) -> Any:
+        # One DLQ for every component: a topic only the IMAP source wrote to was invisible to
+        # `mailtap dlq` and `mailtap status`, and the EWS source never honoured it.
+        if isinstance(data, dict) and data.get("dlq_topic") is not None:
+            raise ValueError(
+                "imap.dlq_topic is no longer read: set kafka.topics.dlq instead (the DLQ of "
+                "both sources, the sink, `mailtap dlq` and `mailtap status`)"
+            )
+        if isinstance(data, dict) and "dlq_topic" in data:
+            data = {k: v for k, v in data.items() if k != "dlq_topic"}
+        return data

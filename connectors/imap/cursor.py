@@ -25,16 +25,13 @@ Meaning (the invariant every write keeps):
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
+
+from connectors.core.kafka.transactions import SourceRecord
 
 SOURCE = "imap"
-
-
-def source_partition(account: str, folder: str) -> dict[str, str]:
-    """The offsets-topic key of a mailbox (canonical JSON of this dict)."""
-    return {"source": SOURCE, "account": account, "folder": folder}
 
 
 @dataclass(frozen=True)
@@ -213,3 +210,16 @@ def split_by_bytes(uids: list[int], sizes: dict[int, int], budget: int) -> list[
     if current:
         groups.append(current)
     return groups
+
+
+class Commit(Protocol):
+    """The worker's one write, handed to its collaborators (backfill, expunges, side effects):
+    ``records`` and the folder's new cursor in one Kafka transaction; ``before_commit`` runs
+    after the records are produced and before the commit (a claim-check batch made durable)."""
+
+    def __call__(
+        self,
+        records: Sequence[SourceRecord],
+        cursor: Cursor,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None: ...

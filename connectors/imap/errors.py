@@ -16,6 +16,7 @@ __all__ = [
     "FolderMissing",
     "ImapError",
     "ImapProtocolError",
+    "UidValidityChanged",
 ]
 
 
@@ -34,3 +35,7 @@ class ImapProtocolError(ImapError):
 class FolderMissing(ImapProtocolError):
     """A watched folder does not exist on the server (deleted or renamed under the source, or
     never created): its worker waits for it; the account's other folders go on."""
+
+
+class UidValidityChanged(ConnectionLost):
+    """UIDVALIDITY changed under a selected folder: reconnect, the SELECT starts a new epoch."""

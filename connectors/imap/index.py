@@ -38,13 +38,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import DataError
-from connectors.core.kafka.clients import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka.clients import consumer_config
 from connectors.core.kafka.offsets import OffsetStore
+from connectors.core.kafka.readtoend import read_batches_to_end, topic_partitions
 from connectors.core.mail.identity import key_candidates, message_id_of_key
 from connectors.imap.cursor import SOURCE
 from connectors.imap.indexlog import READ_TO_END, ChangelogPartition, IndexChangelog, Row
@@ -539,32 +540,18 @@ def _scan_events(
     ``accounts``; returns the records read."""
     topic = kafka.topics.events
     consumer = Consumer(consumer_config(kafka, group_id="mailtap-imap-index", **READ_TO_END))
-    started = time.monotonic()
     records = 0
     try:
-        metadata = cluster_metadata(consumer, kafka, 10, topic)
-        partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
-        if not partitions or metadata.topics[topic].error is not None:
+        partitions = topic_partitions(consumer, kafka, topic, 10)
+        if not partitions:
             return 0
-        pending = set(partitions)
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        while pending:
-            raise_if_stopping()
-            if time.monotonic() - started > timeout:
-                raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
-            seen: list[_Latest] = []
-            for msg in consumer.consume(1000, 0.05):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
-                        continue
-                    raise RuntimeError(f"reading {topic}: {err}")
-                records += 1
-                where = _location_of(msg.key(), msg.value(), accounts, serde)
-                if where is not None:
-                    seen.append(where)
-            latest.record(seen)
+        # To the end as of now: a busy events topic (other sources keep publishing) never
+        # shows an end of stream.
+        starts = [TopicPartition(topic, p, 0) for p in partitions]
+        for batch in read_batches_to_end(consumer, kafka, starts, timeout):
+            records += len(batch)
+            seen = [_location_of(m.key(), m.value(), accounts, serde) for m in batch]
+            latest.record([where for where in seen if where is not None])
     finally:
         consumer.close()
     return records

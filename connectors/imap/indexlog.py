@@ -39,8 +39,8 @@ from connectors.core.kafka.clients import (
     cluster_metadata,
     consumer_config,
     producer_config,
-    raise_if_stopping,
 )
+from connectors.core.kafka.readtoend import read_batches_to_end
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
 from connectors.core.kafka.transactions import SourceRecord
 
@@ -169,25 +169,12 @@ class IndexChangelog:
         consumer = Consumer(
             consumer_config(self.kafka, group_id="mailtap-imap-index", **READ_TO_END)
         )
-        started = time.monotonic()
         try:
-            consumer.assign([TopicPartition(self.topic, p, 0) for p in sorted(wanted)])
-            pending = set(wanted)
-            while pending:
-                raise_if_stopping()
-                if time.monotonic() - started > timeout:
-                    raise TimeoutError(
-                        f"reading {self.topic} did not reach its end within {timeout:.0f}s"
-                    )
+            starts = [TopicPartition(self.topic, p, 0) for p in sorted(wanted)]
+            for batch in read_batches_to_end(consumer, self.kafka, starts, timeout):
+                found.records_read += len(batch)
                 rows: list[Row] = []
-                for msg in consumer.consume(1000, 0.05):
-                    err = msg.error()
-                    if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            pending.discard(msg.partition())
-                            continue
-                        raise RuntimeError(f"reading {self.topic}: {err}")
-                    found.records_read += 1
+                for msg in batch:
                     key = msg.key()
                     if key is None:
                         continue

@@ -77,7 +77,7 @@ def make_builder(spec: BuilderSpec, store: ClaimCheckStore | None) -> RecordBuil
         account=spec.account,
         folder=spec.folder,
         parser=functools.partial(parse_mail, limits=spec.limits, claim_check=store),
-        serde=AvroSerde.for_schema("MailEvent", spec.kafka),
+        serde=AvroSerde.shared("MailEvent", spec.kafka),
         events_topic=spec.kafka.topics.events,
         dlq_topic=spec.dlq_topic,
         max_record_bytes=spec.max_record_bytes,

@@ -14,11 +14,9 @@ DLQ record (wire sample)::
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -27,10 +25,9 @@ from connectors.core.claimcheck.store import (
     ClaimCheckBatch,
     ClaimCheckError,
     ClaimCheckStore,
-    staged_batch,
 )
 from connectors.core.kafka.transactions import SourceRecord
-from connectors.core.source.records import MailEventRecords
+from connectors.core.source.records import MailRecordBuilder, Parser
 from connectors.imap.connection import FetchedMail
 from connectors.imap.indexlog import ChangelogPartition
 
@@ -51,11 +48,6 @@ def fixed(change: ChangeKind) -> Placement:
 
 #: Flags that describe the session, not the mail (RFC 3501 2.3.2: \Recent is per session).
 SESSION_FLAGS = frozenset({"\\Recent"})
-
-#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> ParsedMail-like
-#: object with ``.key``, ``.event`` and ``.parse_error`` (connectors.core.mail.parse_mail, with
-#: limits and the claim-check store bound by the caller).
-Parser = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -80,8 +72,10 @@ class ParsedBatch:
     unsynced: tuple[str, ...] = ()
 
 
-class RecordBuilder:
+class RecordBuilder(MailRecordBuilder):
     """Builds the records of one mailbox (account, folder)."""
+
+    source_kind = "IMAP"
 
     def __init__(
         self,
@@ -96,27 +90,19 @@ class RecordBuilder:
         claim_check: ClaimCheckStore | None = None,
         index_changelog: ChangelogPartition | None = None,
     ) -> None:
-        self.account = account
-        self.folder = folder
-        self._parse = parser
-        self._records = MailEventRecords(
-            source_kind="IMAP",
+        super().__init__(
             account=account,
             folder=folder,
+            parser=parser,
             serde=serde,
             events_topic=events_topic,
             dlq_topic=dlq_topic,
             max_record_bytes=max_record_bytes,
+            claim_check=claim_check,
         )
-        #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
-        self._claim_check = claim_check
         #: Each event goes with its key index record, in the same transaction (indexlog.py);
         #: None: no changelog (builders of unit tests).
         self._changelog = index_changelog
-
-    @property
-    def dlq_topic(self) -> str:
-        return self._records.dlq_topic
 
     def build(
         self,
@@ -134,12 +120,6 @@ class RecordBuilder:
         """
         parsed = self.parse(mail, uidvalidity, folder, location=location)
         return self.finish(mail, uidvalidity, parsed, change_for)
-
-    def staged_blobs(self) -> AbstractContextManager[ClaimCheckBatch | None]:
-        """``with builder.staged_blobs() as blobs:`` a claim-check batch for :meth:`build_all`;
-        the block commits it before the Kafka transaction that references it (``before_commit``),
-        and what it did not commit is discarded on the way out."""
-        return staged_batch(self._claim_check)
 
     def build_all(
         self,
@@ -169,26 +149,19 @@ class RecordBuilder:
         moved = folder is not None and folder != self.folder
         # After our own move the mail's UID in the target folder is known only from COPYUID.
         there = location if moved else (uidvalidity, mail.uid)
-        source = {
-            "kind": "IMAP",
-            "folder": folder or self.folder,
-            "uidvalidity": there[0] if there else None,
-            "uid": there[1] if there else None,
-            "modseq": None if moved else mail.modseq,
-            "item_id": None,
-            "change_key": None,
-        }
-        # The parser has the store bound; a batch replaces it for this call.
-        stores = {"claim_check": blobs} if blobs is not None else {}
+        source = self.source_block(
+            folder=folder,
+            uidvalidity=there[0] if there else None,
+            uid=there[1] if there else None,
+            modseq=None if moved else mail.modseq,
+        )
         try:
-            return self._parse(
+            return self.parse_raw(
                 mail.raw,
-                account=self.account,
                 source=source,
                 flags=flags,
                 internal_date=mail.internal_date,
-                observed_at=dt.datetime.now(dt.UTC),
-                **stores,
+                blobs=blobs,
             )
         except ClaimCheckError:
             raise  # the store is down, not the mail bad: fail the batch and retry it
@@ -245,7 +218,7 @@ class RecordBuilder:
 
     def tombstones(self, key: str) -> list[SourceRecord]:
         """The event's tombstone, with its key index record's."""
-        records = [self._records.tombstone(key)]
+        records = [self.tombstone(key)]
         if self._changelog is not None:
             records.append(self._changelog.tombstone(key))
         return records

@@ -32,18 +32,19 @@ from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
 from connectors.core.kafka.permissions import check_permissions
 from connectors.core.kafka.topics import ensure_topics
-from connectors.core.kafka.transactions import TransactionalSourceWriter, transactional_id
+from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
+from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import STOP_JOIN_S, WorkUnit, by_account
 from connectors.core.source.ownership.wiring import Sharing, read_mailboxes, start_sharing
+from connectors.core.source.worker import Writer
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
-from connectors.imap.cursor import source_partition
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.parsepool import BuilderSpec, MailboxParsing, ParsePool, make_builder
-from connectors.imap.worker import MailboxWorker, Writer
+from connectors.imap.worker import MailboxWorker
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class ImapSource:
         network, so start-up pays the longer one only. Not while the topics are ensured: a
         topic created a moment ago has no partition leader yet, and reading it then fails.
         """
-        serde = AvroSerde.for_schema("MailEvent", self.kafka)
+        serde = AvroSerde.shared("MailEvent", self.kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
         # Every permission of its topics and groups first, before a mail is read or a cursor
@@ -140,13 +141,12 @@ class ImapSource:
     def _account_run(self, account: ImapAccountSettings, index: AccountIndex) -> _AccountRun:
         """The workers of one account's owned folders, around the account's key index."""
         run = _AccountRun(account, index)
-        dlq_topic = self.settings.dlq_topic or self.kafka.topics.dlq
         for folder in account.folders:
             spec = BuilderSpec(
                 account=account.name,
                 folder=folder,
                 kafka=self.kafka,
-                dlq_topic=dlq_topic,
+                dlq_topic=self.kafka.topics.dlq,
                 max_record_bytes=self.settings.max_record_bytes,
                 limits=self._limits,
                 claim_check=self.config.claim_check,
@@ -166,9 +166,9 @@ class ImapSource:
                     writer_factory=self._writer,
                     read_offsets=self._read_offsets,
                     connection_factory=functools.partial(self._connection, account),
-                    transactional_id=transactional_id(
-                        TRANSACTIONAL_PREFIX, source_partition(account.name, folder)
-                    ),
+                    transactional_id=SourceLocation(
+                        SOURCE_KIND, account.name, folder
+                    ).transactional_id(TRANSACTIONAL_PREFIX),
                     watched_folders=account.folders,
                     crash=self._crash,
                     parsing=MailboxParsing(self._pool, spec) if self._pool else None,

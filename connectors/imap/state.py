@@ -14,6 +14,12 @@ import enum
 import logging
 from collections.abc import Callable
 
+from connectors.core.source import state
+from connectors.core.source.errors import IllegalTransition
+from connectors.core.source.location import SourceLocation
+
+__all__ = ["ALLOWED", "IllegalTransition", "StateMachine", "WorkerState"]
+
 log = logging.getLogger(__name__)
 
 
@@ -48,23 +54,21 @@ for _state in S:
 
 
 #: The wait/sync cycle repeats on every new mail: logged at DEBUG so a busy mailbox does not
-#: flood the log; every other transition is an event worth an INFO line. The first SYNCING ->
-#: IDLE/POLLING after SELECTING is not routine: it says the mailbox caught up (README: ``-v``
-#: shows one line per transition, and "caught up" is the one an operator waits for).
-_ROUTINE = {
-    (S.SYNCING, S.IDLE),
-    (S.IDLE, S.SYNCING),
-    (S.SYNCING, S.POLLING),
-    (S.POLLING, S.SYNCING),
-}
+#: flood the log. The first SYNCING -> IDLE/POLLING after SELECTING is not routine: it says the
+#: mailbox caught up (README: ``-v`` shows one line per transition, and "caught up" is the one
+#: an operator waits for).
+ROUTINE = frozenset(
+    {
+        (S.SYNCING, S.IDLE),
+        (S.IDLE, S.SYNCING),
+        (S.SYNCING, S.POLLING),
+        (S.POLLING, S.SYNCING),
+    }
+)
 
 
-class IllegalTransition(RuntimeError):
-    """A bug: the worker tried a transition the diagram does not have."""
-
-
-class StateMachine:
-    """Holds the current state, enforces the diagram, logs each transition once."""
+class StateMachine(state.StateMachine[WorkerState]):
+    """The IMAP worker's machine: the diagram above, enforced."""
 
     def __init__(
         self,
@@ -72,44 +76,12 @@ class StateMachine:
         folder: str,
         on_change: Callable[[WorkerState, WorkerState], None] | None = None,
     ) -> None:
-        self.account = account
-        self.folder = folder
-        self.state = S.DISCONNECTED
-        self.history: list[WorkerState] = [S.DISCONNECTED]
-        self._on_change = on_change
-
-    def to(self, new: WorkerState, reason: str = "") -> None:
-        old = self.state
-        if new is old:
-            return
-        if new not in ALLOWED[old]:
-            raise IllegalTransition(f"{old.value} -> {new.value}")
-        caught_up = (
-            old is S.SYNCING
-            and new in (S.IDLE, S.POLLING)
-            and len(self.history) >= 2
-            and self.history[-2] is S.SELECTING
+        super().__init__(
+            SourceLocation("imap", account, folder),
+            S.DISCONNECTED,
+            transitions=ALLOWED,
+            routine=ROUTINE,
+            caught_up_from=S.SELECTING,
+            on_change=on_change,
+            logger=log,
         )
-        self.state = new
-        self.history.append(new)
-        level = (
-            logging.WARNING
-            if new is S.BACKOFF
-            else logging.DEBUG
-            if (old, new) in _ROUTINE and not caught_up
-            else logging.INFO
-        )
-        if caught_up and not reason:
-            reason = "caught up"
-        log.log(
-            level,
-            "imap %s/%s: %s -> %s%s",
-            self.account,
-            self.folder,
-            old.value,
-            new.value,
-            f" ({reason})" if reason else "",
-            extra={"account": self.account, "folder": self.folder, "state": new.value},
-        )
-        if self._on_change is not None:
-            self._on_change(old, new)

@@ -36,6 +36,7 @@ from connectors.smtp import suppression
 from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.bounce import Bounce, parse_bounce
 from connectors.smtp.config import SmtpSinkSettings
+from connectors.smtp.errors import AddressError
 from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.render import BlobFetcher
 
@@ -253,7 +254,7 @@ class BounceReader:
                 now=now,
                 settings=self.settings.suppression,
             )
-        except suppression.AddressError as exc:
+        except AddressError as exc:
             log.warning("bounce of an unusable address: %s", exc)
             return
         if entry is not None:
@@ -303,7 +304,7 @@ class BounceReader:
                 source="bounce-reader",
                 command_id=command_id,
             )
-        except suppression.AddressError as exc:
+        except AddressError as exc:
             log.warning("cannot suppress an unusable address (%s): %s", reason, exc)
             return
         existing = self._current(entry["address"], entries)

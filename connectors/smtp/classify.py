@@ -156,7 +156,7 @@ def classify_error(recipients: Sequence[str], exc: SmtpTransportError) -> list[R
         diagnostic = f"{kind} {why}: {exc.message}"[:MAX_DIAGNOSTIC]
         return [RecipientOutcome(r, status, diagnostic=diagnostic) for r in recipients]
     # Authentication and TLS failures are ours, not the message's: keep it and retry, while the
-    # sink reports the misconfiguration loudly (errors.classify says PERMANENT for the process).
+    # sink reports the misconfiguration loudly (errors.sink_disposition says PERMANENT for the process).
     label = (
         "authentication"
         if isinstance(exc, SmtpAuthError)

@@ -19,7 +19,10 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from connectors.core.config import StrictModel
+from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -37,19 +40,15 @@ def parse_duration(value: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
-class RateLimit(BaseModel):
+class RateLimit(StrictModel):
     """A token bucket: ``per_minute`` messages, bursts up to ``burst`` (default: per_minute/6)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     per_minute: float = Field(gt=0, description="sustained messages per minute")
     burst: int | None = Field(default=None, ge=1, description="how many may go at once")
 
 
-class SuppressionSettings(BaseModel):
+class SuppressionSettings(StrictModel):
     """The suppression list (connectors.smtp.suppression): who is added, what replies carry."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
         default=True,
@@ -128,10 +127,8 @@ class SuppressionSettings(BaseModel):
         return parse_duration(self.soft_bounce_window)
 
 
-class SmtpSinkSettings(BaseModel):
+class SmtpSinkSettings(StrictModel):
     """Everything the sink needs besides Kafka (which comes from the ``kafka`` section)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str = Field(description="relay host name; also the name checked in its certificate")
     port: int = Field(
@@ -187,7 +184,7 @@ class SmtpSinkSettings(BaseModel):
         "Longer than max_lifetime",
     )
     retry_tiers: list[str] = Field(
-        default_factory=lambda: ["5m", "15m", "1h", "4h"],
+        default_factory=lambda: list(DEFAULT_RETRY_TIERS),
         min_length=1,
         description="delays of the retry topics (retry_prefix.TIER), increasing; attempt n+1 "
         "waits tier n, the last tier repeats",

@@ -42,6 +42,10 @@ class SmtpSinkConfigError(SmtpSinkError, ConfigError):
     """The smtp section is unusable; the message says what to change."""
 
 
+class AddressError(SmtpSinkError, ValueError):
+    """Not an address that can be put on the suppression list."""
+
+
 class RenderError(SmtpSinkError, DataError):
     """A command cannot be turned into a safe message (CR/LF injection, invalid address...).
 
@@ -96,7 +100,7 @@ class SmtpAuthError(SmtpTransportError, AuthenticationError):
         self.reply = message
 
 
-def classify(exc: BaseException) -> Disposition:
+def sink_disposition(exc: BaseException) -> Disposition:
     """RETRY / PERMANENT / DATA for a failure of the sink itself (not a per-recipient outcome).
 
     Per-recipient outcomes (SENT, DEFERRED, FAILED, UNKNOWN) are decided in

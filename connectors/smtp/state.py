@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from connectors.core.config import KafkaSettings
@@ -44,8 +43,8 @@ from connectors.core.kafka.clients import (
     admin_client,
     cluster_metadata,
     consumer_config,
-    raise_if_stopping,
 )
+from connectors.core.kafka.readtoend import read_to_end, topic_partitions
 from connectors.core.kafka.topics import COMPACTED
 
 log = logging.getLogger(__name__)
@@ -178,42 +177,21 @@ def read_state(
         return store
     consumer = Consumer(consumer_config(kafka, group_id=f"{topic}.reader"))
     try:
-        metadata = cluster_metadata(consumer, kafka, 30, topic)
-        wanted = sorted(
-            p for p in metadata.topics[topic].partitions if partitions is None or p in partitions
-        )
-        ends: dict[int, int] = {}
-        assignment = []
-        for partition in wanted:
-            tp = TopicPartition(topic, partition)
-            # With isolation.level=read_committed the "high" watermark librdkafka returns is the
-            # last stable offset, so an aborted or open transaction does not make us wait for it.
-            low, high = consumer.get_watermark_offsets(tp, timeout=30, cached=False)
-            if high > low:
-                ends[partition] = high
-                assignment.append(TopicPartition(topic, partition, low))
-        if not assignment:
-            return store
-        consumer.assign(assignment)
-        deadline = time.monotonic() + timeout
-        while ends:
-            raise_if_stopping()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} back took longer than {timeout:g}s")
-            for msg in consumer.consume(1000, timeout=0.5):
-                if msg.error():
-                    continue
-                key = msg.key()
-                if key is not None:
-                    value = msg.value()
-                    cid = key.decode("utf-8")
-                    if value is None:
-                        store.remove(cid)
-                    else:
-                        store.put(cid, msg.partition() or 0, CommandState.from_bytes(value))
-            for tp in consumer.position([TopicPartition(topic, p) for p in list(ends)]):
-                if tp.offset >= ends[tp.partition]:
-                    del ends[tp.partition]
+        wanted = [
+            p
+            for p in topic_partitions(consumer, kafka, topic, 30) or []
+            if partitions is None or p in partitions
+        ]
+        starts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in wanted]
+        for msg in read_to_end(consumer, kafka, starts, timeout):
+            key = msg.key()
+            if key is not None:
+                value = msg.value()
+                cid = key.decode("utf-8")
+                if value is None:
+                    store.remove(cid)
+                else:
+                    store.put(cid, msg.partition() or 0, CommandState.from_bytes(value))
         log.info("state read back topic=%s partitions=%s commands=%d", topic, wanted, len(store))
         return store
     finally:

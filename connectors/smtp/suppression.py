@@ -38,20 +38,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 import unicodedata
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.clients import cluster_metadata, consumer_config
+from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.readtoend import read_batches_to_end, topic_partitions
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SuppressionSettings
+from connectors.smtp.errors import AddressError
 from connectors.smtp.render import RenderedMessage
 
 log = logging.getLogger(__name__)
@@ -61,10 +62,6 @@ CATCH_UP_TIMEOUT_S = 120.0
 #: The background consumer's poll: an entry another team writes is honoured about this soon.
 POLL_TIMEOUT_S = 0.5
 REASONS = ("HARD_BOUNCE", "SOFT_BOUNCES", "COMPLAINT", "UNSUBSCRIBE", "MANUAL")
-
-
-class AddressError(ValueError):
-    """Not an address that can be put on the list."""
 
 
 def normalize(address: str) -> str:
@@ -220,31 +217,13 @@ class SuppressionTable:
         self._consumer = consumer
         self._stop.clear()  # a sink started again after close() follows the topic again
         self._entries = {}
-        metadata = cluster_metadata(consumer, self.kafka, 30, self.topic)
-        topic = metadata.topics.get(self.topic)
-        partitions = sorted(topic.partitions) if topic is not None else []
-        ends = {}
-        for p in partitions:
-            # read_committed: "high" is the last stable offset (see connectors.smtp.state).
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=30, cached=False
-            )
-            if high > low:
-                ends[p] = high
-        consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions])
-        deadline = time.monotonic() + timeout
-        while any(self._position(p) < end for p, end in ends.items()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {self.topic} took longer than {timeout:g}s")
-            self._poll(consumer, 0.2)
+        partitions = topic_partitions(consumer, self.kafka, self.topic, 30) or []
+        starts = [TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in partitions]
+        for batch in read_batches_to_end(consumer, self.kafka, starts, timeout):
+            self._take(batch)
         log.info("suppression list read topic=%s suppressed=%d", self.topic, len(self))
         self._thread = threading.Thread(target=self._follow, name="suppressions", daemon=True)
         self._thread.start()
-
-    def _position(self, partition: int) -> int:
-        assert self._consumer is not None
-        [tp] = self._consumer.position([TopicPartition(self.topic, partition)])
-        return int(tp.offset) if tp.offset >= 0 else 0
 
     def _follow(self) -> None:
         assert self._consumer is not None
@@ -256,9 +235,10 @@ class SuppressionTable:
                 self._stop.wait(POLL_TIMEOUT_S)
 
     def _poll(self, consumer: Consumer, timeout: float) -> None:
-        for msg in consumer.consume(500, timeout=timeout):
-            if msg.error():
-                continue
+        self._take([msg for msg in consumer.consume(500, timeout=timeout) if not msg.error()])
+
+    def _take(self, records: Sequence[Message]) -> None:
+        for msg in records:
             key = msg.key()
             if key is None:
                 continue

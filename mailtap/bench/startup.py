@@ -45,10 +45,10 @@ from imapclient import IMAPClient
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, TopicNames
 from connectors.core.kafka.clients import producer_config
-from connectors.core.kafka.offsets import OffsetStore, canonical_json
+from connectors.core.kafka.offsets import OffsetStore
 from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
-from connectors.imap.cursor import source_partition
+from connectors.core.source.location import SourceLocation
 from connectors.imap.index import ENV_REBUILD
 from connectors.imap.indexlog import IndexChangelog, marker_key, partition_of
 from mailtap.bench.ingest import _backfill_started, _delete_topics, _say, _services
@@ -265,7 +265,7 @@ def _timed_start(
                     )
                 time.sleep(0.05)
                 fetched = _backfill_started(log_path)
-            key = canonical_json(source_partition(account, "INBOX"))
+            key = SourceLocation("imap", account, "INBOX").partition_key
             while (OffsetStore(kafka).read_all().get(key) or {}).get("last_uid", 0) < mails:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"the mails were not committed:\n{_tail(log_path)}")

@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 import click
 
+from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.open import open_configured
-from connectors.core.claimcheck.store import ClaimCheckError, close_store
+from connectors.core.claimcheck.store import close_store
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import ConfigError
 from mailtap.commands.common import config_option

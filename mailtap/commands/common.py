@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 import click
 
 from connectors.core.config import MailtapConfig
+from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
+from connectors.smtp.config import SmtpSinkSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,10 +43,12 @@ def config_option(func: F) -> F:
     return option(func)
 
 
+def sink_settings(cfg: MailtapConfig) -> SmtpSinkSettings | None:
+    """The validated ``smtp`` section, None when the configuration runs no sink."""
+    return cfg.section("smtp", SmtpSinkSettings) if cfg.has_section("smtp") else None
+
+
 def retry_tiers_of(cfg: MailtapConfig) -> tuple[str, ...]:
-    """The SMTP sink's retry tiers when configured (the topics depend on them)."""
-    if not cfg.has_section("smtp"):
-        return ()
-    raw = (cfg.model_extra or {}).get("smtp") or {}
-    tiers = raw.get("retry_tiers") if isinstance(raw, dict) else None
-    return tuple(str(t) for t in tiers) if tiers else ()
+    """The SMTP sink's retry tiers (the topics depend on them): its settings', defaulted there."""
+    sink = sink_settings(cfg)
+    return tuple(sink.retry_tiers) if sink is not None else DEFAULT_RETRY_TIERS

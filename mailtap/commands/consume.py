@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import itertools
 import json
-import time
 import uuid
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import click
@@ -20,6 +21,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    Message,
     TopicPartition,
 )
 
@@ -27,8 +29,14 @@ from connectors.core import tracing
 from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError, DataError
-from connectors.core.kafka.clients import cluster_metadata, consumer_config, unreachable
+from connectors.core.kafka.clients import consumer_config, unreachable
+from connectors.core.kafka.errors import KafkaTimeout, TopicReadError
+from connectors.core.kafka.readtoend import read_to_end, topic_partitions
 from mailtap.commands.common import config_option
+
+#: Without --follow, the read to the end of the topic gives up after this: printing a large
+#: topic takes a while, a read that has not reached the end by then is stuck.
+READ_TIMEOUT_S = 600.0
 
 
 def _bytes_to_json(data: bytes | None) -> Any:
@@ -98,12 +106,11 @@ def consume(
     )
     decoder = AnyAvroDecoder(cfg.kafka.schema_registry_url)
     try:
-        metadata = cluster_metadata(consumer, cfg.kafka, 10, topic)
-        if topic not in metadata.topics or metadata.topics[topic].error is not None:
+        partitions = topic_partitions(consumer, cfg.kafka, topic, 10)
+        if partitions is None:
             raise click.ClickException(
                 f"topic {topic!r} does not exist on {cfg.kafka.bootstrap_servers}"
             )
-        partitions = sorted(metadata.topics[topic].partitions)
         assignments = [TopicPartition(topic, p, _start(from_beginning, offset)) for p in partitions]
         if from_time:
             when = dt.datetime.fromisoformat(from_time.replace("Z", "+00:00"))
@@ -111,10 +118,18 @@ def consume(
             assignments = consumer.offsets_for_times(
                 [TopicPartition(topic, p, millis) for p in partitions], timeout=10
             )
-        consumer.assign(assignments)
-        _print_records(consumer, decoder, topic, set(partitions), max_messages, follow)
-    except ConfigError as exc:  # KafkaUnavailable: the sentence names the setting to check
-        raise click.ClickException(str(exc)) from None
+        if follow:
+            consumer.assign(assignments)
+            records: Iterable[Message] = _follow(consumer, topic)
+        else:
+            records = read_to_end(
+                consumer, cfg.kafka, assignments, READ_TIMEOUT_S, committed=not uncommitted
+            )
+        for msg in itertools.islice(records, max_messages):
+            record = _record(msg, decoder, topic)
+            click.echo(json.dumps(record, default=_default, ensure_ascii=False))
+    except (ConfigError, KafkaTimeout, TopicReadError) as exc:  # KafkaUnavailable: the sentence
+        raise click.ClickException(str(exc)) from None  # names the setting to check
     except KafkaException as exc:
         raise click.ClickException(unreachable(cfg.kafka, exc.args[0].str())) from None
     finally:
@@ -127,36 +142,17 @@ def _start(from_beginning: bool, offset: int | None) -> int:
     return OFFSET_BEGINNING if from_beginning else OFFSET_END
 
 
-def _print_records(
-    consumer: Consumer,
-    decoder: AnyAvroDecoder,
-    topic: str,
-    partitions: set[int],
-    max_messages: int | None,
-    follow: bool,
-) -> None:
-    printed = 0
-    at_end: set[int] = set()
-    idle_since = time.monotonic()
-    while max_messages is None or printed < max_messages:
+def _follow(consumer: Consumer, topic: str) -> Iterator[Message]:
+    """Every record as it comes, until interrupted."""
+    while True:
         msg = consumer.poll(0.5)
         if msg is None:
-            # Without --follow, stop once every partition reported its end (or nothing comes).
-            if not follow and (at_end >= partitions or time.monotonic() - idle_since > 10):
-                return
             continue
-        idle_since = time.monotonic()
         err = msg.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                at_end.add(msg.partition() or 0)
-                if not follow and at_end >= partitions:
-                    return
-                continue
+        if err is None:
+            yield msg
+        elif err.code() != KafkaError._PARTITION_EOF:
             raise click.ClickException(f"consuming {topic}: {err}")
-        at_end.discard(msg.partition())
-        click.echo(json.dumps(_record(msg, decoder, topic), default=_default, ensure_ascii=False))
-        printed += 1
 
 
 def _record(msg: Any, decoder: AnyAvroDecoder, topic: str) -> dict[str, Any]:

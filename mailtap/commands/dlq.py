@@ -44,7 +44,8 @@ from connectors.core.config import KafkaSettings, MailtapConfig, load_config
 from connectors.core.errors import DataError
 from connectors.core.kafka.clients import admin_client, producer_config
 from connectors.core.kafka.topics import COMPACTED
-from mailtap.commands.common import config_option
+from connectors.smtp.config import SmtpSinkSettings
+from mailtap.commands.common import config_option, sink_settings
 from mailtap.commands.topicscan import Seen, scan
 
 ERROR_PREFIX = "mailtap.error."
@@ -256,8 +257,12 @@ def home_partition(seen: Seen) -> int:
 
 
 def _state_topic(cfg: MailtapConfig) -> str:
-    raw = (cfg.model_extra or {}).get("smtp") or {}
-    return str(raw.get("state_topic", "mailtap.sink.state"))
+    sink = sink_settings(cfg)
+    return (
+        sink.state_topic
+        if sink is not None
+        else SmtpSinkSettings.model_fields["state_topic"].default
+    )
 
 
 @dlq.command()

@@ -14,7 +14,7 @@ import click
 from confluent_kafka import KafkaException
 
 from connectors.core.errors import ConfigError
-from connectors.core.kafka.clients import StopRequested
+from connectors.core.kafka.errors import StopRequested
 from mailtap import logs
 from mailtap.cli import import_optional
 from mailtap.commands.common import config_option

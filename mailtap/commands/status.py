@@ -35,11 +35,11 @@ import click
 from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import DataError
-from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
-from mailtap.commands.common import config_option, retry_tiers_of
+from mailtap.commands.common import config_option, sink_settings
 from mailtap.commands.dlq import read_dropped
 from mailtap.commands.mailboxes import SOURCES, mailbox_listing
 from mailtap.commands.topicscan import group_lag, scan
+from streams.config import StreamsSettings
 
 #: Header names of the source DLQ records (connectors.core.source.records.RecordBuilder.dlq).
 SOURCE_KIND, SOURCE_ACCOUNT, SOURCE_FOLDER = (
@@ -201,14 +201,12 @@ def lag_groups(cfg: MailtapConfig) -> dict[str, list[str]]:
     only: other deployments' retry topics may share the prefix)."""
     topics = cfg.kafka.topics
     groups: dict[str, list[str]] = {}
-    raw = cfg.model_extra or {}
     if cfg.has_section("streams"):
-        app_id = (raw.get("streams") or {}).get("app_id", "mailtap-streams")
-        groups[str(app_id)] = [topics.events]
-    if cfg.has_section("smtp"):
-        group = (raw.get("smtp") or {}).get("group_id", "mailtap-smtp-sink")
-        tiers = retry_tiers_of(cfg) or DEFAULT_RETRY_TIERS
-        groups[str(group)] = [topics.commands, *(f"{topics.retry_prefix}.{t}" for t in tiers)]
+        groups[cfg.section("streams", StreamsSettings).app_id] = [topics.events]
+    sink = sink_settings(cfg)
+    if sink is not None:
+        retries = [f"{topics.retry_prefix}.{t}" for t in sink.retry_tiers]
+        groups[sink.group_id] = [topics.commands, *retries]
     return groups
 
 

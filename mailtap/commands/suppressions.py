@@ -21,7 +21,8 @@ from connectors.core.config import KafkaSettings, load_config
 from connectors.core.errors import DataError
 from connectors.core.kafka.clients import producer_config
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
-from connectors.smtp.suppression import REASONS, AddressError, normalize, record
+from connectors.smtp.errors import AddressError
+from connectors.smtp.suppression import REASONS, normalize, record
 from mailtap.commands.common import config_option
 from mailtap.commands.topicscan import scan
 

@@ -9,7 +9,6 @@ import click
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import ConfigError
 from connectors.core.kafka.topics import (
-    DEFAULT_RETRY_TIERS,
     TopicSpec,
     ensure_topic_specs,
     ensure_topics,
@@ -30,7 +29,7 @@ def ensure(config_path: str, as_json: bool) -> None:
     """Create missing topics and align cleanup policies (compaction where DESIGN.md says so)."""
     try:
         cfg = load_config(config_path)
-        tiers = retry_tiers_of(cfg) or DEFAULT_RETRY_TIERS
+        tiers = retry_tiers_of(cfg)
         result = ensure_topics(cfg.kafka, tiers)
         extra = _connector_topics(cfg)
         if extra:

@@ -12,10 +12,12 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, TopicPartition
 
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import admin_client, consumer_config
+from connectors.core.kafka.readtoend import read_to_end, topic_partitions
+from connectors.core.kafka.retry import retry_retriable
 
 #: A read stops with an error rather than hanging when the end is not reached in this time.
 READ_TIMEOUT_S = 60.0
@@ -40,14 +42,6 @@ class Seen:
         return None
 
 
-def _partitions(consumer: Consumer, topic: str) -> list[int]:
-    metadata = consumer.list_topics(topic, timeout=10)
-    found = metadata.topics.get(topic)
-    if found is None or found.error is not None:
-        return []
-    return sorted(found.partitions)
-
-
 def scan(
     kafka: KafkaSettings,
     topic: str,
@@ -61,42 +55,19 @@ def scan(
             kafka, group_id=f"mailtap-scan-{uuid.uuid4().hex[:8]}", enable_partition_eof=True
         )
     )
+    deadline = time.monotonic() + timeout
     try:
-        partitions = _partitions(consumer, topic)
+        partitions = topic_partitions(consumer, kafka, topic, 10)
         if not partitions:
             return
-        if since_ms is None:
-            start = [TopicPartition(topic, p, 0) for p in partitions]
-        else:
-            start = consumer.offsets_for_times(
-                [TopicPartition(topic, p, since_ms) for p in partitions], timeout=10
+        starts = [TopicPartition(topic, p, 0 if since_ms is None else since_ms) for p in partitions]
+        if since_ms is not None:  # offset -1 where nothing is that recent: read nothing there
+            starts = retry_retriable(
+                lambda: consumer.offsets_for_times(starts, timeout=10),
+                deadline,
+                f"finding the offsets of {topic} at {since_ms}",
             )
-        pending = set()
-        assign = []
-        for tp in start:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, tp.partition), timeout=10
-            )
-            offset = tp.offset if tp.offset >= 0 else high  # -1: nothing that recent
-            if offset < high:
-                pending.add(tp.partition)
-                assign.append(TopicPartition(topic, tp.partition, max(offset, low)))
-        if not assign:
-            return
-        consumer.assign(assign)
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic} did not reach its end within {timeout:.0f}s")
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                    continue
-                raise RuntimeError(f"reading {topic}: {err}")
+        for msg in read_to_end(consumer, kafka, starts, deadline - time.monotonic()):
             raw_headers = msg.headers() or []
             pairs = raw_headers.items() if isinstance(raw_headers, dict) else raw_headers
             yield Seen(
@@ -127,7 +98,7 @@ def group_lag(
     try:
         for topic in topics:
             lags[topic] = {}
-            for p in _partitions(consumer, topic):
+            for p in topic_partitions(consumer, kafka, topic, 10) or []:
                 _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
                 done = committed.get((topic, p))
                 lags[topic][p] = None if done is None or done < 0 else max(0, high - done)

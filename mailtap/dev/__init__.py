@@ -7,7 +7,7 @@ info.kafka.bootstrap_servers, info.imap.port, info.smtp.received_dir, info.confi
 down(".state/dev")                # stops exactly the processes `up` started
 """
 
-from mailtap.dev.process import ServiceStartError
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.received import ReceivedMessage, received_messages
 from mailtap.dev.services import (
     Account,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import process
+from mailtap.dev.errors import DoveadmError, ServiceStartError
 from mailtap.dev.layout import render_template
 
 #: Dovecot starts in ~50 ms here; generous for a loaded machine.
@@ -199,7 +200,7 @@ def check_config(layout: DovecotLayout) -> None:
         check=False,
     )
     if result.returncode != 0:
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"dovecot: configuration {layout.config} is invalid:\n{result.stderr}"
         )
 
@@ -209,7 +210,7 @@ def _dovecot_binary() -> str:
         "/usr/sbin/dovecot" if Path("/usr/sbin/dovecot").exists() else None
     )
     if not found:
-        raise process.ServiceStartError("dovecot: not installed (Debian package dovecot-imapd)")
+        raise ServiceStartError("dovecot: not installed (Debian package dovecot-imapd)")
     return found
 
 
@@ -227,7 +228,7 @@ def start(layout: DovecotLayout) -> int:
     check_config(layout)
     leftover = leftover_master(layout)
     if leftover is not None:
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"dovecot: an earlier instance (pid {leftover}) still runs with base_dir "
             f"{layout.base_dir}; stop it (`mailtap dev down` or kill {leftover}) and retry"
         )
@@ -256,13 +257,6 @@ def wait_ready(layout: DovecotLayout, pid: int, host: str, port: int) -> None:
 
 
 DoveadmResult = subprocess.CompletedProcess[str]
-
-
-class DoveadmError(subprocess.CalledProcessError):
-    """doveadm exited non-zero; unlike its base class, str() includes doveadm's stderr."""
-
-    def __str__(self) -> str:
-        return f"{super().__str__()}\n{self.stderr}"
 
 
 def doveadm(config: Path, *args: str, check: bool = True) -> DoveadmResult:

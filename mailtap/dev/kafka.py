@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import process
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import kafka_libs, render_template
 
 #: A cold JVM plus storage recovery takes 2-5 s here; a loaded shared 2-core CI box, much more.
@@ -58,7 +59,7 @@ class KafkaLayout:
 def _classpath() -> str:
     libs = kafka_libs()
     if not any(libs.glob("kafka_2.13-*.jar")):
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"kafka: no Kafka jars in {libs}; run `make venv` (deploy/bootstrap.sh) to fetch them"
         )
     return f"{libs}/*"
@@ -129,7 +130,7 @@ def prepare_storage(
     ]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     if result.returncode != 0:
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"kafka: formatting {layout.data_dir} failed (exit {result.returncode}):\n"
             f"{result.stdout}\n{result.stderr}"
         )

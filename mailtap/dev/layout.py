@@ -11,8 +11,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO_ROOT / "deploy" / "local"
 DEFAULT_STATE_DIR = REPO_ROOT / ".state" / "dev"
 
-#: Set to use a Kafka cluster that is already running instead of starting one.
-ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"
 #: ``off`` makes ``mailtap dev up`` start no schema registry and write a registry-less config.
 ENV_DEV_REGISTRY = "MAILTAP_DEV_REGISTRY"
 #: Overrides the folder holding the Kafka jars (default: ``.cache/kafka/libs`` in the checkout).

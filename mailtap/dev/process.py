@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import REPO_ROOT
 
 #: How many log lines a start-up failure quotes.
@@ -27,10 +28,6 @@ LOG_TAIL_LINES = 20
 #: SIGTERM grace period before SIGKILL. Dovecot needs ~1 s to stop, the Kafka broker a few
 #: seconds (controlled shutdown of the log manager); on a loaded 2-core machine, more.
 STOP_TIMEOUT_S = 20.0
-
-
-class ServiceStartError(RuntimeError):
-    """A local service did not come up; the message quotes the tail of its log."""
 
 
 def java(service: str) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import process
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import REPO_ROOT, TEMPLATES
 
 #: Overrides the folder holding the built registry (default: ``.cache/registry`` in the checkout).
@@ -149,7 +150,7 @@ def launch(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) ->
     """Start the registry process without waiting for it (``mailtap dev up`` starts it next to
     Kafka and waits for both); `wait_ready` waits."""
     if not is_installed():
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"registry: not built ({run_jar()} is missing); run `make registry`"
         )
     layout = RegistryLayout(state_dir)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mailtap.dev import process
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import REPO_ROOT, TEMPLATES
 
 #: Overrides the folder holding the resolved jars (default: ``.cache/s3proxy`` in the checkout).
@@ -148,7 +149,7 @@ def probe(endpoint: str, timeout: float = 2.0) -> None:
 def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> RunningS3Proxy:
     """Start S3Proxy on ``host:port`` (a free port by default) and wait until it answers."""
     if not is_installed():
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"s3proxy: not resolved ({libs()} is missing or stale); run `make s3proxy`"
         )
     layout = S3ProxyLayout(state_dir)

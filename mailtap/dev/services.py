@@ -25,9 +25,11 @@ from typing import Any
 
 import yaml
 
+from connectors.core.config import ENV_KAFKA_BOOTSTRAP, env_bootstrap_servers
 from mailtap.dev import dovecot, kafka, process, received, registry, smtp_server
 from mailtap.dev import secure as secure_kafka
-from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY, ENV_KAFKA_BOOTSTRAP
+from mailtap.dev.errors import ServiceStartError
+from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY
 
 log = logging.getLogger(__name__)
 
@@ -304,9 +306,10 @@ def up(state_dir: Path | str | None = None, *, secure: bool = False) -> DevServi
 
 
 def _start_all(root: Path, started: dict[str, Any], secured: bool) -> DevServices:
-    external = os.environ.get(ENV_KAFKA_BOOTSTRAP)
+    # A cluster that is already running (MAILTAP_KAFKA_BOOTSTRAP or its alias) instead of ours.
+    external = env_bootstrap_servers(os.environ)
     if external and secured:
-        raise process.ServiceStartError(
+        raise ServiceStartError(
             f"--secure starts a broker of its own: unset {ENV_KAFKA_BOOTSTRAP} ({external})"
         )
     names = ["imap", "smtp"] if external else ["kafka", "kafka_controller", "imap", "smtp"]
@@ -342,7 +345,7 @@ def _start_all(root: Path, started: dict[str, Any], secured: bool) -> DevService
     schema_registry: registry.RunningRegistry | None = None
     if registry_wanted():
         if not registry.is_installed():
-            raise process.ServiceStartError(
+            raise ServiceStartError(
                 f"registry: not built ({registry.run_jar()} is missing): run `make registry`, "
                 f"or set {ENV_DEV_REGISTRY}=off for services and a config without a schema "
                 "registry (single-object encoding)"

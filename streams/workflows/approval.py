@@ -75,8 +75,9 @@ import hashlib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from connectors.core.config import StrictModel
 from streams.mail import Address, MailView, ThreadRef
 from streams.workflow import (
     WorkflowContext,
@@ -102,9 +103,7 @@ _QUOTE_START = re.compile(
 )
 
 
-class ApprovalOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class ApprovalOptions(StrictModel):
     approver: str = Field(description="address of the approver")
     approver_name: str | None = None
     approver_dkim_domains: list[str] = Field(

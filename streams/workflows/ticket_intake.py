@@ -40,8 +40,7 @@ import hashlib
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
+from connectors.core.config import StrictModel
 from streams.mail import MailView
 from streams.workflow import WorkflowContext, WorkflowState, reply_subject, workflow
 
@@ -49,9 +48,7 @@ NAME = "ticket_intake"
 TAG = re.compile(r"\[#([A-Z2-7]{8})\]")
 
 
-class TicketIntakeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class TicketIntakeOptions(StrictModel):
     acknowledge_followups: bool = True
     """Answer mails that attach to an existing ticket (one short reply each)."""
     team_name: str = "Support"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mailtap.dev import process
+from mailtap.dev.errors import ServiceStartError
 
 
 def test_free_port_is_bindable() -> None:
@@ -30,7 +31,7 @@ def test_a_process_that_dies_fails_start_up_with_its_log(tmp_path: Path) -> None
     def never_ready() -> None:
         raise ConnectionRefusedError
 
-    with pytest.raises(process.ServiceStartError) as failure:
+    with pytest.raises(ServiceStartError) as failure:
         process.wait_until_ready("crashy", pid, never_ready, [log], timeout=30)
     message = str(failure.value)
     assert "crashy did not start" in message
@@ -46,7 +47,7 @@ def test_a_silent_process_times_out_naming_the_last_error(tmp_path: Path) -> Non
     log = tmp_path / "silent.log"
     pid = process.spawn(["sleep", "30"], log)
     try:
-        with pytest.raises(process.ServiceStartError, match=r"no answer within 0 s.*refused"):
+        with pytest.raises(ServiceStartError, match=r"no answer within 0 s.*refused"):
             process.wait_until_ready("silent", pid, _refuse, [log], 0.2)
     finally:
         process.stop_group(pid)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -92,6 +93,10 @@ def _record_unions(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
+_SHARED: dict[tuple[str, str | None, str], AvroSerde] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class AvroSerde:
     """Encode and decode one record type.
 
@@ -126,6 +131,23 @@ class AvroSerde:
         if kafka is None:
             return cls(load_schema(name))
         return cls(load_schema(name), kafka.schema_registry_url, kafka.schema_compatibility)
+
+    @classmethod
+    def shared(cls, name: SchemaName, kafka: KafkaSettings) -> AvroSerde:
+        """The process's one serde of ``name`` for ``kafka``'s registry, built at the first call.
+
+        Building one parses the schema and, with a registry, makes a registry client whose
+        schema ids are cached per serde: one per folder would ask the registry again for
+        every mailbox. Sharing is safe across threads: what a serde changes after
+        construction (the topics it prepared, the serializer's caches) only grows, and a
+        topic prepared twice by two threads is registered twice, idempotently.
+        """
+        key = (name, kafka.schema_registry_url, kafka.schema_compatibility)
+        with _SHARED_LOCK:
+            serde = _SHARED.get(key)
+            if serde is None:
+                serde = _SHARED[key] = cls.for_schema(name, kafka)
+            return serde
 
     @property
     def encoding(self) -> str:

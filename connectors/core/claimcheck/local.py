@@ -46,12 +46,12 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 from urllib.request import pathname2url
 
+from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import (
     DEFAULT_FSYNC_THREADS,
     PACK_DIR,
     SHA256_HEX,
     BlobRef,
-    ClaimCheckError,
     blob_digest,
 )
 

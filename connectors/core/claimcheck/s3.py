@@ -25,7 +25,7 @@ round trip either way).
 
 Failures: an unreachable endpoint, a missing bucket or refused credentials at start are a
 :class:`~connectors.core.errors.ConfigError` whose message says what to change; at run time every
-failure is a :class:`~connectors.core.claimcheck.store.ClaimCheckError` (the batch is retried, the
+failure is a :class:`~connectors.core.claimcheck.errors.ClaimCheckError` (the batch is retried, the
 mails are not bad).
 """
 
@@ -42,7 +42,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from connectors.core.claimcheck.store import SHA256_HEX, BlobRef, ClaimCheckError, blob_digest
+from connectors.core.claimcheck.errors import ClaimCheckError
+from connectors.core.claimcheck.store import SHA256_HEX, BlobRef, blob_digest
 from connectors.core.config import S3Settings
 from connectors.core.errors import ConfigError
 

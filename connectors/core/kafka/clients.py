@@ -21,9 +21,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from connectors.core.config import KafkaSettings
-from connectors.core.errors import ConfigError, MailtapError
+from connectors.core.kafka.errors import KafkaSecurityRefused, KafkaUnavailable, StopRequested
 from connectors.core.kafka.log import ClientLog
-from connectors.core.kafka.security import KafkaSecurityRefused, librdkafka_security, refusal
+from connectors.core.kafka.security import librdkafka_security, refusal
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +45,6 @@ MAX_METADATA_REQUEST_S = 2.0
 _NOT_YET = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
 
 _stop = threading.Event()
-
-
-class StopRequested(MailtapError):
-    """The process was asked to stop while it waited for Kafka; nothing was left half-done."""
-
-
-class KafkaUnavailable(ConfigError):
-    """The cluster did not answer within the wait; the message names the setting to check."""
 
 
 def request_stop() -> None:

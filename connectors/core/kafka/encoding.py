@@ -24,13 +24,16 @@ from collections.abc import Iterable
 from typing import Literal
 
 import fastavro
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 from connectors.core.avro.schemas import known_writers
 from connectors.core.avro.serde import CONFLUENT_MAGIC, SINGLE_OBJECT_MAGIC
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
-from connectors.core.kafka.clients import cluster_metadata, consumer_config, raise_if_stopping
+from connectors.core.kafka.clients import cluster_metadata, consumer_config
+from connectors.core.kafka.errors import KafkaTimeout
+from connectors.core.kafka.readtoend import read_to_end
+from connectors.core.kafka.retry import retry_retriable
 
 log = logging.getLogger(__name__)
 
@@ -96,59 +99,46 @@ def topic_encodings(
         )
     )
     found: dict[str, set[Encoding]] = {}
+    deadline = time.monotonic() + timeout
+    attempt = max(1.0, timeout / 4)  # a busy broker lets a single request time out
     try:
         metadata = cluster_metadata(consumer, kafka, timeout).topics
-        assignment = []
+        starts = []
         for topic in topics:
             if topic not in metadata:
                 continue
             found[topic] = set()
             for partition in metadata[topic].partitions:
-                low, high = _watermarks(consumer, TopicPartition(topic, partition), timeout)
+                low, high = _watermarks(
+                    consumer, TopicPartition(topic, partition), attempt, deadline
+                )
+                # Only partitions that hold records: a fetch from an empty one would ask for
+                # Read on a topic this component may not be allowed to read (least privilege).
                 if high > low:
-                    start = max(low, high - TAIL_RECORDS)
-                    assignment.append(TopicPartition(topic, partition, start))
-        if not assignment:
-            return found
-        consumer.assign(assignment)
-        pending = {(tp.topic, tp.partition) for tp in assignment}
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            error = msg.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard((msg.topic(), msg.partition()))
-                    continue
-                raise KafkaException(error)
-            encoding = encoding_of(msg.value())
-            if encoding is not None:
-                found[str(msg.topic())].add(encoding)
-        if pending:
-            log.warning("encoding check: partitions not read to the end", extra={"n": len(pending)})
+                    starts.append(TopicPartition(topic, partition, max(low, high - TAIL_RECORDS)))
+        try:
+            for msg in read_to_end(consumer, kafka, starts, max(0.0, deadline - time.monotonic())):
+                encoding = encoding_of(msg.value())
+                if encoding is not None:
+                    found[str(msg.topic())].add(encoding)
+        except KafkaTimeout as exc:
+            # Errs on the side of letting a writer start, as for records it cannot tell.
+            log.warning("encoding check: %s", exc)
         return found
     finally:
         consumer.close()
 
 
-def _watermarks(consumer: Consumer, tp: TopicPartition, timeout: float) -> tuple[int, int]:
-    """(low, high) of a partition; retried until ``timeout`` whatever the error: a topic created
-    or reassigned a moment ago answers NOT_LEADER or UNKNOWN_TOPIC_OR_PART for a while, and a
-    busy broker lets a single request time out (_TIMED_OUT, which librdkafka does not flag as
-    retriable) — none of them says anything about the topic's encoding."""
-    deadline = time.monotonic() + timeout
-    attempt_timeout = max(1.0, timeout / 4)
-    while True:
-        raise_if_stopping()
-        try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=attempt_timeout, cached=False)
-            return int(low), int(high)
-        except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+def _watermarks(
+    consumer: Consumer, tp: TopicPartition, timeout: float, deadline: float
+) -> tuple[int, int]:
+    """(low, high) of a partition, retried through what a topic created a moment ago answers."""
+
+    def ask() -> tuple[int, int]:
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout, cached=False)
+        return int(low), int(high)
+
+    return retry_retriable(ask, deadline, f"finding the offsets of {tp.topic}")
 
 
 def check_topic_encodings(

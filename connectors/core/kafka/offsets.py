@@ -20,19 +20,13 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported, no __all__
-    AdminClient,
-    OffsetSpec,
-)
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.clients import (
-    admin_client,
-    cluster_metadata,
-    consumer_config,
-    raise_if_stopping,
-)
+from connectors.core.kafka.clients import admin_client, consumer_config
+from connectors.core.kafka.errors import KafkaTimeout
+from connectors.core.kafka.readtoend import Where, partition_ends, read_to_end, topic_partitions
+from connectors.core.kafka.retry import is_retriable
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +61,7 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
     """
     admin = admin_client(kafka)
     deadline = time.monotonic() + timeout
-    target: dict[int, int] | None = None
+    target: dict[Where, int] | None = None
     while True:
         try:
             metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
@@ -75,36 +69,23 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
                 return
             parts = [TopicPartition(topic, p) for p in metadata.partitions]
             if target is None:
-                target = _ends(admin, parts, IsolationLevel.READ_UNCOMMITTED)
-            stable = _ends(admin, parts, IsolationLevel.READ_COMMITTED)
+                target = partition_ends(
+                    kafka, parts, committed=False, deadline=deadline, admin=admin
+                )
+            stable = partition_ends(kafka, parts, committed=True, deadline=deadline, admin=admin)
             if all(stable.get(p, -1) >= end for p, end in target.items()):
                 return
             waiting = f"last stable offsets {stable}, ends {target}"
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
-            # A new topic's leader may not be known yet (the error comes without the retriable
-            # flag when the admin client passes on the broker's answer).
-            if not error.retriable() and error.code() not in _LEADERSHIP_ERRORS:
+            if not is_retriable(error):
                 raise
             waiting = error.str()
         if time.monotonic() > deadline:
-            raise TimeoutError(
+            raise KafkaTimeout(
                 f"{topic}: transactions open on it did not end within {timeout:.0f}s ({waiting})"
             )
         time.sleep(0.1)
-
-
-_LEADERSHIP_ERRORS = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-)
-
-
-def _ends(admin: AdminClient, parts: list[TopicPartition], level: IsolationLevel) -> dict[int, int]:
-    asked = {tp: OffsetSpec.latest() for tp in parts}  # type: ignore[no-untyped-call]
-    answers = admin.list_offsets(asked, isolation_level=level, request_timeout=10)
-    return {tp.partition: future.result().offset for tp, future in answers.items()}
 
 
 class OffsetStore:
@@ -142,40 +123,12 @@ class OffsetStore:
         )
         offsets: dict[bytes, dict[str, Any]] = {}
         try:
-            metadata = cluster_metadata(consumer, self._kafka, 10, topic)
-            partitions = metadata.topics[topic].partitions if topic in metadata.topics else {}
-            if not partitions:
-                return offsets
-            parts = [TopicPartition(topic, p, 0) for p in partitions]
+            partitions = topic_partitions(consumer, self._kafka, topic, 10) or []
             # The end as of now (the last stable offset): a reader that waited for the end of
             # the stream instead chases it for as long as other mailboxes keep committing (one
             # partition, a commit per batch of every mailbox), and never sees its end-of-file.
-            ends = _ends(admin_client(self._kafka), parts, IsolationLevel.READ_COMMITTED)
-            pending = {p for p in partitions if ends.get(p, 0) > 0}
-            consumer.assign(parts)
-            deadline = time.monotonic() + timeout
-            while pending:
-                raise_if_stopping()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"reading {topic} did not reach its end within {timeout:.0f}s "
-                        f"(an open transaction on it?)"
-                    )
-                msg = consumer.poll(0.5)
-                # The position skips transaction markers, which the last record's offset does not.
-                for tp in consumer.position([TopicPartition(topic, p) for p in pending]):
-                    if tp.offset >= ends[tp.partition]:
-                        pending.discard(tp.partition)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition())
-                        continue
-                    if err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                        return offsets
-                    raise RuntimeError(f"reading {topic}: {err}")
+            starts = [TopicPartition(topic, p, 0) for p in partitions]
+            for msg in read_to_end(consumer, self._kafka, starts, timeout):
                 key = msg.key()
                 if key is None:
                     continue

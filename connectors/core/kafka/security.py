@@ -33,12 +33,7 @@ from confluent_kafka import KafkaError
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
 
-__all__ = ["KafkaSecurityRefused", "librdkafka_security", "refusal", "uses_tls"]
-
-
-class KafkaSecurityRefused(ConfigError):
-    """The cluster answered, but the login or the TLS handshake failed: waiting longer or
-    retrying will not help; the message says which setting to change."""
+__all__ = ["librdkafka_security", "refusal", "uses_tls"]
 
 
 def uses_tls(kafka: KafkaSettings) -> bool:

@@ -33,6 +33,11 @@ from connectors.core import tracing
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import MailtapError
 from connectors.core.kafka.clients import init_transactions, producer_config
+
+# Re-exported (``as``) for the source workers that still import them from here; new code
+# imports them from connectors.core.kafka.errors.
+from connectors.core.kafka.errors import FencedError as FencedError
+from connectors.core.kafka.errors import TransactionAborted as TransactionAborted
 from connectors.core.kafka.offsets import SourceOffset, SourcePartition, canonical_json
 from connectors.core.kafka.permissions import denied_transactional_id
 
@@ -42,14 +47,6 @@ log = logging.getLogger(__name__)
 #: transaction, which can take up to the transaction timeout; give it that plus slack.
 INIT_TIMEOUT_S = 90.0
 COMMIT_TIMEOUT_S = 60.0
-
-
-class FencedError(MailtapError):
-    """Another instance took over this source partition; this one must stop, not retry."""
-
-
-class TransactionAborted(MailtapError):
-    """The batch was aborted; nothing of it is visible. Re-read from the last committed cursor."""
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ whatever was readable (at least key, size and raw_ref). The steps:
    (:func:`~connectors.core.mail.budget.fit_event_budget`).
 
 Errors of the claim-check store itself (disk full, permissions) are *not* bad input: they
-raise :class:`~connectors.core.claimcheck.store.ClaimCheckError` so the caller retries instead of
+raise :class:`~connectors.core.claimcheck.errors.ClaimCheckError` so the caller retries instead of
 publishing an event whose content was lost.
 
 >>> from datetime import datetime, timezone
@@ -38,7 +38,8 @@ from datetime import UTC, datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
 
-from connectors.core.claimcheck.store import BlobRef, ClaimCheckError, ClaimCheckStore
+from connectors.core.claimcheck.errors import ClaimCheckError
+from connectors.core.claimcheck.store import BlobRef, ClaimCheckStore
 from connectors.core.mail.addresses import parse_addresses
 from connectors.core.mail.budget import fit_event_budget
 from connectors.core.mail.charsets import clean_text, decode_text

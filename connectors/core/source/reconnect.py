@@ -22,7 +22,7 @@ import logging
 from collections.abc import Sequence
 
 from connectors.core.errors import AuthenticationError, Disposition, classify
-from connectors.core.kafka.transactions import TransactionAborted
+from connectors.core.kafka.errors import TransactionAborted
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 

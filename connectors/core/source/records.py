@@ -16,14 +16,22 @@ DLQ record (wire sample)::
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
 
 from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore, staged_batch
 from connectors.core.kafka.transactions import SourceRecord
 
-__all__ = ["MailEventRecords"]
+__all__ = ["MailEventRecords", "MailRecordBuilder", "Parser"]
+
+#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> an object with
+#: ``.key``, ``.event`` and ``.parse_error`` (``connectors.core.mail.parse_mail`` with limits and
+#: the claim-check store bound by the caller).
+Parser = Callable[..., Any]
 
 #: Characters of an error message kept in the DLQ header.
 MAX_ERROR_MESSAGE = 2000
@@ -111,3 +119,101 @@ class MailEventRecords:
 
     def tombstone(self, key: str) -> SourceRecord:
         return SourceRecord(self.events_topic, key.encode(), None)
+
+
+class MailRecordBuilder:
+    """What every source's record builder shares: one folder's records (:class:`MailEventRecords`),
+    the claim-check batch of a transaction, the event's ``source`` block, and the parse call.
+
+    A source subclasses it with its ``source_kind`` (``IMAP``, ``EWS``, ``GRAPH``) and adds where
+    a mail lives in its mailbox (a UID, an item id) and its change kinds.
+    """
+
+    source_kind: ClassVar[str]
+
+    def __init__(
+        self,
+        *,
+        account: str,
+        folder: str,
+        parser: Parser,
+        serde: AvroSerde,
+        events_topic: str,
+        dlq_topic: str,
+        max_record_bytes: int,
+        claim_check: ClaimCheckStore | None = None,
+    ) -> None:
+        self.account = account
+        self.folder = folder
+        self._parse = parser
+        #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
+        self._claim_check = claim_check
+        self._records = MailEventRecords(
+            source_kind=self.source_kind,
+            account=account,
+            folder=folder,
+            serde=serde,
+            events_topic=events_topic,
+            dlq_topic=dlq_topic,
+            max_record_bytes=max_record_bytes,
+        )
+
+    @property
+    def dlq_topic(self) -> str:
+        return self._records.dlq_topic
+
+    def staged_blobs(self) -> AbstractContextManager[ClaimCheckBatch | None]:
+        """``with builder.staged_blobs() as blobs:`` a claim-check batch for one transaction's
+        mails (small blobs share one pack file); the block commits it before the Kafka
+        transaction that references it, and what it did not commit is discarded on the way
+        out."""
+        return staged_batch(self._claim_check)
+
+    def source_block(
+        self,
+        *,
+        folder: str | None = None,
+        uidvalidity: int | None = None,
+        uid: int | None = None,
+        modseq: int | None = None,
+        item_id: str | None = None,
+        change_key: str | None = None,
+    ) -> dict[str, Any]:
+        """The event's ``source``: where the mail lives (``SourceCoordinates`` in schemas/MailEvent.avsc)."""
+        return {
+            "kind": self.source_kind,
+            "folder": folder or self.folder,
+            "uidvalidity": uidvalidity,
+            "uid": uid,
+            "modseq": modseq,
+            "item_id": item_id,
+            "change_key": change_key,
+        }
+
+    def parse_raw(
+        self,
+        raw: bytes,
+        *,
+        source: dict[str, Any],
+        flags: Sequence[str],
+        internal_date: dt.datetime | None,
+        blobs: ClaimCheckBatch | None = None,
+        **extra: Any,
+    ) -> Any:
+        """The parser's result for ``raw``; with ``blobs`` its blobs go into that batch instead
+        of the store the parser has bound. Raises what the parser raises."""
+        stores: dict[str, Any] = {"claim_check": blobs} if blobs is not None else {}
+        return self._parse(
+            raw,
+            account=self.account,
+            source=source,
+            flags=list(flags),
+            internal_date=internal_date,
+            observed_at=dt.datetime.now(dt.UTC),
+            **stores,
+            **extra,
+        )
+
+    def tombstone(self, key: str) -> SourceRecord:
+        """The record that deletes ``key``: the mail is gone from every watched folder."""
+        return self._records.tombstone(key)

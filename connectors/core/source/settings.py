@@ -1,5 +1,6 @@
-"""Settings rules shared by the source sections (``imap``, ``ews``), so both accept and reject
-exactly the same values with the same sentences.
+"""Settings shared by the source sections (``imap``, ``ews`` and any later source): the fields
+every source has (:class:`SourceSettings`) and the rules they follow, so every source accepts
+and rejects exactly the same values with the same sentences.
 
 ``start`` says where a folder without a stored cursor starts: ``all`` (everything in the
 folder), ``latest`` (only mail that arrives from now on) or ``since:YYYY-MM-DD`` (mail received
@@ -15,8 +16,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from typing import Any, ClassVar
 
-__all__ = ["START_DESCRIPTION", "check_section", "start_since", "validate_start"]
+from pydantic import Field, model_validator
+
+from connectors.core.config import ParseLimitSettings, StrictModel
+from connectors.core.source.ownership.group import GroupSettings
+
+__all__ = ["START_DESCRIPTION", "SourceSettings", "check_section", "start_since", "validate_start"]
 
 START_DESCRIPTION = "where a folder without a cursor starts: all | latest | since:YYYY-MM-DD"
 _SINCE = "since:"
@@ -53,3 +60,48 @@ def check_section(
         raise ValueError("account names must be unique")
     if backoff_cap < backoff_initial:
         raise ValueError("backoff_cap_seconds must be >= backoff_initial_seconds")
+
+
+class SourceSettings(StrictModel):
+    """The fields of a source section that every source has, with the same defaults and rules.
+
+    A source's section subclasses it with its own ``accounts`` (a tuple of account models, each
+    with a ``name``) and names where they are listed in :attr:`ACCOUNTS_KEY`.
+    """
+
+    #: Where the accounts are listed, as an error message names it (``imap.accounts``).
+    ACCOUNTS_KEY: ClassVar[str] = "accounts"
+
+    backoff_initial_seconds: float = Field(
+        default=1.0, gt=0, description="first reconnect delay; doubles (with jitter) per failure"
+    )
+    backoff_cap_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="longest reconnect delay; also the delay after an auth error",
+    )
+    #: Records above this size cannot be produced (broker message.max.bytes is 1 MB by default).
+    max_record_bytes: int = Field(
+        default=900_000,
+        gt=1024,
+        description="largest Kafka record the source writes; bigger events shed bodies first",
+    )
+    limits: ParseLimitSettings = Field(
+        default=ParseLimitSettings(), description="caps applied before parsing"
+    )
+    group: GroupSettings | None = Field(
+        default=None,
+        description="share the mailboxes among the instances with the same group id "
+        "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
+    )
+
+    @model_validator(mode="after")
+    def _section_rules(self) -> Any:
+        accounts: Sequence[Any] = getattr(self, "accounts", ())
+        check_section(
+            [a.name for a in accounts],
+            self.backoff_initial_seconds,
+            self.backoff_cap_seconds,
+            accounts_key=self.ACCOUNTS_KEY,
+        )
+        return self

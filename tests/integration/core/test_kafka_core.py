@@ -15,9 +15,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, TopicNames
 from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.kafka.errors import FencedError
 from connectors.core.kafka.offsets import OffsetStore, canonical_json
 from connectors.core.kafka.topics import ensure_topics
-from connectors.core.kafka.transactions import FencedError, SourceRecord, TransactionalSourceWriter
+from connectors.core.kafka.transactions import SourceRecord, TransactionalSourceWriter
 from mailtap.cli import main
 
 NOW = dt.datetime(2026, 11, 29, 12, 0, tzinfo=dt.UTC)

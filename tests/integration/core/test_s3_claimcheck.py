@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.open import open_claim_check
 from connectors.core.claimcheck.s3 import HEAD_FIRST_BYTES, S3ClaimCheckStore, s3_client
-from connectors.core.claimcheck.store import ClaimCheckError, staged_batch
+from connectors.core.claimcheck.store import staged_batch
 from connectors.core.config import S3Settings
 from connectors.core.errors import ConfigError, Disposition, classify
 from mailtap.dev import s3proxy

@@ -26,9 +26,9 @@ from imapclient import IMAPClient
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
 from connectors.core.kafka.clients import consumer_config
-from connectors.core.kafka.offsets import OffsetStore, canonical_json
+from connectors.core.kafka.offsets import OffsetStore
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs, ensure_topics
-from connectors.imap.cursor import source_partition
+from connectors.core.source.location import SourceLocation
 from connectors.imap.source import ImapSource
 from mailtap.dev import Account, DevServices
 
@@ -224,7 +224,7 @@ class ImapHarness:
 
     def cursor(self, folder: str = "INBOX") -> dict[str, Any] | None:
         offsets = OffsetStore(self.kafka).read_all()
-        return offsets.get(canonical_json(source_partition(self.account_name, folder)))
+        return offsets.get(SourceLocation("imap", self.account_name, folder).partition_key)
 
     def offsets(self) -> dict[str, dict[str, Any]]:
         """Every IMAP cursor, as ``{"<account>/<folder>": cursor}``."""

@@ -18,7 +18,7 @@ import yaml
 
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import admin_client, cluster_metadata
-from connectors.core.kafka.security import KafkaSecurityRefused
+from connectors.core.kafka.errors import KafkaSecurityRefused
 from mailtap.dev.certs import CertificateAuthority
 from mailtap.dev.secure import SecureKafka
 from tests.integration.secure.conftest import KafkaSettingsFor

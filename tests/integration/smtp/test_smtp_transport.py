@@ -19,7 +19,7 @@ from smtp_scripted_server import free_port
 from connectors.core.errors import Disposition
 from connectors.smtp.classify import DeliveryStatus, classify_error
 from connectors.smtp.config import SmtpSinkSettings
-from connectors.smtp.errors import SmtpAuthError, SmtpStage, SmtpTlsError, classify
+from connectors.smtp.errors import SmtpAuthError, SmtpStage, SmtpTlsError, sink_disposition
 from connectors.smtp.render import render
 from connectors.smtp.transport import SmtpConnectionPool
 
@@ -169,7 +169,7 @@ async def test_wrong_password_is_an_auth_error(
     with pytest.raises(SmtpAuthError) as caught:
         await send_all(pool)
     assert caught.value.code == 535
-    assert classify(caught.value) is Disposition.PERMANENT
+    assert sink_disposition(caught.value) is Disposition.PERMANENT
 
 
 async def test_untrusted_certificate_is_refused(starttls_server: tuple[Recording, int]) -> None:
@@ -178,7 +178,7 @@ async def test_untrusted_certificate_is_refused(starttls_server: tuple[Recording
     with pytest.raises(SmtpTlsError) as caught:
         await send_all(pool)
     assert caught.value.stage is SmtpStage.CONNECT
-    assert classify(caught.value) is Disposition.PERMANENT
+    assert sink_disposition(caught.value) is Disposition.PERMANENT
     (outcome,) = classify_error(["a@example.org"], caught.value)
     assert outcome.status is DeliveryStatus.DEFERRED
     assert handler.messages == []

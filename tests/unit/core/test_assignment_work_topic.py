@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.clients import KafkaUnavailable
+from connectors.core.kafka.errors import KafkaUnavailable
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.ownership import group as assignment
 from connectors.core.source.ownership.group import GroupMembership, GroupSettings

@@ -36,6 +36,17 @@ def test_env_overrides_nested_keys_and_bootstrap(tmp_path: Path) -> None:
     assert cfg.section("smtp", PortSection).port == 2525
 
 
+def test_the_generic_bootstrap_variable_is_an_alias_that_must_agree(tmp_path: Path) -> None:
+    file = tmp_path / "m.yaml"
+    file.write_text("kafka:\n  bootstrap_servers: a:1\n")
+    generic = {"MAILTAP__KAFKA__BOOTSTRAP_SERVERS": "c:3"}
+    assert load_config(file, env=generic).kafka.bootstrap_servers == "c:3"
+    both = {**generic, "MAILTAP_KAFKA_BOOTSTRAP": "c:3"}
+    assert load_config(file, env=both).kafka.bootstrap_servers == "c:3"
+    with pytest.raises(ConfigError, match=r"MAILTAP_KAFKA_BOOTSTRAP=b:2 and .*=c:3.*unset one"):
+        load_config(file, env={**generic, "MAILTAP_KAFKA_BOOTSTRAP": "b:2"})
+
+
 def test_unknown_key_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"kafka\.bootstrap_server: Extra inputs"):
         config_from_dict({"kafka": {"bootstrap_servers": "a:1", "bootstrap_server": "a:1"}})

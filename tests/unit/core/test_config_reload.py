@@ -94,7 +94,8 @@ def test_only_settings_the_source_reads_besides_its_accounts_need_a_restart() ->
         old.section("imap", ImapSourceSettings),
         new.section("imap", ImapSourceSettings),
     )
-    assert later == ["kafka", "health", "imap.batch_size", "imap.group"]
+    # In the order of the section's fields: those every source has (SourceSettings) first.
+    assert later == ["kafka", "health", "imap.group", "imap.batch_size"]
     same = config_from_dict(_raw(_account("b")), env={})
     assert (
         needs_restart(

@@ -210,3 +210,12 @@ def test_the_framing_of_a_value(value, expected) -> None:
     from connectors.core.kafka.encoding import encoding_of
 
     assert encoding_of(value) == expected
+
+
+def test_one_shared_serde_per_schema_and_registry_in_a_process() -> None:
+    kafka = KafkaSettings(bootstrap_servers="k:9092")
+    events = AvroSerde.shared("MailEvent", kafka)
+    assert AvroSerde.shared("MailEvent", kafka.model_copy()) is events
+    assert AvroSerde.shared("DeliveryEvent", kafka) is not events
+    other = kafka.model_copy(update={"schema_registry_url": "mock://shared-serde-test"})
+    assert AvroSerde.shared("MailEvent", other) is not events

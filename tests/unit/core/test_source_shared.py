@@ -14,7 +14,7 @@ import pytest
 
 from connectors.core.errors import AuthenticationError
 from connectors.core.faults import ENV, EXIT_CODE, CrashPoints
-from connectors.core.kafka.transactions import TransactionAborted
+from connectors.core.kafka.errors import TransactionAborted
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 from connectors.core.source.reconnect import backoff_delay

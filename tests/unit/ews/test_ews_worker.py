@@ -21,10 +21,12 @@ from exchangelib.folders import BaseFolder, FolderCollection
 from exchangelib.services import SyncFolderItems
 
 from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.open import open_claim_check
-from connectors.core.claimcheck.store import ClaimCheckError, ClaimCheckStore
+from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.errors import AuthenticationError, ConfigError
-from connectors.core.kafka.transactions import SourceRecord, TransactionAborted
+from connectors.core.kafka.errors import TransactionAborted
+from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail import parse_mail
 from connectors.core.metrics import SourceMetrics
 from connectors.ews import connection as ews_connection

@@ -88,3 +88,12 @@ def test_oauth2_client_credentials_instead_of_password() -> None:
     account = settings(password=None, oauth2=OAUTH2).accounts[0]
     assert account.oauth2 is not None and account.oauth2.client_id == "app"
     assert "hunter2" not in repr(account)
+
+
+def test_an_imap_only_dlq_topic_is_refused_with_the_setting_to_use() -> None:
+    raw = {
+        "kafka": {"bootstrap_servers": "k:9092"},
+        "imap": {"accounts": [ACCOUNT], "dlq_topic": "imap.dlq"},
+    }
+    with pytest.raises(ConfigError, match=r"set kafka\.topics\.dlq instead"):
+        config_from_dict(raw).section("imap", ImapSourceSettings)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from connectors.core.source.location import SourceLocation
 from connectors.imap.cursor import (
     Cursor,
     PendingSideEffect,
     chunks,
     on_select,
     skip_unchanged,
-    source_partition,
     split_by_bytes,
 )
 
@@ -54,7 +54,8 @@ def test_cursor_json_round_trip_and_canonical_partition() -> None:
     assert data["pending"] == {"action": "move:Done", "uids": [1, 2], "target_uidnext": 7}
     assert Cursor.from_json(data) == cursor
     assert Cursor.from_json({"uidvalidity": 1, "last_uid": 2}) == Cursor(1, 2)
-    assert source_partition("a", "INBOX") == {"source": "imap", "account": "a", "folder": "INBOX"}
+    where = SourceLocation("imap", "a", "INBOX")
+    assert where.partition == {"source": "imap", "account": "a", "folder": "INBOX"}
 
 
 def test_advanced_never_moves_back_and_accumulates_fresh() -> None:

@@ -41,8 +41,7 @@ def test_the_partition_of_an_account_is_stable_across_processes_and_versions() -
 
 
 def test_each_event_goes_with_its_index_record_in_the_same_transaction() -> None:
-    worker, writer, _ = make_worker(filled(4))
-    worker.builder = _builder()
+    worker, writer, _ = make_worker(filled(4), builder=_builder())
     worker.run()
     for records, _offsets in writer.transactions:
         events = {r.key: json.loads(r.value) for r in records if r.topic == "ev" and r.value}
@@ -62,8 +61,7 @@ def test_each_event_goes_with_its_index_record_in_the_same_transaction() -> None
 
 
 def test_a_move_writes_the_event_and_the_index_record_of_each_moved_mail() -> None:
-    worker, writer, _ = make_worker(filled(2), after_commit="move:Done")
-    worker.builder = _builder()
+    worker, writer, _ = make_worker(filled(2), after_commit="move:Done", builder=_builder())
     worker.run()
     moved, _ = writer.transactions[2]
     assert Counter(r.topic for r in moved) == {"ev": 2, "ix": 2}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from connectors.core.kafka.transactions import TransactionAborted
+from connectors.core.kafka.errors import TransactionAborted
 from connectors.core.metrics import SourceMetrics
 from connectors.imap.connection import FolderStatus
 from connectors.imap.cursor import Cursor
@@ -66,10 +66,10 @@ def _run(
     stop_after: int = 100,
 ) -> RecordingWriter:
     stop = CountingStop(stop_after)
+    # The same index across runs: make_worker takes an empty one for None.
     worker, writer, _ = make_worker(
-        server, stored=stored, writer=writer, stop=stop, metrics=metrics
+        server, stored=stored, writer=writer, stop=stop, metrics=metrics, index=index
     )
-    worker.index = index  # the same index across runs: make_worker takes an empty one for None
     worker._connection_factory = lambda: QresyncConnection(server, stop)  # type: ignore[assignment,return-value]
     worker.run()
     return writer
@@ -150,15 +150,13 @@ def test_without_qresync_too_a_failed_tombstone_commit_is_decided_again() -> Non
     retry's listing found nothing gone (until a restart rebuilt the index)."""
     server, index = filled(4), AccountIndex("a")
     stop = CountingStop()
-    first, writer, _ = make_worker(server, stop=stop)
-    first.index = index
+    first, writer, _ = make_worker(server, stop=stop, index=index)
     first.run()
     del server.folders["INBOX"][3]
     again = RecordingWriter()
     again.fail_next = TransactionAborted("broker said abort")
     second, _, _ = make_worker(
-        server, stored=Cursor.from_json(dict(writer.last_offset)), writer=again
+        server, stored=Cursor.from_json(dict(writer.last_offset)), writer=again, index=index
     )
-    second.index = index
     second.run()
     assert [r.value for r in again.records] == [None]

@@ -18,13 +18,14 @@ import pytest
 from connectors.core.claimcheck.local import LocalClaimCheckStore
 from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.errors import AuthenticationError
+from connectors.core.kafka.errors import FencedError, TransactionAborted
 from connectors.core.kafka.offsets import canonical_json
-from connectors.core.kafka.transactions import FencedError, TransactionAborted
 from connectors.core.metrics import SourceMetrics
-from connectors.imap import worker as worker_module
+from connectors.core.source.location import SourceLocation
+from connectors.imap import backfill as backfill_module
 from connectors.imap.config import ImapSourceSettings
 from connectors.imap.connection import FetchedMail
-from connectors.imap.cursor import Cursor, PendingSideEffect, source_partition
+from connectors.imap.cursor import Cursor, PendingSideEffect
 from connectors.imap.errors import ConnectionLost
 from connectors.imap.index import AccountIndex
 from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder
@@ -66,6 +67,7 @@ def make_worker(
     metrics: SourceMetrics | None = None,
     pipelined: bool = False,
     index: AccountIndex | None = None,
+    builder: RecordBuilder | None = None,
     **account: Any,
 ) -> tuple[MailboxWorker, RecordingWriter, CountingStop]:
     stop = stop or CountingStop()
@@ -87,15 +89,15 @@ def make_worker(
             "backoff_cap_seconds": 0.05,
         }
     )
-    partition = source_partition("a", "INBOX")
+    partition = SourceLocation("imap", "a", "INBOX").partition
     offsets = {canonical_json(partition): stored.to_json()} if stored else {}
     parsing = ThreadedParsing(fake_builder()) if pipelined else None
     worker = MailboxWorker(
         account=settings.accounts[0],
         folder="INBOX",
         settings=settings,
-        builder=fake_builder(),
-        index=index or AccountIndex("a"),
+        builder=builder or fake_builder(),
+        index=index if index is not None else AccountIndex("a"),
         metrics=metrics or SourceMetrics(),
         stop=stop,
         writer_factory=lambda _txn: writer,
@@ -516,7 +518,7 @@ def test_a_failed_transaction_leaves_complete_blobs_only(tmp_path: Path) -> None
 
 
 def test_a_pipelined_backfill_commits_the_same_batches_in_uid_order() -> None:
-    serial, _, _ = make_worker(filled(10))
+    serial, serial_writer, _ = make_worker(filled(10))
     serial.run()
     worker, writer, _ = make_worker(filled(10), pipelined=True)
     worker.run()
@@ -526,7 +528,7 @@ def test_a_pipelined_backfill_commits_the_same_batches_in_uid_order() -> None:
     assert_whole_batches_in_order(writer, [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]])
     assert [e["source"]["uid"] for e in events(writer)] == list(range(1, 11))
     assert [e["change"] for e in events(writer)] == ["ADDED"] * 10
-    assert writer.last_offset == serial._writer.last_offset  # type: ignore[union-attr]
+    assert writer.last_offset == serial_writer.last_offset
 
 
 def test_a_failed_commit_drops_the_batches_behind_it_and_the_retry_publishes_each_mail_once() -> (
@@ -652,9 +654,9 @@ def test_batches_parsed_while_the_committer_was_busy_share_one_transaction() -> 
 def test_a_pipelined_backfill_reports_committed_mails_with_rate_and_time_left(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(worker_module, "PROGRESS_EVERY", 4)
+    monkeypatch.setattr(backfill_module, "PROGRESS_EVERY", 4)
     worker, writer, _ = make_worker(filled(10), pipelined=True)
-    with caplog.at_level("INFO", logger="connectors.imap.worker"):
+    with caplog.at_level("INFO", logger="connectors.imap.backfill"):
         worker.run()
     lines = [r.getMessage() for r in caplog.records if "mails published" in r.getMessage()]
     # Counted as batches of 3 commit, so the lines come at 6/10 and 9/10 (past 4 and 8).

@@ -3,7 +3,7 @@ STOPPED) and makes ``/healthz`` fail with that reason."""
 
 from __future__ import annotations
 
-from connectors.core.kafka.transactions import FencedError
+from connectors.core.kafka.errors import FencedError
 from connectors.core.metrics import SourceMetrics
 from tests.unit.imap.test_imap_worker import RecordingWriter, filled, make_worker
 

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.local import LocalClaimCheckStore, make_durable
 from connectors.core.claimcheck.open import open_claim_check, open_configured
-from connectors.core.claimcheck.store import BlobRef, ClaimCheckError, begin_batch, staged_batch
+from connectors.core.claimcheck.store import BlobRef, begin_batch, staged_batch
 from connectors.core.config import ClaimCheckSettings
 from connectors.core.errors import ConfigError, Disposition, classify
 

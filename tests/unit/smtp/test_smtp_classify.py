@@ -19,7 +19,7 @@ from connectors.smtp.errors import (
     SmtpReplyError,
     SmtpStage,
     SmtpTimeoutError,
-    classify,
+    sink_disposition,
 )
 
 pytestmark = pytest.mark.unit
@@ -136,7 +136,7 @@ def test_disconnect_after_final_dot_is_unknown() -> None:
 def test_auth_failure_keeps_the_message() -> None:
     (outcome,) = classify_error(["a@example.org"], SmtpAuthError(535, "5.7.8 bad credentials"))
     assert outcome.status is DeliveryStatus.DEFERRED
-    assert classify(SmtpAuthError(535, "x")) is Disposition.PERMANENT
+    assert sink_disposition(SmtpAuthError(535, "x")) is Disposition.PERMANENT
 
 
 @pytest.mark.parametrize(
@@ -150,4 +150,4 @@ def test_auth_failure_keeps_the_message() -> None:
     ],
 )
 def test_process_disposition(exc: BaseException, disposition: Disposition) -> None:
-    assert classify(exc) is disposition
+    assert sink_disposition(exc) is disposition

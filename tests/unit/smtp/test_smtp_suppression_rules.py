@@ -12,14 +12,9 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.classify import DeliveryStatus
 from connectors.smtp.config import SuppressionSettings
+from connectors.smtp.errors import AddressError
 from connectors.smtp.render import RenderedMessage, render
-from connectors.smtp.suppression import (
-    AddressError,
-    after_bounce,
-    normalize,
-    record,
-    screen,
-)
+from connectors.smtp.suppression import after_bounce, normalize, record, screen
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 NOW = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)

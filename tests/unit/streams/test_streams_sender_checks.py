@@ -20,10 +20,11 @@ from streams.auth import (
     startup_notes,
 )
 from streams.config import StreamsSettings
+from streams.errors import DnsTempError
 from streams.guards import Skip
 from streams.mail import MailView
 from streams.pipeline import SKIPPED
-from streams.resolver import DnsTempError, Resolver
+from streams.resolver import Resolver
 from streams.testing import WorkflowHarness, mail_record
 from tests.support.dns_server import LoopbackDns
 

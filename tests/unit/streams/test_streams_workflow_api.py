@@ -11,12 +11,12 @@ import pytest
 
 from connectors.core.avro.serde import AvroSerde
 from streams.config import AddressSettings
+from streams.errors import HeaderInjectionError
 from streams.mail import Address, MailView
 from streams.pipeline import MemoryTables, Pipeline
 from streams.testing import EPOCH, WorkflowHarness, mail_record
 from streams.workflow import (
     ANSWER,
-    HeaderInjectionError,
     WorkflowContext,
     WorkflowState,
     command_id,

@@ -21,16 +21,12 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.clients import (
-    cluster_metadata,
-    consumer_config,
-    producer_config,
-    raise_if_stopping,
-)
+from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.kafka.offsets import canonical_json
+from connectors.core.kafka.readtoend import read_to_end, topic_partitions
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
 from connectors.core.source.ownership.group import WorkUnit
 
@@ -188,42 +184,17 @@ class MailboxWatcher:
 
     def read_to_end(self, timeout: float = READ_TIMEOUT_S) -> None:
         """Take in every record written so far (before the first units start)."""
-        metadata = cluster_metadata(self._consumer, self._kafka, timeout, self._topic)
-        topic = metadata.topics.get(self._topic)
-        if topic is None or topic.error is not None:
+        partitions = topic_partitions(self._consumer, self._kafka, self._topic, timeout)
+        if partitions is None:
             raise RuntimeError(f"topic {self._topic} is missing; `mailtap topics create` makes it")
         # The end as of now: the read is over once the position reaches it, at the fetch that
         # brought the last record (or at once, on an empty topic). The end-of-partition event
         # alone would come only after one more fetch, which the broker holds for
         # fetch.wait.max.ms (500 ms on this consumer, which then follows the topic) hoping for
         # new records: half a second of every source's start-up (issue 12).
-        ends = {
-            p: self._consumer.get_watermark_offsets(
-                TopicPartition(self._topic, p), timeout=timeout, cached=False
-            )[1]
-            for p in topic.partitions
-        }
-        pending = {p for p, end in ends.items() if end > 0}
-        self._consumer.assign([TopicPartition(self._topic, p, 0) for p in topic.partitions])
-        waited = 0.0
-        while pending:
-            raise_if_stopping()
-            if waited > timeout:
-                raise TimeoutError(f"reading {self._topic} did not reach its end in {timeout}s")
-            msg = self._consumer.poll(0.5)
-            if msg is None:
-                waited += 0.5
-            elif (error := msg.error()) is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    pending.discard(msg.partition())
-                    continue
-                raise RuntimeError(f"reading {self._topic}: {error.str()}")
-            else:
-                self._take(msg.key(), msg.value())
-            # The position is past every record taken so far, and skips transaction markers.
-            for tp in self._consumer.position([TopicPartition(self._topic, p) for p in pending]):
-                if tp.offset >= ends[tp.partition]:
-                    pending.discard(tp.partition)
+        starts = [TopicPartition(self._topic, p, 0) for p in partitions]
+        for msg in read_to_end(self._consumer, self._kafka, starts, timeout):
+            self._take(msg.key(), msg.value())
 
     def _take(self, key: bytes | None, value: bytes | None) -> bool:
         decoded = decode(key, value)

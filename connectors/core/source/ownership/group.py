@@ -47,12 +47,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from pydantic import Field
 
 from connectors.core.config import KafkaSettings, StrictModel
-from connectors.core.kafka.clients import (
-    KafkaUnavailable,
-    admin_client,
-    cluster_metadata,
-    consumer_config,
-)
+from connectors.core.kafka.clients import admin_client, cluster_metadata, consumer_config
+from connectors.core.kafka.errors import KafkaUnavailable
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,35 @@
+"""Errors of the Kafka layer, all under :class:`connectors.core.errors.MailtapError`."""
+
+from __future__ import annotations
+
+from connectors.core.errors import ConfigError, MailtapError
+
+
+class StopRequested(MailtapError):
+    """The process was asked to stop while it waited for Kafka; nothing was left half-done."""
+
+
+class KafkaUnavailable(ConfigError):
+    """The cluster did not answer within the wait; the message names the setting to check."""
+
+
+class KafkaTimeout(MailtapError, TimeoutError):
+    """A Kafka wait did not end by its deadline: a call kept failing with retriable errors, or a
+    read did not reach the end of its topic. The message names the topic or the call."""
+
+
+class TopicReadError(MailtapError, RuntimeError):
+    """Reading a topic failed with an error that a retry would not cure."""
+
+
+class FencedError(MailtapError):
+    """Another instance took over this source partition; this one must stop, not retry."""
+
+
+class TransactionAborted(MailtapError):
+    """The batch was aborted; nothing of it is visible. Re-read from the last committed cursor."""
+
+
+class KafkaSecurityRefused(ConfigError):
+    """The cluster answered, but the login or the TLS handshake failed: waiting longer or
+    retrying will not help; the message says which setting to change."""
