@@ -19,10 +19,12 @@ list and sent to suppressed recipients). Transactional ids cannot be asked about
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from confluent_kafka import KafkaException, TopicCollection
-from confluent_kafka.admin import AclOperation  # type: ignore[attr-defined]  # no __all__
+from confluent_kafka.admin import AclOperation, AdminClient  # type: ignore[attr-defined]
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
@@ -35,6 +37,12 @@ log = logging.getLogger(__name__)
 PROBE_SUFFIX = "permission-check"
 #: One DescribeTopics and one DescribeGroups: a second on a healthy cluster.
 CHECK_TIMEOUT_S = 30.0
+
+#: How long to wait before asking a group coordinator that was not ready again.
+COORDINATOR_RETRY_S = 0.5
+_COORDINATOR_NOT_READY = frozenset(
+    {"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS"}
+)
 
 _ERRORS = {
     "topic": "TOPIC_AUTHORIZATION_FAILED",
@@ -117,7 +125,7 @@ def check_permissions(
         )
         for name, future in futures.items():
             try:
-                granted = set(future.result().authorized_operations or ())
+                granted = future.result().authorized_operations
             except KafkaException as exc:
                 code = exc.args[0].name()
                 if code == "UNKNOWN_TOPIC_OR_PART":
@@ -128,18 +136,37 @@ def check_permissions(
             _compare(kafka, topics[name], granted)
     if groups:
         probes = {_probe_name(acls[0]): acls for acls in groups.values()}
+        for name, result in _group_descriptions(admin, list(probes), timeout).items():
+            if isinstance(result, KafkaException):
+                if result.args[0].name() == "GROUP_AUTHORIZATION_FAILED":
+                    raise PermissionDenied(kafka, _first(probes[name], "Describe")) from None
+                raise result
+            _compare(kafka, probes[name], result.authorized_operations)
+    log.info("kafka permissions checked: %d ACLs granted", len(needed))
+
+
+def _group_descriptions(admin: AdminClient, names: list[str], timeout: float) -> dict[str, Any]:
+    """``{group: description or KafkaException}``; a group coordinator that is not ready yet
+    (a fresh cluster creates ``__consumer_offsets`` on first use: NOT_COORDINATOR for a moment)
+    is asked again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    found: dict[str, Any] = {}
+    pending = list(names)
+    while pending:
         futures = admin.describe_consumer_groups(
-            list(probes), include_authorized_operations=True, request_timeout=timeout
+            pending, include_authorized_operations=True, request_timeout=timeout
         )
+        pending = []
         for name, future in futures.items():
             try:
-                granted = set(future.result().authorized_operations or ())
+                found[name] = future.result()
             except KafkaException as exc:
-                if exc.args[0].name() == "GROUP_AUTHORIZATION_FAILED":
-                    raise PermissionDenied(kafka, _first(probes[name], "Describe")) from None
-                raise
-            _compare(kafka, probes[name], granted)
-    log.info("kafka permissions checked: %d ACLs granted", len(needed))
+                found[name] = exc
+                if exc.args[0].name() in _COORDINATOR_NOT_READY and time.monotonic() < deadline:
+                    pending.append(name)
+        if pending:
+            time.sleep(COORDINATOR_RETRY_S)
+    return found
 
 
 def denied(kafka: KafkaSettings, exc: KafkaException, acl: Acl) -> PermissionDenied | None:
@@ -170,14 +197,23 @@ def _probe_name(acl: Acl) -> str:
 
 
 def _first(acls: Sequence[Acl], operation: str) -> Acl:
-    return next((a for a in acls if a.operation == operation), acls[0])
+    """The needed ACL that grants ``operation``: itself, or Read/Write that imply Describe."""
+    for wanted in (operation, "Read", "Write"):
+        for acl in acls:
+            if acl.operation == wanted:
+                return acl
+    return acls[0]
 
 
-def _compare(kafka: KafkaSettings, acls: Sequence[Acl], granted: set[AclOperation]) -> None:
-    # ALL grants everything; READ, WRITE, DELETE and ALTER imply DESCRIBE; ALTER_CONFIGS implies
-    # DESCRIBE_CONFIGS (Kafka's AclAuthorizer); the broker lists the implied ones too.
-    if AclOperation.ALL in granted:
+def _compare(
+    kafka: KafkaSettings, acls: Sequence[Acl], authorized: list[AclOperation] | None
+) -> None:
+    # None: the broker did not say (older than KIP-430): the operations themselves will tell.
+    # Without an authorizer the broker lists every operation. The implied ones (Read implies
+    # Describe, ...) are listed too; ALL grants everything.
+    if authorized is None or AclOperation.ALL in authorized:
         return
+    granted = set(authorized)
     for acl in acls:
         if _OPERATIONS[acl.operation] not in granted:
             raise PermissionDenied(kafka, acl)
