@@ -40,8 +40,10 @@ CHECK_TIMEOUT_S = 30.0
 
 #: How long to wait before asking a group coordinator that was not ready again.
 COORDINATOR_RETRY_S = 0.5
+#: One DescribeGroups request; asked again on a timeout until the check's timeout.
+GROUP_REQUEST_S = 10.0
 _COORDINATOR_NOT_READY = frozenset(
-    {"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS"}
+    {"NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE", "COORDINATOR_LOAD_IN_PROGRESS", "_TIMED_OUT"}
 )
 
 _ERRORS = {
@@ -147,23 +149,29 @@ def check_permissions(
 
 def _group_descriptions(admin: AdminClient, names: list[str], timeout: float) -> dict[str, Any]:
     """``{group: description or KafkaException}``; a group coordinator that is not ready yet
-    (a fresh cluster creates ``__consumer_offsets`` on first use: NOT_COORDINATOR for a moment)
-    is asked again until ``timeout``."""
+    (a fresh cluster creates ``__consumer_offsets`` on first use: NOT_COORDINATOR or a slow
+    answer for a while) is asked again until ``timeout``, then the group is left out with a
+    warning: its first use reports a refusal itself."""
     deadline = time.monotonic() + timeout
     found: dict[str, Any] = {}
     pending = list(names)
     while pending:
         futures = admin.describe_consumer_groups(
-            pending, include_authorized_operations=True, request_timeout=timeout
+            pending, include_authorized_operations=True, request_timeout=GROUP_REQUEST_S
         )
         pending = []
         for name, future in futures.items():
             try:
                 found[name] = future.result()
             except KafkaException as exc:
-                found[name] = exc
-                if exc.args[0].name() in _COORDINATOR_NOT_READY and time.monotonic() < deadline:
+                if exc.args[0].name() not in _COORDINATOR_NOT_READY:
+                    found[name] = exc
+                elif time.monotonic() < deadline:
                     pending.append(name)
+                else:
+                    log.warning(
+                        "kafka permissions: group %s not checked (%s)", name, exc.args[0].str()
+                    )
         if pending:
             time.sleep(COORDINATOR_RETRY_S)
     return found

@@ -11,10 +11,14 @@ ACLs of both components would take several minutes of CI (a process start each).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,6 +72,16 @@ def _wait_exit_or_line(proc: subprocess.Popen[bytes], log: Path, line: str) -> f
             break
         time.sleep(0.2)
     return time.monotonic() - start
+
+
+def _healthz(log_text: str) -> tuple[int, dict[str, Any]]:
+    port = re.search(r"health endpoint on http://127.0.0.1:(\d+)/healthz", log_text)
+    assert port, log_text
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/healthz", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 # --- the SMTP sink ---------------------------------------------------------------------------
@@ -284,8 +298,11 @@ def test_imap_source_without_one_acl_stops_with_the_line(
         assert line in text and f"User:{SOURCE}" in text and "kafka-acls.sh" in text, text
         assert took < STOP_WITHIN_S, text
         if missing.resource_type == "transactional-id":
-            # Refused at the mailbox's first transaction: it backs off (unhealthy), writes nothing.
+            # Refused at the mailbox's first transaction: it backs off, writes nothing, and
+            # /healthz says why (503) although the mailbox never synced.
             assert source.poll() is None, text
+            status, body = _healthz(text)
+            assert status == 503 and line in body["reason"], body
         else:
             assert source.poll() is not None and source.returncode != 0, text
             assert "Traceback" not in text, text
