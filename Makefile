@@ -17,8 +17,10 @@ venv:
 # S3Proxy (resolved with Maven, cached) is the S3-compatible server of the S3 claim-check tests.
 # One pytest session for everything, the deployment tests (tests/deploy) included, so that the
 # whole suite shares one Kafka broker, one Dovecot and one SMTP server.
+# MAILTAP_NO_SKIP: a test that would skip fails (tests/conftest.py): everything it needs is
+# installed above, so a skip here would hide a missing install step.
 test: venv registry s3proxy
-	$(PYTHON) -m pytest tests $(PYTEST_FLAGS)
+	MAILTAP_NO_SKIP=1 MAILTAP_DEPLOY_TEST=require $(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
 # The demo runs on the schema registry `mailtap dev up` starts (Confluent wire format).
 demo: venv registry
@@ -39,6 +41,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy connectors streams mailtap
+	$(VENV)/bin/lint-imports --no-logo
 
 # The container image with podman (deploy/podman/build-image.sh: podman, runc and mmdebstrap from
 # apt, a private containers.conf, the base image from the Debian mirror; all cached).

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
+from connectors.core.avro.shared import Address as AddressRecord
+
 
 @dataclass(frozen=True, slots=True)
 class Address:
@@ -36,7 +38,7 @@ class Address:
     def from_record(cls, record: Mapping[str, Any]) -> Address:
         return cls(address=str(record["address"]), name=record.get("name"))
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> AddressRecord:
         return {"name": self.name, "address": self.address}
 
     @property

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Protocol
 
+from connectors.core.avro.replies import ReplyCommand
 from streams.auth import (
     Authenticated,
     DnsFunc,
@@ -85,7 +86,7 @@ class MemoryTables:
 
 @dataclass
 class Outcome:
-    commands: list[Record] = field(default_factory=list)
+    commands: list[ReplyCommand] = field(default_factory=list)
     events: list[Record] = field(default_factory=list)
     runs: dict[str, Any] = field(default_factory=dict)
     rates: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -286,7 +287,7 @@ class Pipeline:
                 tables.runs[key] = value
 
 
-def _recipients(command: Record) -> set[str]:
+def _recipients(command: ReplyCommand) -> set[str]:
     return {str(a["address"]).strip().lower() for a in [*command["to"], *command["cc"]]}
 
 

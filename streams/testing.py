@@ -17,6 +17,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from connectors.core.avro.replies import ReplyCommand
 from streams.auth import DnsFunc, RawLoader
 from streams.config import StreamsSettings
 from streams.pipeline import MemoryTables, Outcome, Pipeline
@@ -129,7 +130,7 @@ class WorkflowHarness:
             dnsfunc=dnsfunc,
         )
         self.tables = MemoryTables()
-        self.commands: list[Record] = []
+        self.commands: list[ReplyCommand] = []
         self.events: list[Record] = []
 
     def deliver(self, record: Mapping[str, Any] | None) -> Outcome:

@@ -67,6 +67,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import BaseModel, ValidationError
 
+from connectors.core.avro.replies import AttachmentRef, CommandKindSymbol, ReplyCommand
+from connectors.core.avro.shared import Address as AddressRecord
 from connectors.core.errors import ConfigError
 from streams.config import AddressSettings, StreamsSettings
 from streams.errors import HeaderInjectionError
@@ -158,7 +160,7 @@ def thread_references(ref: ThreadRef) -> list[str]:
     return refs
 
 
-def _address(value: Address) -> Record:
+def _address(value: Address) -> AddressRecord:
     for part in (value.address, value.name or ""):
         if "\r" in part or "\n" in part:
             raise HeaderInjectionError(f"address {value.address!r} contains CR or LF")
@@ -224,7 +226,7 @@ class WorkflowContext:
         self.from_address = Address(from_address.address, from_address.name)
         self.state = state
         self.now = now
-        self.commands: list[Record] = []
+        self.commands: list[ReplyCommand] = []
         self.events: list[Record] = []
         self._steps: set[tuple[str, str]] = set()
 
@@ -294,7 +296,7 @@ class WorkflowContext:
                 mail.text_body or "(no text part)",
             ]
         )
-        attachments = [
+        attachments: list[AttachmentRef] = [
             {
                 "filename": safe_filename(a.filename),
                 "content_type": safe_content_type(a.content_type),
@@ -303,6 +305,7 @@ class WorkflowContext:
                 "size": a.size,
             }
             for a in (forwardable_attachments(mail) if include_attachments else ())
+            if a.uri  # what forwardable_attachments checks; said again for the type checker
         ]
         return self._command(
             "FORWARD",
@@ -370,7 +373,7 @@ class WorkflowContext:
 
     def _command(
         self,
-        kind: str,
+        kind: CommandKindSymbol,
         step: str,
         *,
         to: Sequence[Address],
@@ -380,7 +383,7 @@ class WorkflowContext:
         html_body: str | None = None,
         in_reply_to: str | None = None,
         references: Iterable[str] = (),
-        attachments: Sequence[Record] = (),
+        attachments: Sequence[AttachmentRef] = (),
         event_key: str | None = None,
         id_step: str | None = None,
     ) -> str:

@@ -42,9 +42,21 @@ from pydantic import (
     model_validator,
 )
 
-from connectors.core.avro.registry import DEFAULT_COMPATIBILITY, Compatibility
 from connectors.core.config_errors import closest, describe, env_sources, missing_section
 from connectors.core.errors import ConfigError
+
+#: What mailtap sets on its registry subjects (connectors.core.avro.registry); the registry's
+#: own names for the rules.
+Compatibility = Literal[
+    "FULL_TRANSITIVE",
+    "FULL",
+    "BACKWARD_TRANSITIVE",
+    "BACKWARD",
+    "FORWARD_TRANSITIVE",
+    "FORWARD",
+    "NONE",
+]
+DEFAULT_COMPATIBILITY: Compatibility = "FULL_TRANSITIVE"
 
 ENV_PREFIX = "MAILTAP__"
 ENV_KAFKA_BOOTSTRAP = "MAILTAP_KAFKA_BOOTSTRAP"

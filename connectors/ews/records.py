@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from connectors.core.claimcheck.store import (
     ClaimCheckBatch,
     ClaimCheckError,
 )
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail.event import MailEvent
 from connectors.core.source.records import MailRecordBuilder
 from connectors.ews.connection import FetchedItem
 
@@ -70,8 +70,8 @@ class EwsRecordBuilder(MailRecordBuilder):
                 blobs=blobs,
                 change=change,
             )
-            event: dict[str, Any] = dict(parsed.event)
-            key = str(parsed.key)
+            event: MailEvent = parsed.event.copy()
+            key = parsed.key
             value = self._records.encode(event)
         except ClaimCheckError:
             raise  # the store is down, not the mail bad: fail the batch and retry it
@@ -86,7 +86,7 @@ class EwsRecordBuilder(MailRecordBuilder):
             dlq = self._records.dlq(fallback, item.mime, "unparseable", repr(exc), None, located)
             return BuiltItem(item.item_id, None, (dlq,), dlq=True)
         records = self._records.event_records(key, event, value, item.mime, located)
-        return BuiltItem(item.item_id, key, tuple(records), dlq=bool(event.get("parse_error")))
+        return BuiltItem(item.item_id, key, tuple(records), dlq=bool(event["parse_error"]))
 
     def key_of(self, item: FetchedItem) -> str | None:
         """The key ``item`` is published under, without storing anything (the tombstone check
@@ -96,7 +96,7 @@ class EwsRecordBuilder(MailRecordBuilder):
             parsed = self.parse_raw(
                 item.mime, source=source, flags=[], internal_date=item.received, claim_check=None
             )
-            return str(parsed.key)
+            return parsed.key
         except Exception:
             log.exception("ews %s/%s item %s: no key", self.account, self.folder, item.item_id)
             return None

@@ -18,7 +18,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.store import (
@@ -27,6 +27,8 @@ from connectors.core.claimcheck.store import (
     ClaimCheckStore,
 )
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail import ParsedMail
+from connectors.core.mail.event import MailEvent
 from connectors.core.source.records import MailRecordBuilder, Parser
 from connectors.imap.connection import FetchedMail
 from connectors.imap.indexlog import ChangelogPartition
@@ -143,7 +145,7 @@ class RecordBuilder(MailRecordBuilder):
         folder: str | None = None,
         blobs: ClaimCheckBatch | None = None,
         location: tuple[int, int] | None = None,
-    ) -> Any:
+    ) -> ParsedMail | Exception:
         """The parser's result, or the exception a parser bug raised (never for bad input)."""
         flags = [f for f in mail.flags if f not in SESSION_FLAGS]
         moved = folder is not None and folder != self.folder
@@ -172,7 +174,7 @@ class RecordBuilder(MailRecordBuilder):
         self,
         mail: FetchedMail,
         uidvalidity: int,
-        parsed: Any,
+        parsed: ParsedMail | Exception,
         change_for: Placement,
     ) -> BuiltMail:
         located = (
@@ -182,9 +184,9 @@ class RecordBuilder(MailRecordBuilder):
         try:
             if isinstance(parsed, Exception):
                 raise parsed
-            event: dict[str, Any] = dict(parsed.event)
-            fingerprint = event.get("content_fingerprint")
-            key, event["change"] = change_for(str(parsed.key), fingerprint)
+            event: MailEvent = parsed.event.copy()
+            fingerprint = event["content_fingerprint"]
+            key, event["change"] = change_for(parsed.key, fingerprint)
             event["key"] = key
             value = self._records.encode(event)
         except Exception as exc:
@@ -203,14 +205,14 @@ class RecordBuilder(MailRecordBuilder):
             source = event["source"]
             records.append(
                 self._changelog.location(
-                    key, source["folder"], source.get("uidvalidity"), source.get("uid"), fingerprint
+                    key, source["folder"], source["uidvalidity"], source["uid"], fingerprint
                 )
             )
-        error = bool(event.get("parse_error"))
+        error = bool(event["parse_error"])
         return BuiltMail(
             mail.uid,
             key,
-            event.get("message_id"),
+            event["message_id"],
             tuple(records),
             dlq=error,
             fingerprint=fingerprint,

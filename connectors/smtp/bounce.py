@@ -38,6 +38,7 @@ from email.utils import getaddresses
 
 from flufl.bounce import all_failures
 
+from connectors.core.avro.replies import BounceTypeSymbol
 from connectors.smtp.classify import MAX_DIAGNOSTIC, enhanced_status
 from connectors.smtp.identity import (
     MESSAGE_ID_PREFIX,
@@ -57,6 +58,10 @@ _VERP_HEADERS = ("Delivered-To", "X-Original-To", "Envelope-To", "To")
 
 
 class BounceType(enum.Enum):
+    """Symbols of the DeliveryEvent.bounce_type enum in schemas/DeliveryEvent.avsc."""
+
+    _value_: BounceTypeSymbol  # the type of .value (a test holds the members to it)
+
     HARD = "HARD"
     SOFT = "SOFT"
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
+from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
@@ -46,8 +47,10 @@ POLL_TIMEOUT_S = 0.5
 COMPRESSION = "lz4"  # see connectors.smtp.sink.PRODUCER_COMPRESSION
 
 
-def bounce_event(bounce: Bounce, occurred_at: datetime) -> dict[str, Any]:
-    """The DeliveryEvent for one correlated bounce."""
+def bounce_event(bounce: Bounce, occurred_at: datetime) -> DeliveryEvent:
+    """The DeliveryEvent for one correlated bounce (one with a command id)."""
+    if bounce.command_id is None:
+        raise ValueError(f"bounce for {bounce.recipient} not correlated to a command: no event")
     return {
         "schema_version": 1,
         "command_id": bounce.command_id,
@@ -136,7 +139,7 @@ class BounceReader:
         if not records:
             return 0
         offsets: dict[tuple[str, int], int] = {}
-        events: list[dict[str, Any]] = []
+        events: list[DeliveryEvent] = []
         entries: dict[str, dict[str, Any]] = {}  # the batch's suppression records, last wins
         for record in records:
             if record.error():
@@ -151,7 +154,7 @@ class BounceReader:
         for event in events:
             self._producer.produce(
                 delivery,
-                key=str(event["command_id"]).encode(),
+                key=event["command_id"].encode(),
                 value=self.delivery_serde.encode(event, delivery),
             )
         for key, entry in entries.items():
@@ -173,7 +176,7 @@ class BounceReader:
 
     def _bounces_in(
         self, record: Message, entries: dict[str, dict[str, Any]]
-    ) -> list[dict[str, Any]]:
+    ) -> list[DeliveryEvent]:
         value = record.value()
         if value is None:
             return []

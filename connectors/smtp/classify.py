@@ -26,6 +26,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from connectors.core.avro.replies import DeliveryStatusSymbol
 from connectors.smtp.errors import (
     SmtpAuthError,
     SmtpDisconnectedError,
@@ -43,6 +44,8 @@ MAX_DIAGNOSTIC = 1000
 
 class DeliveryStatus(enum.Enum):
     """Symbols of the DeliveryEvent.status enum in schemas/DeliveryEvent.avsc."""
+
+    _value_: DeliveryStatusSymbol  # the type of .value (a test holds the members to it)
 
     SENT = "SENT"
     DEFERRED = "DEFERRED"

@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from connectors.core import tracing
+from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import TopicNames
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
@@ -247,7 +248,7 @@ class DeliveryRecorder:
         next_at: datetime | None,
         now: datetime,
     ) -> None:
-        event = {
+        event: DeliveryEvent = {
             "schema_version": 1,
             "command_id": item.command_id,
             "message_id": message_id,

@@ -29,8 +29,7 @@ from imapclient import IMAPClient
 from connectors.core.config import load_config
 from connectors.core.kafka.topics import ensure_topics
 from mailtap.components import Pipeline
-from mailtap.demo import scenario
-from mailtap.dev import DevServices, status, up
+from mailtap.dev import DevServices, scenario, status, up
 from mailtap.dev import down as dev_down
 from mailtap.dev.process import free_port
 

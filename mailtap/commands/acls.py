@@ -13,7 +13,8 @@ import click
 
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError
-from connectors.core.kafka.acls import COMPONENTS, component_acls
+from connectors.core.kafka.acls import COMPONENTS
+from mailtap.acls import component_acls
 from mailtap.commands.common import config_option
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from connectors.core.config import ENV_KAFKA_BOOTSTRAP, env_bootstrap_servers
-from mailtap.dev import dovecot, kafka, process, received, registry, smtp_server
+from mailtap.dev import dovecot, kafka, process, received, registry, scenario, smtp_server
 from mailtap.dev import secure as secure_kafka
 from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY
@@ -511,10 +511,11 @@ def write_config(info: DevServices) -> Path:
         header + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
     )
     if info.secure is not None:
-        from mailtap.demo.scenario import streams_section
-
         # A streams section too, so that `mailtap run streams` starts from these as they are.
-        streams = {**streams_section("mailtap-dev"), "data_dir": str(info.state_dir / "streams")}
+        streams = {
+            **scenario.streams_section("mailtap-dev"),
+            "data_dir": str(info.state_dir / "streams"),
+        }
         secure_kafka.write_client_configs(
             info.secure,
             {**document, "streams": streams},

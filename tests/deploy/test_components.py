@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from imapclient import IMAPClient
 
-from mailtap.demo import scenario
+from mailtap.dev import scenario
 from tests.deploy.containers import (
     free_port,
     logs,

@@ -24,22 +24,13 @@ import threading
 import time
 from collections.abc import Callable
 from functools import cache, partial
-from typing import Any, Literal
+from typing import Any
 
+from connectors.core.config import DEFAULT_COMPATIBILITY, Compatibility
 from connectors.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-Compatibility = Literal[
-    "FULL_TRANSITIVE",
-    "FULL",
-    "BACKWARD_TRANSITIVE",
-    "BACKWARD",
-    "FORWARD_TRANSITIVE",
-    "FORWARD",
-    "NONE",
-]
-DEFAULT_COMPATIBILITY: Compatibility = "FULL_TRANSITIVE"
 #: Keys are UTF-8 strings (message identity, command id, instance id).
 KEY_SCHEMA = '"string"'
 

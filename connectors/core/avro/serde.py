@@ -25,17 +25,12 @@ import io
 import json
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import fastavro
 
-from connectors.core.avro.registry import (
-    DEFAULT_COMPATIBILITY,
-    Compatibility,
-    prepare_subjects,
-    registry_client,
-)
+from connectors.core.avro.registry import prepare_subjects, registry_client
 from connectors.core.avro.schemas import (
     SCHEMAS_DIR_ENV,
     TOPIC_SCHEMAS,
@@ -45,7 +40,7 @@ from connectors.core.avro.schemas import (
     load_schema,
     schemas_dir,
 )
-from connectors.core.config import KafkaSettings
+from connectors.core.config import DEFAULT_COMPATIBILITY, Compatibility, KafkaSettings
 from connectors.core.errors import DataError
 
 __all__ = [
@@ -172,7 +167,9 @@ class AvroSerde:
             client, schema_str, conf={"subject.name.strategy": topic_subject_name_strategy}
         )
 
-    def encode(self, value: dict[str, Any], topic: str) -> bytes:
+    def encode(self, value: Mapping[str, Any], topic: str) -> bytes:
+        """The Avro value of ``value`` (a dict of this schema: for MailEvent, a
+        :class:`connectors.core.mail.event.MailEvent`) in this serde's encoding."""
         self._refuse_placeholder(value)
         if self._record_unions:
             value = self._with_branches(value)
@@ -190,7 +187,7 @@ class AvroSerde:
         fastavro.schemaless_writer(buf, self.schema.parsed, value)
         return buf.getvalue()
 
-    def _refuse_placeholder(self, value: dict[str, Any]) -> None:
+    def _refuse_placeholder(self, value: Mapping[str, Any]) -> None:
         """UNRECOGNIZED stands for "a symbol this reader does not know"; written, it would mean
         nothing, and readers of the first released schema (no enum defaults) could not read it."""
         for path in self._enum_paths:
@@ -211,7 +208,7 @@ class AvroSerde:
             prepare_subjects(self._registry_url, topic, self._schema_str, self._compatibility)
             self._prepared_topics.add(topic)
 
-    def _with_branches(self, value: dict[str, Any]) -> dict[str, Any]:
+    def _with_branches(self, value: Mapping[str, Any]) -> Mapping[str, Any]:
         """Name the branch of each top-level ``["null", record]`` union (fastavro's tuple
         notation): the same bytes, without fastavro trying the record against each branch
         (a fifth of a MailEvent's encoding time)."""

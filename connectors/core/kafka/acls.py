@@ -1,6 +1,6 @@
 """The Kafka ACLs each mailtap component needs for one configuration, and nothing more.
 
-One source of truth for ``mailtap acls``, the ACL table of deploy/README.md and the error line a
+One source of truth for ``mailtap acls`` (:mod:`mailtap.acls` reads the components' sections), the ACL table of deploy/README.md and the error line a
 component logs when the broker refuses it an operation (:mod:`connectors.core.kafka.denials`).
 Pure: no broker is asked; the names come from the configuration (``kafka.topics``, the
 sections' group ids, retry tiers, bounce accounts, suppression list, streams app id).
@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from connectors.core.config import KafkaSettings, MailtapConfig
+from connectors.core.config import KafkaSettings
 
 ResourceType = Literal["topic", "group", "transactional-id", "cluster"]
 Pattern = Literal["literal", "prefixed"]
@@ -314,61 +314,3 @@ def reader_acls(kafka: KafkaSettings, *, group_prefix: str = CONSUME_GROUP_PREFI
     acls.topic(kafka.topics.events, "Describe", "Read", reason="the mail events")
     acls.group(group_prefix, "Read", reason="its consumer groups", prefixed=True)
     return acls.sorted()
-
-
-def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
-    """Every ACL ``component`` (one of :data:`COMPONENTS`) needs with ``config``.
-
-    Raises ConfigError when the config lacks the component's section.
-    """
-    from connectors.core.errors import ConfigError
-
-    kafka = config.kafka
-    if component in ("imap-source", "ews-source"):
-        source: Literal["imap", "ews"] = "imap" if component == "imap-source" else "ews"
-        settings = _section(config, source)
-        return source_acls(kafka, source=source, group=getattr(settings, "group", None))
-    if component == "smtp-sink":
-        return sink_acls(kafka, _section(config, "smtp"))
-    if component == "streams":
-        return streams_acls(kafka, _section(config, "streams").app_id)
-    if component == "admin":
-        from connectors.core.kafka.encoding import avro_topics
-        from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS, topic_specs
-
-        tiers = (
-            _section(config, "smtp").retry_tiers
-            if config.has_section("smtp")
-            else DEFAULT_RETRY_TIERS
-        )
-        names = [s.name for s in topic_specs(kafka, tiers)]
-        if config.has_section("imap"):
-            names.append(kafka.topics.imap_index)
-        return admin_acls(kafka, names, avro_topics(kafka, tiers))
-    if component == "reader":
-        return reader_acls(kafka)
-    raise ConfigError(f"unknown component {component!r}: one of {', '.join(COMPONENTS)}")
-
-
-def _section(config: MailtapConfig, name: str) -> Any:
-    # The connectors' settings classes are imported only for the component asked about: each
-    # lives with its connector (no core -> connector import at module level).
-    from connectors.core.errors import ConfigError
-
-    if not config.has_section(name):
-        raise ConfigError(f"the config has no {name} section: pass the component's own config")
-    if name == "imap":
-        from connectors.imap.config import ImapSourceSettings
-
-        return config.section(name, ImapSourceSettings)
-    if name == "ews":
-        from connectors.ews.config import EwsSourceSettings
-
-        return config.section(name, EwsSourceSettings)
-    if name == "smtp":
-        from connectors.smtp.config import SmtpSinkSettings
-
-        return config.section(name, SmtpSinkSettings)
-    from streams.config import StreamsSettings
-
-    return config.section(name, StreamsSettings)

@@ -21,6 +21,7 @@ from email.utils import getaddresses
 
 from connectors.core.mail.charsets import clean_text
 from connectors.core.mail.encodedwords import decode_words
+from connectors.core.mail.event import Address
 
 __all__ = ["parse_addresses"]
 
@@ -36,7 +37,7 @@ _ADDR_SPEC = rf"{_DOT_ATOM}@{_DOT_ATOM}"
 _SIMPLE = re.compile(rf" *(?:({_WORDS}) *<({_ADDR_SPEC})>|({_ADDR_SPEC})) *")
 
 
-def parse_addresses(values: list[str]) -> list[dict[str, str | None]]:
+def parse_addresses(values: list[str]) -> list[Address]:
     """Avro ``Address`` dicts for the given (unfolded, decoded-to-text) field values."""
     if not values:
         return []
@@ -52,7 +53,7 @@ def parse_addresses(values: list[str]) -> list[dict[str, str | None]]:
         if _HAS_STRICT
         else _strict_getaddresses(values)
     )
-    out: list[dict[str, str | None]] = []
+    out: list[Address] = []
     for name, address in pairs:
         address = clean_text(address.strip())
         if not address:

@@ -15,11 +15,21 @@ long header texts. Nothing is lost for good: the complete mail is in ``raw_ref``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal, get_args
+
+from connectors.core.mail.event import GuardHeaderName, MailEvent
 
 __all__ = ["approx_size", "fit_event_budget"]
 
-_SHRINKABLE_LISTS = ("to", "cc", "reply_to", "references", "attachments")
+_BODIES: tuple[Literal["html_body", "text_body"], ...] = ("html_body", "text_body")
+_SHRINKABLE_LISTS: tuple[Literal["to", "cc", "reply_to", "references", "attachments"], ...] = (
+    "to",
+    "cc",
+    "reply_to",
+    "references",
+    "attachments",
+)
+_GUARD_TEXTS: tuple[GuardHeaderName, ...] = get_args(GuardHeaderName)
 _SHRUNK_LIST_LENGTH = 100
 _SHRUNK_TEXT_CHARS = 4_096
 
@@ -36,9 +46,9 @@ def approx_size(value: object) -> int:
     return 8
 
 
-def _shrink(event: dict[str, Any], budget: int) -> None:
+def _shrink(event: MailEvent, budget: int) -> None:
     """Bring a pathological event under budget; the full mail stays in raw_ref."""
-    for body in ("html_body", "text_body"):
+    for body in _BODIES:
         if approx_size(event) <= budget:
             return
         if event[body] is not None:
@@ -50,14 +60,15 @@ def _shrink(event: dict[str, Any], budget: int) -> None:
         event[name] = event[name][:_SHRUNK_LIST_LENGTH]
     guards = event["guard_headers"]
     guards["authentication_results"] = guards["authentication_results"][:10]
-    for name, value in guards.items():
-        if isinstance(value, str):
-            guards[name] = value[:_SHRUNK_TEXT_CHARS]
+    for header in _GUARD_TEXTS:
+        value = guards[header]
+        if value is not None:
+            guards[header] = value[:_SHRUNK_TEXT_CHARS]
     if event["subject"] is not None:
         event["subject"] = event["subject"][:_SHRUNK_TEXT_CHARS]
 
 
-def fit_event_budget(event: dict[str, Any], raw_size: int, budget: int) -> bool:
+def fit_event_budget(event: MailEvent, raw_size: int, budget: int) -> bool:
     """Shrink ``event`` in place to fit ``budget``; True when something had to go."""
     # Decoded text is at most ~3 bytes per raw byte: small mails cannot exceed the budget.
     if 4 * raw_size + 65_536 <= budget or approx_size(event) <= budget:

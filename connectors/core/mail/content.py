@@ -52,11 +52,11 @@ from email import policy
 from email.generator import BytesGenerator
 from email.message import Message
 from email.parser import BytesParser
-from typing import Any
 
 from connectors.core.claimcheck.store import BlobRef, ClaimCheckStore
 from connectors.core.mail import flattened
 from connectors.core.mail.charsets import clean_text, decode_text
+from connectors.core.mail.event import Attachment
 from connectors.core.mail.headers import Head, read_head, split_lines
 from connectors.core.mail.limits import ParseLimits
 from connectors.core.mail.params import content_type_of, param_value, parse_params
@@ -96,7 +96,7 @@ class MailContent:
     text_body: str | None = None
     html_body: str | None = None
     body_truncated: bool = False
-    attachments: list[dict[str, Any]] = field(default_factory=list)
+    attachments: list[Attachment] = field(default_factory=list)
     blobs: list[BlobRef] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -278,7 +278,7 @@ def _attachment(
     filename: str | None,
     claim_check: ClaimCheckStore | None,
     blobs: list[BlobRef],
-) -> dict[str, Any]:
+) -> Attachment:
     if ctype.startswith("message/") and part.is_multipart():
         data = _serialize_embedded(part)
     else:

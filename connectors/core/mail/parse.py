@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import BlobRef, ClaimCheckStore
@@ -45,6 +45,13 @@ from connectors.core.mail.budget import fit_event_budget
 from connectors.core.mail.charsets import clean_text, decode_text
 from connectors.core.mail.content import extract_content
 from connectors.core.mail.encodedwords import decode_words
+from connectors.core.mail.event import BlobRef as BlobRefRecord
+from connectors.core.mail.event import (
+    GuardHeaderName,
+    KeyKindSymbol,
+    MailEvent,
+    SourceCoordinates,
+)
 from connectors.core.mail.headers import read_head
 from connectors.core.mail.identity import (
     KeyKind,
@@ -61,13 +68,17 @@ logger = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 ChangeKind = Literal["ADDED", "UPDATED", "RESCANNED"]
 
-_SOURCE_OPTIONAL = ("uidvalidity", "uid", "modseq", "item_id", "change_key")
 _ANGLE_ID = re.compile(rb"<([^<>]*)>")
 _BARE_CR = re.compile(rb"\r(?!\n)")
 _MAX_PARSE_ERROR = 1_000
 _DEFAULT_LIMITS = ParseLimits()
 # Enum look-ups cost more than dict ones; done per mail.
-_FINGERPRINT = KeyKind.FINGERPRINT.value
+_FINGERPRINT: KeyKindSymbol = "FINGERPRINT"
+#: The Avro symbol of each key kind (``KeyKind.value``, typed as the schema's enum).
+_KEY_KIND_SYMBOLS: dict[KeyKind, KeyKindSymbol] = {
+    KeyKind.MESSAGE_ID: "MESSAGE_ID",
+    KeyKind.FINGERPRINT: "FINGERPRINT",
+}
 _KEY_KINDS = {kind.value: kind for kind in KeyKind}  # frozen; building one per mail cost ~1 µs
 
 
@@ -77,8 +88,8 @@ class ParsedMail:
 
     key: str
     key_kind: KeyKind
-    #: A dict matching ``io.mailtap.v1.MailEvent`` exactly (timestamps as aware datetimes).
-    event: dict[str, Any]
+    #: The ``io.mailtap.v1.MailEvent`` value (a plain dict; timestamps as aware datetimes).
+    event: MailEvent
     #: Blobs put into the claim-check store: the raw MIME first, then attachments.
     blobs: tuple[BlobRef, ...]
     parse_error: str | None
@@ -154,7 +165,7 @@ def _without_bare_cr(raw: bytes) -> bytes:
     return raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
 
 
-def _finish(event: dict[str, Any], blobs: list[BlobRef]) -> ParsedMail:
+def _finish(event: MailEvent, blobs: list[BlobRef]) -> ParsedMail:
     return ParsedMail(
         key=event["key"],
         key_kind=_KEY_KINDS.get(event["key_kind"]) or KeyKind(event["key_kind"]),
@@ -168,6 +179,10 @@ def _limit_text(text: str) -> str:
     return clean_text(text if len(text) <= _MAX_PARSE_ERROR else text[:_MAX_PARSE_ERROR] + "...")
 
 
+@overload
+def _utc(moment: datetime) -> datetime: ...
+@overload
+def _utc(moment: datetime | None) -> datetime | None: ...
 def _utc(moment: datetime | None) -> datetime | None:
     if moment is None:
         return None
@@ -183,11 +198,19 @@ def _empty_event(
     change: ChangeKind,
     raw: bytes,
     raw_ref: BlobRef | None,
-) -> dict[str, Any]:
+) -> MailEvent:
     """The minimal event: what is known without reading the mail. Keyed by fingerprint until
     the headers say otherwise."""
-    coordinates: dict[str, Any] = {"kind": source["kind"], "folder": source["folder"]}
-    coordinates.update({name: source.get(name) for name in _SOURCE_OPTIONAL})
+    get = source.get
+    coordinates: SourceCoordinates = {
+        "kind": source["kind"],
+        "folder": source["folder"],
+        "uidvalidity": get("uidvalidity"),
+        "uid": get("uid"),
+        "modseq": get("modseq"),
+        "item_id": get("item_id"),
+        "change_key": get("change_key"),
+    }
     return {
         "schema_version": SCHEMA_VERSION,
         "key": "",
@@ -210,7 +233,7 @@ def _empty_event(
         "html_body": None,
         "body_truncated": False,
         "attachments": [],
-        "raw_ref": raw_ref.to_avro() if raw_ref is not None else None,
+        "raw_ref": _blob_record(raw_ref) if raw_ref is not None else None,
         "guard_headers": {
             "auto_submitted": None,
             "precedence": None,
@@ -229,6 +252,10 @@ def _empty_event(
     }
 
 
+def _blob_record(ref: BlobRef) -> BlobRefRecord:
+    return {"uri": ref.uri, "sha256": ref.sha256, "size": ref.size}
+
+
 def _text(value: bytes | None) -> str | None:
     """A header value as text, verbatim (no RFC 2047 decoding), 8-bit bytes via fallbacks."""
     if value is None:
@@ -238,7 +265,8 @@ def _text(value: bytes | None) -> str | None:
     return clean_text(decode_text(value, None)).strip()
 
 
-_GUARD_FIELDS = {
+#: GuardHeaders field -> the (lower-cased) header it holds.
+_GUARD_FIELDS: dict[GuardHeaderName, str] = {
     "auto_submitted": "auto-submitted",
     "precedence": "precedence",
     "list_id": "list-id",
@@ -250,7 +278,7 @@ _GUARD_FIELDS = {
 
 
 def _fill_from_headers(
-    event: dict[str, Any], by_name: dict[str, list[bytes]], account: str, raw: bytes
+    event: MailEvent, by_name: dict[str, list[bytes]], account: str, raw: bytes
 ) -> None:
     """Header-derived fields; ``by_name`` is :attr:`Head.by_name` (lower-cased names)."""
     get = by_name.get
@@ -261,7 +289,7 @@ def _fill_from_headers(
     event["key"], kind = message_key_of_normalized(
         account, message_id, raw, event["content_fingerprint"]
     )
-    event["key_kind"] = kind.value
+    event["key_kind"] = _KEY_KIND_SYMBOLS[kind]
     event["message_id"] = message_id
     values = get("in-reply-to")
     in_reply_to = _message_ids(values[0]) if values else []

@@ -25,13 +25,14 @@ from typing import Any, ClassVar
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore, staged_batch
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail import ParsedMail
+from connectors.core.mail.event import MailEvent, SourceCoordinates, SourceKindSymbol
 
 __all__ = ["MailEventRecords", "MailRecordBuilder", "Parser"]
 
-#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> an object with
-#: ``.key``, ``.event`` and ``.parse_error`` (``connectors.core.mail.parse_mail`` with limits and
-#: the claim-check store bound by the caller).
-Parser = Callable[..., Any]
+#: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> ParsedMail
+#: (``connectors.core.mail.parse_mail`` with limits and the claim-check store bound by the caller).
+Parser = Callable[..., ParsedMail]
 
 #: Characters of an error message kept in the DLQ header.
 MAX_ERROR_MESSAGE = 2000
@@ -61,15 +62,20 @@ class MailEventRecords:
         self.dlq_topic = dlq_topic
         self._max_record_bytes = max_record_bytes
 
-    def encode(self, event: dict[str, Any]) -> bytes:
+    def encode(self, event: MailEvent) -> bytes:
         """The Avro value of ``event``, under the record cap; raises ValueError when it cannot be."""
         value = self._serde.encode(event, self.events_topic)
         if len(value) <= self._max_record_bytes:
             return value
         # The bodies are capped by the parser; if a record is still too large, drop the inline
         # bodies and point at the claim-checked raw MIME (body_truncated tells consumers).
-        slim = {**event, "text_body": None, "html_body": None, "body_truncated": True}
-        slim["attachments"] = slim.get("attachments", [])[:SLIM_ATTACHMENTS]
+        slim: MailEvent = {
+            **event,
+            "text_body": None,
+            "html_body": None,
+            "body_truncated": True,
+            "attachments": event["attachments"][:SLIM_ATTACHMENTS],
+        }
         value = self._serde.encode(slim, self.events_topic)
         if len(value) > self._max_record_bytes:
             raise ValueError(f"event of {len(value)} bytes exceeds the record cap")
@@ -78,19 +84,18 @@ class MailEventRecords:
     def event_records(
         self,
         key: str,
-        event: dict[str, Any],
+        event: MailEvent,
         value: bytes,
         raw: bytes,
         source_headers: Sequence[tuple[str, bytes]],
     ) -> list[SourceRecord]:
         """The event, plus its DLQ report when the parser flagged ``parse_error``."""
         records = [SourceRecord(self.events_topic, key.encode(), value)]
-        error = event.get("parse_error")
+        error = event["parse_error"]
         if error:
-            raw_ref = event.get("raw_ref") or {}
-            records.append(
-                self.dlq(key, raw, "parse_error", str(error), raw_ref.get("uri"), source_headers)
-            )
+            raw_ref = event["raw_ref"]
+            raw_uri = raw_ref["uri"] if raw_ref is not None else None
+            records.append(self.dlq(key, raw, "parse_error", error, raw_uri, source_headers))
         return records
 
     def dlq(
@@ -129,7 +134,7 @@ class MailRecordBuilder:
     a mail lives in its mailbox (a UID, an item id) and its change kinds.
     """
 
-    source_kind: ClassVar[str]
+    source_kind: ClassVar[SourceKindSymbol]
 
     def __init__(
         self,
@@ -178,7 +183,7 @@ class MailRecordBuilder:
         modseq: int | None = None,
         item_id: str | None = None,
         change_key: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> SourceCoordinates:
         """The event's ``source``: where the mail lives (``SourceCoordinates`` in schemas/MailEvent.avsc)."""
         return {
             "kind": self.source_kind,
@@ -194,12 +199,12 @@ class MailRecordBuilder:
         self,
         raw: bytes,
         *,
-        source: dict[str, Any],
+        source: SourceCoordinates,
         flags: Sequence[str],
         internal_date: dt.datetime | None,
         blobs: ClaimCheckBatch | None = None,
         **extra: Any,
-    ) -> Any:
+    ) -> ParsedMail:
         """The parser's result for ``raw``; with ``blobs`` its blobs go into that batch instead
         of the store the parser has bound. Raises what the parser raises."""
         stores: dict[str, Any] = {"claim_check": blobs} if blobs is not None else {}

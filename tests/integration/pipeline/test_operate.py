@@ -19,7 +19,7 @@ from imapclient import IMAPClient
 from test_whole_pipeline import _config, _ours
 
 from mailtap.components import Component, wait_for
-from mailtap.demo import scenario
+from mailtap.dev import scenario
 from tests.support.scrape import Samples, families, healthz, scrape, total
 
 pytestmark = pytest.mark.integration

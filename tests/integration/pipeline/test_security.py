@@ -34,8 +34,7 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import load_config
 from connectors.core.kafka.clients import consumer_config
 from mailtap.components import Pipeline, wait_for
-from mailtap.demo import scenario
-from mailtap.dev import received
+from mailtap.dev import received, scenario
 
 #: Hang guard of each wait; nothing asserts on timing.
 STAGE_S = 120.0

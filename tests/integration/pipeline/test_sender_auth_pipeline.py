@@ -27,7 +27,7 @@ from test_whole_pipeline import _config as pipeline_config
 from connectors.core.config import load_config
 from connectors.core.kafka.topics import ensure_topics
 from mailtap.components import Pipeline, wait_for
-from mailtap.demo import scenario
+from mailtap.dev import scenario
 from tests.support.dns_server import LoopbackDns
 
 #: Hang guard of each wait; nothing asserts on timing.

@@ -15,7 +15,7 @@ import yaml
 from imapclient import IMAPClient
 
 from mailtap.components import Component, Pipeline, wait_for
-from mailtap.demo import scenario
+from mailtap.dev import scenario
 from mailtap.dev.received import ReceivedMessage
 
 STAGE_S = 120.0

@@ -19,8 +19,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka.acls import component_acls
 from connectors.core.kafka.clients import consumer_config
+from mailtap.acls import component_acls
 from mailtap.dev import Account, DevServices
 from mailtap.dev.secure import SecureKafka
 from tests.integration.imap.imap_harness import ImapHarness, wait_for

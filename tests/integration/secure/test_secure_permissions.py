@@ -28,9 +28,10 @@ import yaml
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from connectors.core.config import MailtapConfig, config_from_dict
-from connectors.core.kafka.acls import Acl, component_acls
+from connectors.core.kafka.acls import Acl
 from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.state import ensure_state_topic
+from mailtap.acls import component_acls
 from mailtap.dev import Account, DevServices
 from mailtap.dev.secure import SecureKafka
 from tests.integration.imap.imap_harness import ImapHarness, wait_for

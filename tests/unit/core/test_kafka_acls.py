@@ -13,7 +13,8 @@ from click.testing import CliRunner
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import ConfigError
 from connectors.core.kafka import acls
-from connectors.core.kafka.acls import Acl, component_acls, markdown_row
+from connectors.core.kafka.acls import Acl, markdown_row
+from mailtap.acls import component_acls
 from mailtap.commands.acls import acls as acls_command
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail.event import MailEvent, SourceCoordinates
 from connectors.imap.connection import (
     FetchedMail,
     FlagState,
@@ -209,7 +210,7 @@ class RecordingWriter:
 @dataclass
 class Parsed:
     key: str
-    event: dict[str, Any]
+    event: MailEvent
     parse_error: str | None = None
 
 
@@ -221,9 +222,56 @@ def fake_parse(
     if b"BOOM" in raw:
         raise RuntimeError("parser bug")
     error = "broken" if b"BAD" in raw else None
-    event = {"source": dict(source), "flags": flags, "message_id": None, "parse_error": error}
-    event["content_fingerprint"] = hashlib.sha256(raw).hexdigest()
-    return Parsed(f"{account}/mid:{raw.splitlines()[0].decode()}", event, error)
+    key = f"{account}/mid:{raw.splitlines()[0].decode()}"
+    coordinates: SourceCoordinates = {
+        "kind": "IMAP",
+        "folder": source["folder"],
+        "uidvalidity": source.get("uidvalidity"),
+        "uid": source.get("uid"),
+        "modseq": source.get("modseq"),
+        "item_id": None,
+        "change_key": None,
+    }
+    # A whole MailEvent, as the record builders expect from connectors.core.mail.parse_mail.
+    event: MailEvent = {
+        "schema_version": 1,
+        "key": key,
+        "key_kind": "MESSAGE_ID",
+        "change": "ADDED",
+        "account": account,
+        "source": coordinates,
+        "message_id": None,
+        "in_reply_to": None,
+        "references": [],
+        "from": None,
+        "reply_to": [],
+        "to": [],
+        "cc": [],
+        "subject": None,
+        "date": None,
+        "internal_date": None,
+        "size": len(raw),
+        "text_body": None,
+        "html_body": None,
+        "body_truncated": False,
+        "attachments": [],
+        "raw_ref": None,
+        "guard_headers": {
+            "auto_submitted": None,
+            "precedence": None,
+            "list_id": None,
+            "list_unsubscribe": None,
+            "return_path": None,
+            "x_auto_response_suppress": None,
+            "content_type": None,
+            "authentication_results": [],
+        },
+        "flags": flags,
+        "parse_error": error,
+        "observed_at": dt.datetime.now(dt.UTC),
+        "content_fingerprint": hashlib.sha256(raw).hexdigest(),
+    }
+    return Parsed(key, event, error)
 
 
 class JsonSerde:

@@ -3,7 +3,9 @@
 Pure functions (strings in, bytes out) so the same mails serve the demo, the pipeline tests and
 the e2e benchmark. Every mail carries an ``Authentication-Results`` header of the demo's border
 MTA (authserv-id :data:`AUTHSERV_ID`), as a real MTA would add, so the sender-authentication
-guard runs for real.
+guard runs for real. :func:`streams_section` is the streams configuration that answers them;
+``mailtap dev up --secure`` writes it too, which is why this module is in the dev package (the
+demo imports dev, never the other way round).
 """
 
 from __future__ import annotations
