@@ -119,6 +119,8 @@ class SourceMetrics:
         self._states: dict[tuple[str, str, str], str] = {}
         #: Mailboxes the broker refuses a permission to: the sentence naming the missing ACL.
         self._refused: dict[tuple[str, str, str], str] = {}
+        #: Per mailbox, the server's missing extensions and the source's fallbacks (IMAP).
+        self._fallbacks: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._lock = threading.Lock()
 
     def watch(self, source: str, account: str, folder: str) -> None:
@@ -136,6 +138,7 @@ class SourceMetrics:
         with self._lock:
             self._last_sync.pop(key, None)
             state = self._states.pop(key, None)
+            self._fallbacks.pop(key, None)
             owned = sum(1 for k in self._last_sync if k[0] == source)
         self.watched.labels(source).set(owned)
         for gauge in (self.owned, self.last_sync, self.mails_per_sync):
@@ -158,6 +161,14 @@ class SourceMetrics:
         if old is not None and old != state:
             self.state.labels(source, account, folder, old).set(0)
         self.state.labels(source, account, folder, state).set(1)
+
+    def set_fallbacks(self, source: str, account: str, folder: str, notes: tuple[str, ...]) -> None:
+        """What the mailbox's server lacks and what the source does instead (for /healthz)."""
+        with self._lock:
+            if notes:
+                self._fallbacks[(source, account, folder)] = notes
+            else:
+                self._fallbacks.pop((source, account, folder), None)
 
     def synced(self, source: str, account: str, folder: str, mails: int) -> None:
         now = time.time()
@@ -183,6 +194,7 @@ class SourceMetrics:
             backoff = sorted("/".join(k) for k, st in self._states.items() if st == "BACKOFF")
             states = {"/".join(k): st for k, st in sorted(self._states.items())}
             refused = {"/".join(k): why for k, why in sorted(self._refused.items())}
+            fallbacks = {"/".join(k): list(v) for k, v in sorted(self._fallbacks.items())}
         stale = {k: a for k, a in ages.items() if a > max_age}
         ok = not stale and not fenced and not refused
         detail: dict[str, Any] = {
@@ -194,6 +206,9 @@ class SourceMetrics:
             "backoff": backoff,
             # Each owned mailbox's worker state (IDLE, POLLING, BACKOFF ...), for mailtap status.
             "states": states,
+            # Mailboxes whose server lacks an extension: what the source does instead
+            # (e.g. polling without IDLE).
+            "fallbacks": fallbacks,
             # Which mailboxes this instance runs (the others' are on other instances).
             "mailboxes": sorted(ages),
         }
