@@ -39,7 +39,7 @@ from confluent_kafka import Consumer, Producer
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.kafka.clients import consumer_config, producer_config
-from connectors.core.kafka.topics import ensure_topics
+from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs, ensure_topics
 from mailtap.bench.ingest import _say, _services
 from mailtap.components import Component
 from mailtap.dev import DevServices, scenario
@@ -219,6 +219,7 @@ async def _bare_loop(cfg: MailtapConfig, out_topic: str, events: int) -> None:
 
 def _measure_bare(cfg: MailtapConfig, keys: set[str], run: str) -> dict[str, Any]:
     out_topic = f"bench.streams.bare.{run}"
+    ensure_topic_specs(cfg.kafka, [TopicSpec(out_topic, PARTITIONS, DELETED)])
     reader = OutputReader(cfg, [out_topic], keys)
     started = time.monotonic()
     asyncio.run(_bare_loop(cfg, out_topic, len(keys)))
@@ -272,7 +273,6 @@ def bench_streams(
     json_out: bool, events: int = 20_000, workers: tuple[int, ...] = (1, 2, 3)
 ) -> dict[str, Any]:
     """Run the baseline and each worker count on its own pre-filled topic; return the figures."""
-    say = _say if not json_out else (lambda _text: None)
     info = _services()
     runs: list[dict[str, Any]] = []
     bare: list[dict[str, Any]] = []
@@ -284,15 +284,15 @@ def bench_streams(
         ensure_topics(cfg.kafka, [])
         sample = sample_events(run, events)
         keys = {e["key"] for e in sample}
-        say(f"[{count} worker(s)] writing {events} events to {cfg.kafka.topics.events} ...")
+        _say(f"[{count} worker(s)] writing {events} events to {cfg.kafka.topics.events} ...")
         _prefill(cfg, sample)
-        say("  bare aiokafka consume -> produce loop ...")
+        _say("  bare aiokafka consume -> produce loop ...")
         bare.append(_measure_bare(cfg, keys, run))
-        say(f"  {count} streams worker(s) ...")
+        _say(f"  {count} streams worker(s) ...")
         measured = _measure_workers(config, cfg, keys, count, folder / run / "logs")
         measured["ratio_to_bare"] = round(measured["events_per_s"] / bare[-1]["events_per_s"], 3)
         runs.append(measured)
-        say(
+        _say(
             f"  bare {bare[-1]['events_per_s']:.0f} events/s, {count} worker(s) "
             f"{measured['events_per_s']:.0f} events/s ({measured['ratio_to_bare']:.0%})"
         )
