@@ -314,7 +314,7 @@ def bench_streams(
         runs.append(measured)
         _say(
             f"  bare {bare[-1]['events_per_s']:.0f} events/s, {count} worker(s) "
-            f"{measured['events_per_s']:.0f} events/s ({measured['ratio_to_bare']:.0%})"
+            f"{measured['events_per_s']:.0f} events/s ({measured['ratio_to_bare']:.1%})"
         )
     one = next((r for r in runs if r["workers"] == 1), None)
     figures: dict[str, Any] = {
@@ -340,7 +340,7 @@ def bench_streams(
         f"events/s (median of {len(bare)})",
         *(
             f"{r['workers']} streams worker(s):            {r['events_per_s']:8.0f} events/s, "
-            f"{r['ratio_to_bare']:.0%} of the bare loop in the same run"
+            f"{r['ratio_to_bare']:.1%} of the bare loop in the same run"
             for r in runs
         ),
         f"targets: one worker >= {TARGET_EVENTS_PER_S:.0f} events/s and >= "
