@@ -35,6 +35,7 @@ import faust
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError
 from connectors.core.kafka.clients import admin_client
+from connectors.core.kafka.retry import retry_retriable
 from connectors.core.kafka.topics import COMPACTED, DELETED, TopicSpec, ensure_topic_specs
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,9 @@ def ensure_changelog_topics(
     deadline = time.monotonic() + timeout
     waiting = {s.name: s for s in specs}
     while waiting:
-        topics = admin.list_topics(timeout=timeout).topics
+        topics = retry_retriable(
+            lambda: admin.list_topics(timeout=10).topics, deadline, "metadata of changelog topics"
+        )
         for name, spec in list(waiting.items()):
             found = topics.get(name)
             if found is None or found.error is not None or not found.partitions:

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from connectors.core.avro.serde import AvroSerde
@@ -47,6 +47,9 @@ from connectors.imap.worker import MailboxWorker
 log = logging.getLogger(__name__)
 
 TRANSACTIONAL_PREFIX = "mailtap-imap"
+#: The registration of a source that has not prepared yet: nothing to wait for.
+_DONE: Future[None] = Future()
+_DONE.set_result(None)
 
 
 class ImapSource:
@@ -66,6 +69,7 @@ class ImapSource:
         self._claim_check: ClaimCheckStore | None = None
         self._pool: ParsePool | None = None
         self._serde: AvroSerde | None = None
+        self._registration: Future[None] = _DONE
         self._preloaded: dict[str, AccountIndex] = {}  # loaded by prepare(), not yet running
         self._limits = ParseLimits()
         #: account name -> its running workers (the accounts this instance owns now).
@@ -102,28 +106,36 @@ class ImapSource:
             read_timeout=self.settings.read_timeout_seconds,
         )
 
-    def prepare(self) -> None:
+    def prepare(self, wait_for_registry: bool = True) -> None:
         """What every mailbox shares: topics, the schema, the claim-check store, parse processes.
 
         Without a group every configured account is this instance's: their key indexes load
         while the registry and the claim-check store are checked, both mostly waits on the
         network, so start-up pays the longer one only. Not while the topics are ensured: a
         topic created a moment ago has no partition leader yet, and reading it then fails.
+
+        The schema's registration (connectors.core.avro.registry) runs in the background; with
+        ``wait_for_registry`` this returns once it is done (raising the registry's refusal).
+        `start` does not wait here: the mailboxes start (transactional producer, cursor,
+        connect, SELECT, first FETCH) while it runs, since only the first encode needs the
+        schema id, and that encode waits for it.
         """
         serde = AvroSerde.shared("MailEvent", self.kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
         ensure_topics(self.kafka)
+        registering = ThreadPoolExecutor(1, thread_name_prefix="imap-registry")
+        self._registration = registering.submit(serde.prepare, self.kafka.topics.events)
+        registering.shutdown(wait=False)  # the submitted registration still runs to its end
         with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
             loading = loader.submit(load_indexes, self.kafka, serde, names) if names else None
-            # A registry that refuses the schema stops the source here, with the sentence, not
-            # at its first transaction (connectors.core.avro.registry).
-            serde.prepare(self.kafka.topics.events)
             self._claim_check = open_configured(
                 self.config.claim_check, self.settings.claim_check_threads
             )
             if loading is not None:
                 self._preloaded = loading.result()
+        if wait_for_registry:
+            self._registration.result()
         self._limits = ParseLimits(**self.settings.limits.overrides())
         if self.settings.parse_workers > 0:
             self._pool = ParsePool(self.settings.parse_workers)
@@ -251,7 +263,7 @@ class ImapSource:
         with ThreadPoolExecutor(1, thread_name_prefix="imap-mailboxes") as reader:
             reading = reader.submit(read_mailboxes, self.kafka, SOURCE_KIND, configured)
             try:
-                self.prepare()
+                self.prepare(wait_for_registry=False)
             except BaseException:
                 with contextlib.suppress(Exception):
                     reading.result().watcher.close()
@@ -272,6 +284,13 @@ class ImapSource:
         )
         if self.settings.group is None:
             log.info("imap source: %d mailboxes started", len(self.workers))
+        try:
+            # A registry that refuses the schema stops the source at start, with the sentence,
+            # before its first transaction: a worker's first encode waits for the same answer.
+            self._registration.result()
+        except BaseException:
+            self.close()
+            raise
         self.started.set()
 
     def reconfigure(self, settings: ImapSourceSettings) -> None:

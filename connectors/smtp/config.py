@@ -156,8 +156,10 @@ class SmtpSinkSettings(StrictModel):
     )
     instance_id: str | None = Field(
         default=None,
-        description="stable name of this sink instance (default: host name); its transactional "
-        "id and static group member id, so a restarted instance fences and aborts what its "
+        description="stable name of this sink instance (default: host name); it names the "
+        "transactional ids (<group_id>.<instance_id>, and <group_id>.<instance_id>#1 for the "
+        "second commit lane) and is the static group member id, so a restarted instance fences "
+        "and aborts what its "
         "predecessor left open and gets its partitions back at once. Each replica needs its own "
         "(a StatefulSet's pod names are stable ones)",
     )

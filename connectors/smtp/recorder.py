@@ -95,6 +95,7 @@ class DeliveryRecorder:
         metrics: SinkMetrics | None = None,
         *,
         tracing: bool = False,
+        states: StateStore | None = None,
     ) -> None:
         self.producer = producer
         self.tracing = tracing
@@ -103,7 +104,8 @@ class DeliveryRecorder:
         self.topics = topics
         self.delivery_serde = delivery_serde
         self.clock = clock
-        self.states = StateStore()
+        self.states = states if states is not None else StateStore()
+        """The in-memory copy of the state topic; shared by the recorders of one sink."""
         self.events_total = 0
 
     def transaction(
@@ -113,10 +115,30 @@ class DeliveryRecorder:
         consumer: Consumer | None = None,
     ) -> None:
         """Run ``write`` (and commit ``offsets`` for ``consumer``) in one Kafka transaction."""
-        producer = self.producer
-        producer.begin_transaction()
+        self.stage(write)
+        self.commit(offsets, consumer)
+
+    def stage(self, write: Callable[[], None]) -> None:
+        """Begin a transaction and run ``write`` in it (quick: the records are only queued).
+
+        The sink calls this in its event loop and :meth:`commit` in a worker thread, so the
+        in-memory state and the counters are only ever changed by one thread.
+        """
+        self.producer.begin_transaction()
         try:
             write()
+        except BaseException:
+            self.producer.abort_transaction()
+            raise
+
+    def commit(
+        self,
+        offsets: dict[tuple[str, int], int] | None = None,
+        consumer: Consumer | None = None,
+    ) -> None:
+        """Commit the staged transaction (with ``offsets`` for ``consumer``); blocks."""
+        producer = self.producer
+        try:
             if offsets:
                 producer.send_offsets_to_transaction(
                     [TopicPartition(t, p, o) for (t, p), o in offsets.items()],

@@ -19,6 +19,7 @@ Lifecycle (one asyncio task; the transactions of step 2c run in a worker thread 
       it back when its outcome is committed -- DeliveryEvents (one per recipient), the new
       state, retry or DLQ records. Each round is one Kafka transaction holding the outcomes that
       came in since the last round and the intents of the commands taking the freed slots;
+      their sends go up to the content while it commits, the final "." only once it has;
       a RenderError is a FAILED outcome with its reason, and nothing is sent; a recipient on
       the suppression list (``kafka.topics.suppressions``, followed while running by
       :class:`~connectors.smtp.suppression.SuppressionTable`) is not sent to: SUPPRESSED;
@@ -51,12 +52,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
@@ -66,7 +69,6 @@ from connectors.core import tracing
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
-from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.classify import (
     MAX_DIAGNOSTIC,
     DeliveryStatus,
@@ -83,12 +85,14 @@ from connectors.smtp.recorder import DeliveryRecorder, Work, all_recipients, now
 from connectors.smtp.render import BlobFetcher, ascii_domain_of, normalize_address, render
 from connectors.smtp.retry import DueGate, RetryInfo, expired
 from connectors.smtp.state import (
+    StateStore,
     check_copartitioned,
     ensure_state_topic,
     partition_counts,
     read_state,
 )
 from connectors.smtp.suppression import SuppressionTable, screen
+from connectors.smtp.topics import ensure_sink_topics
 from connectors.smtp.transport import SmtpConnectionPool
 
 log = logging.getLogger(__name__)
@@ -99,9 +103,16 @@ TEST_HOOK_ENV = "MAILTAP_SMTP_SINK_TEST_HOOK"
 #: Poll timeout: short, so due retries are resumed and a stop request is seen promptly.
 POLL_TIMEOUT_S = 0.2
 PRODUCER_COMPRESSION = "lz4"
-#: Cap of the wait for more replies before recording a round (it is the last commit's duration):
-#: a slow broker must not hold the outcomes, and their slots, for long.
-MAX_GROUP_WAIT_S = 0.05
+#: Transactional producers of one sink, each committing its own rounds, taken in turn. A
+#: producer has one transaction at a time and, right after a commit, its next one is often
+#: refused by the coordinator still writing the markers of the last (CONCURRENT_TRANSACTIONS,
+#: retried by librdkafka after ~20 ms, measured in ~1 of 5 back-to-back commits). In turn,
+#: each producer's commits are two rounds apart; a round cut short by GROUP_WAIT_S does not
+#: hold the next one either.
+COMMIT_LANES = 2
+#: Cap of an outcome's wait for the replies of its group (see SmtpSink._deliver): a slow send
+#: (a rate limit, a slow relay) must not hold the other outcomes, and their slots, for long.
+GROUP_WAIT_S = 0.05
 #: How often (by the sink's clock) the state is scanned for DONE states past the retention: the
 #: retention is days, so a scan every few minutes keeps the topic within it at little cost.
 PRUNE_INTERVAL_MS = 10 * 60 * 1000
@@ -110,6 +121,22 @@ PRUNE_CHUNK = 5000
 #: max.poll.interval.ms unless kafka.client_properties sets it: one SMTP round may take minutes
 #: when the relay is slow (data_timeout).
 MAX_POLL_INTERVAL_MS = 600_000
+
+
+@dataclass
+class _Round:
+    """One transaction of :meth:`SmtpSink._deliver` on one lane."""
+
+    lane: DeliveryRecorder
+    finished: Sequence[Work]
+    dead: Sequence[tuple[Message, str, str]]
+    starting: Sequence[Work]
+    """Commands whose INTENT this round records; they are sent once it has committed."""
+    offsets: dict[tuple[str, int], int] | None
+    surplus: int = 0
+    """Slots freed by this round's outcomes and not taken by its intents: free once committed."""
+    committed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the round has committed: the final "." of its ``starting`` may go out."""
 
 
 class SmtpSink:
@@ -149,9 +176,9 @@ class SmtpSink:
         self.records_total = 0
         self.rounds_total = 0
         """Transactions written (each records a group of outcomes and intents)."""
-        self._group_wait_s = 0.0
         self._hook = os.environ.get(TEST_HOOK_ENV, "")
-        self._recorder: DeliveryRecorder | None = None
+        self._recorders: list[DeliveryRecorder] = []
+        """One per commit lane (COMMIT_LANES transactional producers), sharing one StateStore."""
         self._events_closed = 0
         self._consumer: Consumer | None = None
         self._owned: set[tuple[str, int]] = set()
@@ -171,18 +198,22 @@ class SmtpSink:
 
     @property
     def recorder(self) -> DeliveryRecorder:
-        if self._recorder is None:
+        """The first lane's recorder: the state store (shared) and the transactions outside a
+        batch (pruning) go through it."""
+        if not self._recorders:
             raise RuntimeError("the sink is not started")
-        return self._recorder
+        return self._recorders[0]
 
     @property
     def events_total(self) -> int:
-        return self._recorder.events_total if self._recorder else self._events_closed
+        return self._events_closed + sum(r.events_total for r in self._recorders)
 
     # --- start / stop -------------------------------------------------------------------------
 
     def start(self) -> None:
-        ensure_topics(self.kafka, retry_tiers=self.settings.retry_tiers)
+        ensure_sink_topics(
+            self.kafka, self.settings.retry_tiers, suppressions=self.suppressions is not None
+        )
         commands = self.topics.commands
         counts = partition_counts(self.kafka, [commands])
         ensure_state_topic(self.kafka, self.settings.state_topic, counts[commands])
@@ -196,26 +227,31 @@ class SmtpSink:
         self.delivery_serde.prepare(self.topics.delivery)
         if self.suppressions is not None:
             self.suppressions.start()  # read to its end: a restart honours every entry
-        producer = Producer(
-            producer_config(
-                self.kafka,
-                transactional_id=f"{self.settings.group_id}.{self.instance_id}",
-                # lz4, not the core default zstd: a broker whose zstd-jni native library cannot
-                # load (seen on the local dev broker: UnsatisfiedLinkError) fails every zstd batch
-                # with an UNKNOWN error; lz4 is pure Java on the broker side.
-                compression_type=PRODUCER_COMPRESSION,
+        states = StateStore()
+        for lane in range(COMMIT_LANES):
+            producer = Producer(
+                producer_config(
+                    self.kafka,
+                    transactional_id=self.transactional_id(lane),
+                    # lz4, not the core default zstd: a broker whose zstd-jni native library
+                    # cannot load (seen on the local dev broker: UnsatisfiedLinkError) fails
+                    # every zstd batch with an UNKNOWN error; lz4 is pure Java on the broker.
+                    compression_type=PRODUCER_COMPRESSION,
+                )
             )
-        )
-        init_transactions(producer, self.kafka, 60)
-        self._recorder = DeliveryRecorder(
-            producer,
-            self.settings,
-            self.topics,
-            self.delivery_serde,
-            self.clock,
-            self.metrics,
-            tracing=self.kafka.tracing.enabled,
-        )
+            init_transactions(producer, self.kafka, 60)
+            self._recorders.append(
+                DeliveryRecorder(
+                    producer,
+                    self.settings,
+                    self.topics,
+                    self.delivery_serde,
+                    self.clock,
+                    self.metrics,
+                    tracing=self.kafka.tracing.enabled,
+                    states=states,
+                )
+            )
         consumer = Consumer(
             consumer_config(
                 self.kafka,
@@ -245,6 +281,13 @@ class SmtpSink:
             self.settings.pool_size,
             extra={"instance_id": self.instance_id},
         )
+
+    def transactional_id(self, lane: int) -> str:
+        """``<group_id>.<instance_id>`` for the first lane (the id of earlier versions, so an
+        upgraded instance still fences its predecessor), ``#<lane>`` appended for the others
+        (``#`` is in no host name, so no other instance's id can be one of these)."""
+        base = f"{self.settings.group_id}.{self.instance_id}"
+        return base if lane == 0 else f"{base}#{lane}"
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Another instance may have finished commands of these partitions: read their state
@@ -277,10 +320,10 @@ class SmtpSink:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
-        if self._recorder is not None:
-            self._recorder.producer.flush(10)
-            self._events_closed += self._recorder.events_total
-            self._recorder = None
+        for recorder in self._recorders:
+            recorder.producer.flush(10)
+            self._events_closed += recorder.events_total
+        self._recorders = []
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process until ``stop`` is set; always closes."""
@@ -393,18 +436,30 @@ class SmtpSink:
     ) -> None:
         """Send through ``pool_size`` slots, recording each outcome as soon as it is known.
 
-        A command holds a slot from its INTENT to its recorded outcome, so at most ``pool_size``
-        commands are ever INTENT at once: a kill -9 leaves at most that many UNKNOWN (and resent),
-        however large the batch. Each round is one transaction: the outcomes that came in and the
-        intents of the commands taking the freed slots. It runs in a thread, so the other sessions
-        keep sending meanwhile, and what finishes during it is recorded by the next round: groups
-        form by themselves. Before its own transaction an outcome waits for at most the one in
-        progress and for the other replies, at most one commit's duration (MAX_GROUP_WAIT_S).
-        The consumer offsets go with the last round, once the whole batch is recorded.
+        A command holds a slot from the round that records its INTENT to the round that records
+        its outcome, so at most ``pool_size`` commands are ever INTENT at once: a kill -9 leaves
+        at most that many UNKNOWN (and resent), however large the batch. A round is one
+        transaction on one of the COMMIT_LANES producers: the outcomes that came in (a pool's
+        worth, or what came within GROUP_WAIT_S) and the intents of the commands taking the
+        slots these outcomes free (or slots already free), so about a quarter of a transaction
+        per mail with the default pool. The sends of a round's intents start with the round,
+        render and go as far as DATA and the content while the round commits in a worker
+        thread, and write their final "." once it has committed: the relay reads them while
+        the broker commits, and can accept none of them before their INTENT is recorded. A
+        slot freed by a round's outcome is only taken by that round's intents, or by later
+        rounds once it has committed, so whichever rounds a kill interrupts, the INTENTs
+        without an outcome never exceed ``pool_size``. The consumer offsets go with the last
+        round, once every other round has committed.
         """
         queue = deque(to_send)
-        finished, dead_letters = list(known), list(dead)
-        active: dict[asyncio.Task[None], Work] = {}
+        unsent, replied = list(known), list[Work]()  # outcomes not yet in a round
+        dead_letters = list(dead)
+        sending: dict[asyncio.Task[None], Work] = {}
+        rounds: dict[asyncio.Task[None], _Round] = {}
+        idle = list(self._recorders)
+        free = self.settings.pool_size
+        group = self.settings.pool_size
+        group_deadline = math.inf
         started = time.monotonic()
         try:
             while True:
@@ -414,36 +469,67 @@ class SmtpSink:
                     # have their outcomes: the rest is the next owner's, unsent here.
                     self._put_back(queue, offsets, "stop requested" if stopping else "")
                     queue.clear()
-                free = self.settings.pool_size - len(active)
-                starting = [queue.popleft() for _ in range(min(free, len(queue)))]
-                last = not queue and not active and not starting
-                if finished or dead_letters or starting or last:
-                    await self._record(finished, dead_letters, starting, offsets if last else None)
-                    finished, dead_letters = [], []
-                if last:
+                if not queue and not sending and not rounds:
+                    round_ = _Round(idle[0], [*unsent, *replied], dead_letters, [], offsets)
+                    await self._record(round_)
                     return
-                if starting:
-                    self._test_hook("kill_after_intent")
-                # The rate-limit budget is the batch's (as when every message of the batch
-                # waited at once): a throttled batch still ends well inside max.poll.interval.ms.
-                budget = max(0.0, self.settings.max_rate_wait - (time.monotonic() - started))
-                for item in starting:
-                    active[asyncio.create_task(self._send(item, budget))] = item
-                done, pending = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
-                if pending:
-                    # A round costs one commit whether it records one outcome or a pool's
-                    # worth: wait up to one commit's duration for the other sessions' replies.
-                    more, _ = await asyncio.wait(pending, timeout=self._group_wait_s)
-                    done |= more
+                # Nothing is recorded while every lane is busy: what comes in meanwhile joins
+                # the next round. A round also waits (at most GROUP_WAIT_S) for a pool's worth
+                # of replies when the sends in flight can still make one: one transaction per
+                # pool of mails. Once nothing is left to start, the outcomes wait for the last
+                # round.
+                grouped = (
+                    len(replied) >= group
+                    or len(replied) + len(sending) < group
+                    or time.monotonic() >= group_deadline
+                )
+                while idle and queue and grouped and (unsent or replied or dead_letters or free):
+                    # The slots of ``replied`` go to this round's intents first.
+                    count = min(free + len(replied), len(queue))
+                    round_ = _Round(
+                        # The lane idle longest: its last markers are most likely written.
+                        idle.pop(0),
+                        [*unsent, *replied],
+                        dead_letters,
+                        [queue.popleft() for _ in range(count)],
+                        None,
+                        surplus=max(0, len(replied) - count),
+                    )
+                    free -= max(0, count - len(replied))
+                    unsent, replied, dead_letters = [], [], []
+                    rounds[asyncio.create_task(self._record(round_))] = round_
+                    group_deadline = math.inf
+                    # The sends start now and stop before their final "." until the round has
+                    # committed: the relay reads envelopes and contents while the broker commits.
+                    budget = max(0.0, self.settings.max_rate_wait - (time.monotonic() - started))
+                    for item in round_.starting:
+                        task = asyncio.create_task(self._send(item, budget, round_.committed))
+                        sending[task] = item
+                done, _ = await asyncio.wait(
+                    [*sending, *rounds],
+                    timeout=max(0.0, group_deadline - time.monotonic()) if replied else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 for task in done:
-                    finished.append(active.pop(task))
-                    task.result()  # an unexpected error stops the sink, as a failed record does
-                if not active:
+                    if task in sending:
+                        if not replied:
+                            group_deadline = time.monotonic() + GROUP_WAIT_S
+                        replied.append(sending.pop(task))
+                        task.result()  # an unexpected error stops the sink, as a failed record does
+                        continue
+                    round_ = rounds.pop(task)
+                    task.result()
+                    idle.append(round_.lane)
+                    free += round_.surplus
+                    if round_.starting:
+                        self._test_hook("kill_after_intent")
+                    round_.committed.set()
+                if replied and not sending:
                     self._test_hook("kill_after_send")
         finally:
-            for task in active:
+            for task in sending:
                 task.cancel()
-            await asyncio.gather(*active, return_exceptions=True)
+            await asyncio.gather(*sending, *rounds, return_exceptions=True)
 
     def _put_back(
         self, unstarted: Sequence[Work], offsets: dict[tuple[str, int], int], why: str
@@ -472,25 +558,19 @@ class SmtpSink:
             len(unstarted),
         )
 
-    async def _record(
-        self,
-        finished: Sequence[Work],
-        dead: Sequence[tuple[Message, str, str]],
-        starting: Sequence[Work],
-        offsets: dict[tuple[str, int], int] | None,
-    ) -> None:
-        """One transaction: outcomes of ``finished`` and ``dead``, intents of ``starting``."""
+    async def _record(self, round_: _Round) -> None:
+        """One transaction: the round's outcomes and dead letters, its intents, its offsets."""
         now = self.clock()
+        recorder = round_.lane
 
         def write() -> None:
-            self.recorder.write_outcomes(finished, dead, now)
-            self.recorder.write_intents(starting)
+            recorder.write_outcomes(round_.finished, round_.dead, now)
+            recorder.write_intents(round_.starting)
 
-        # In a thread: librdkafka releases the GIL while it waits for the broker, so the sends
-        # in flight go on; only this coroutine waits for the commit.
-        began = time.monotonic()
-        await asyncio.to_thread(self.recorder.transaction, write, offsets, self._consumer)
-        self._group_wait_s = min(time.monotonic() - began, MAX_GROUP_WAIT_S)
+        # The records are queued here, in the loop (the state store is the loop's); the commit
+        # waits for the broker in a thread (librdkafka releases the GIL), the sends go on.
+        recorder.stage(write)
+        await asyncio.to_thread(recorder.commit, round_.offsets, self._consumer)
         self.rounds_total += 1
 
     def _admit(
@@ -604,16 +684,22 @@ class SmtpSink:
         log.warning("render failed command_id=%s reason=%s", item.command_id, exc.reason)
         item.outcomes = [RecipientOutcome(None, DeliveryStatus.FAILED, diagnostic=exc.reason)]
 
-    async def _send(self, item: Work, max_rate_wait: float) -> None:
-        if not self.kafka.tracing.enabled:
-            await self._attempt(item, max_rate_wait)
-            return
-        # The send is a span under the command's; its outcome events carry it on.
-        with tracing.span_headers("smtp.send", item.record.headers()) as headers:
-            item.trace = headers
-            await self._attempt(item, max_rate_wait)
+    async def _send(self, item: Work, max_rate_wait: float, committed: asyncio.Event) -> None:
+        """Render and send ``item``, its final "." only once its INTENT has ``committed``.
 
-    async def _attempt(self, item: Work, max_rate_wait: float) -> None:
+        Ends only after that commit too, whatever the outcome (nothing to send, refused before
+        DATA): an outcome must never be recorded before its intent.
+        """
+        if not self.kafka.tracing.enabled:
+            await self._attempt(item, max_rate_wait, committed)
+        else:
+            # The send is a span under the command's; its outcome events carry it on.
+            with tracing.span_headers("smtp.send", item.record.headers()) as headers:
+                item.trace = headers
+                await self._attempt(item, max_rate_wait, committed)
+        await committed.wait()
+
+    async def _attempt(self, item: Work, max_rate_wait: float, committed: asyncio.Event) -> None:
         try:
             rendered = render(
                 item.command,
@@ -652,7 +738,7 @@ class SmtpSink:
             ]
             return
         try:
-            report = await self.pool.send(rendered)
+            report = await self.pool.send(rendered, committed)
             item.outcomes += classify_report(rendered.recipients, report)
             self.sent_total += 1
         except SmtpTransportError as exc:

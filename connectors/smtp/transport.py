@@ -5,10 +5,13 @@ relay said in our own types (:class:`~connectors.smtp.classify.TransactionReport
 aiosmtplib exception leaves as a :class:`~connectors.smtp.errors.SmtpTransportError` tagged with
 the stage it happened in.
 
-DATA is driven in two steps (the DATA command, then the content and the final ".") instead of
+DATA is driven in steps (the DATA command, the content, then the final ".") instead of
 ``SMTP.data()``, because only then do we know whether a timeout or a drop happened before the
 relay could have accepted the message (DEFERRED) or after the final "." (UNKNOWN, resend later
-with the same Message-ID).
+with the same Message-ID). A send may be *staged*: everything but the final "." goes out at once,
+the "." only when the caller says so (the sink: once the message's INTENT is committed). Until
+the "." the relay can accept nothing; a session dropped in between is one the relay discards
+(RFC 5321 4.1.1.4: the mail data is only complete at the "."), and it is never reused.
 
 Security: ``tls`` is implicit TLS, ``starttls`` must succeed (a relay that does not offer it is an
 error, never a silent fallback), certificates are always verified (system store or ``ca_file``).
@@ -52,6 +55,8 @@ from connectors.smtp.render import RenderedMessage
 log = logging.getLogger(__name__)
 
 _LEADING_DOT = re.compile(rb"(?m)^\.")
+#: The line that ends the mail data (RFC 5321 4.1.1.4).
+_END_OF_DATA = b".\r\n"
 #: Replies after which the relay closes the session (RFC 5321 3.8: 421 "service not available").
 _CLOSING_CODES = {421}
 
@@ -105,6 +110,8 @@ class SmtpSession:
         self._client = client
         self._settings = settings
         self.sent = 0
+        self._staged: dict[str, SmtpReply] | None = None
+        """Between :meth:`stage` and :meth:`finish`: the recipients refused so far."""
 
     @classmethod
     async def open(cls, settings: SmtpSinkSettings, context: ssl.SSLContext | None) -> SmtpSession:
@@ -150,7 +157,8 @@ class SmtpSession:
 
     @property
     def usable(self) -> bool:
-        return self._client.is_connected
+        """Connected and not inside a staged DATA (whose content a next MAIL would extend)."""
+        return self._client.is_connected and self._staged is None
 
     def close(self) -> None:
         self._client.close()
@@ -163,6 +171,15 @@ class SmtpSession:
 
     async def transact(self, message: RenderedMessage) -> TransactionReport:
         """MAIL, RCPT per recipient, DATA; raises SmtpTransportError (session then closed)."""
+        return await self.stage(message) or await self.finish()
+
+    async def stage(self, message: RenderedMessage) -> TransactionReport | None:
+        """MAIL, RCPT per recipient, DATA and the content: all but the final ".".
+
+        Returns the report when the transaction ended here (every recipient refused), else
+        None, and :meth:`finish` sends the "." (the relay can accept nothing before it).
+        Raises SmtpTransportError (the session then closed, or reset when the relay refused).
+        """
         stage = SmtpStage.ENVELOPE
         settings = self._settings
         options: list[str] = []
@@ -200,18 +217,34 @@ class SmtpSession:
             if start.code != 354:
                 await self._reset_after(start.code)
                 raise SmtpReplyError(start.code, start.message, stage=stage)
-            # From here on the relay may take responsibility for the message at any moment.
-            stage = SmtpStage.AFTER_DATA
             protocol = self._client.protocol
             if protocol is None:
                 raise SMTPServerDisconnected("connection lost before the content was sent")
-            protocol.write(dot_stuff(message.data))
-            reply = await protocol.read_response(timeout=settings.data_timeout)
+            # The content without its terminating "." (written by finish()): nothing is
+            # accepted yet, and until then the session is no one else's (usable is False).
+            self._staged = refused
+            protocol.write(dot_stuff(message.data)[: -len(_END_OF_DATA)])
         except (SmtpReplyError, SmtpUtf8UnsupportedError):
             raise
         except Exception as exc:
             self.close()
             raise _translate(exc, stage) from exc
+        return None
+
+    async def finish(self) -> TransactionReport:
+        """The final "." of a staged transaction and the relay's verdict on it."""
+        refused, self._staged = self._staged, None
+        assert refused is not None, "finish() without a staged transaction"
+        try:
+            # From here on the relay may take responsibility for the message at any moment.
+            protocol = self._client.protocol
+            if protocol is None:
+                raise SMTPServerDisconnected("connection lost before the final '.' was sent")
+            protocol.write(_END_OF_DATA)
+            reply = await protocol.read_response(timeout=self._settings.data_timeout)
+        except Exception as exc:
+            self.close()
+            raise _translate(exc, SmtpStage.AFTER_DATA) from exc
         if reply.code in _CLOSING_CODES:
             self.close()
         self.sent += 1
@@ -296,12 +329,25 @@ class SmtpConnectionPool:
             finally:
                 if session.usable:
                     self._idle.append(session)
+                else:
+                    session.close()  # dropped, or left inside a staged DATA: the relay discards it
 
-    async def send(self, message: RenderedMessage) -> TransactionReport:
+    async def send(
+        self, message: RenderedMessage, ready: asyncio.Event | None = None
+    ) -> TransactionReport:
+        """One SMTP transaction. With ``ready``, all but the final "." is sent at once and the
+        "." once ``ready`` is set: the relay reads the envelope and the content meanwhile (the
+        sink's INTENT commit), and accepts nothing before. Cancelled while waiting, the session
+        is closed, so the relay discards the message."""
         for try_fresh in (False, True):
             async with self.session() as (session, reused):
                 try:
-                    return await session.transact(message)
+                    report = await session.stage(message)
+                    if report is not None:
+                        return report
+                    if ready is not None:
+                        await ready.wait()
+                    return await session.finish()
                 except SmtpDisconnectedError as exc:
                     stale = reused and not try_fresh and exc.stage is SmtpStage.ENVELOPE
                     if not stale:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import statistics
 import threading
 import time
@@ -30,11 +31,12 @@ from confluent_kafka import Consumer, Producer
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, config_from_dict
 from connectors.core.kafka.clients import consumer_config, producer_config
-from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.render import render
 from connectors.smtp.sink import PRODUCER_COMPRESSION, SmtpSink
+from connectors.smtp.topics import ensure_sink_topics
 from mailtap import dev
+from mailtap.bench import ingest
 from mailtap.dev.services import SMTP_FROM_ADDRESS
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ log = logging.getLogger(__name__)
 MESSAGES = 2000
 #: Raw and sink rounds alternate; the medians are reported (the machines are shared and noisy).
 ROUNDS = 3
-TARGET_RATIO = 0.70
+TARGET_RATIO = 0.80
 
 
 def _command(i: int, run: str) -> dict[str, Any]:
@@ -127,6 +129,7 @@ class _SinkRun:
                     "retry_prefix": f"bench.commands.{run}.retry",
                     "dlq": f"bench.commands.{run}.dlq",
                     "delivery": f"bench.delivery.{run}",
+                    "suppressions": f"bench.suppressions.{run}",
                 },
             },
             "smtp": {
@@ -142,7 +145,11 @@ class _SinkRun:
         self.run = run
         self.cfg = config_from_dict(raw)
         settings = self.cfg.section("smtp", SmtpSinkSettings)
-        ensure_topics(self.cfg.kafka, retry_tiers=settings.retry_tiers)
+        # Only the topics of this run: the stack's own (mail.events of a demo, in whichever
+        # encoding) are none of a benchmark's business.
+        ensure_sink_topics(
+            self.cfg.kafka, settings.retry_tiers, suppressions=settings.suppression.enabled
+        )
         self.serde = AvroSerde.for_schema("ReplyCommand", self.cfg.kafka)
         self.producer = Producer(
             producer_config(self.cfg.kafka, compression_type=PRODUCER_COMPRESSION)
@@ -195,7 +202,8 @@ async def _measure(
 def bench_sink(json_out: bool, messages: int = MESSAGES, rounds: int = ROUNDS) -> dict[str, Any]:
     """Run both halves and return the figures (the CLI prints them as JSON with ``--json``)."""
     started_here = False
-    info = dev.status()
+    # MAILTAP_BENCH_STATE_DIR: someone else's services (the tests'), used, never started or stopped.
+    info = ingest._services() if os.environ.get(ingest.ENV_STATE_DIR) else dev.status()
     if info is None:
         click.echo("no local services running: starting them (mailtap dev up)", err=json_out)
         info = dev.up()
@@ -221,6 +229,7 @@ def bench_sink(json_out: bool, messages: int = MESSAGES, rounds: int = ROUNDS) -
         "batch_size": sink.settings.batch_size,
         "smtp_sessions_opened": sink.pool.opened,
         "sink_transactions": sink.rounds_total,
+        "sink_transactions_per_message": round(sink.rounds_total / (rounds * messages + 1), 3),
     }
     lines = [
         f"raw aiosmtplib, one reused connection: {raw_rate:8.1f} msg/s (median of {rounds})",

@@ -97,6 +97,15 @@ def e2e(as_json: bool, mails: int) -> None:
     _emit(module.bench_e2e(json_out=as_json, mails=mails), as_json)
 
 
+@bench.command("coldstart")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--rounds", type=click.IntRange(1), default=3, show_default=True)
+def coldstart(as_json: bool, rounds: int) -> None:
+    """`dev up` on a fresh state dir -> the registry accepts the components' first registrations."""
+    module = import_optional("mailtap.bench.coldstart")
+    _emit(module.bench_coldstart(rounds=rounds), as_json)
+
+
 @bench.command("reconnect")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
 @click.option("--mails", type=int, default=50_000, show_default=True, help="Mails in the folder.")

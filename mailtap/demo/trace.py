@@ -32,6 +32,8 @@ class RunTrace:
     commands: list[dict[str, Any]] = field(default_factory=list)
     delivery: list[dict[str, Any]] = field(default_factory=list)
     received: list[ReceivedMessage] = field(default_factory=list)
+    #: Message-ID -> wall-clock time the tracer first saw its MailEvent on ``mail.events``.
+    event_seen_at: dict[str, float] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def ours(self, event_key: str | None) -> bool:
@@ -61,6 +63,8 @@ class Tracer:
         self.since_ms = int(since.timestamp() * 1000)
         self.emit = emit
         self._stop = threading.Event()
+        #: Set once the consumer is assigned at ``since``: from then on a record is seen as it lands.
+        self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-tracer", daemon=True)
         self._seen_files: set[str] = set()
         self._decoder = AnyAvroDecoder(kafka.schema_registry_url)
@@ -87,6 +91,7 @@ class Tracer:
                 for p in meta.partitions if meta else {}:
                     wanted.append(TopicPartition(topic, p, self.since_ms))
             consumer.assign(self._start_offsets(consumer, wanted))
+            self.ready.set()
             smtp_due = 0.0
             while not self._stop.is_set():
                 for msg in consumer.consume(500, 0.1):
@@ -122,6 +127,8 @@ class Tracer:
         with tr.lock:
             if topic == t.events and tr.ours(value.get("key")):
                 tr.events.append(value)
+                if value.get("message_id"):
+                    tr.event_seen_at.setdefault(value["message_id"], time.time())
                 self.emit("mail", f"{value['change']:<8} {value['key']}  “{value.get('subject')}”")
             elif topic == t.workflow and tr.ours(value.get("event_key")):
                 tr.workflow.append(value)

@@ -17,15 +17,28 @@ KafkaSQL storage): the schema ids written into records on Kafka must mean the sa
 a restart, and Kafka's data outlives the registry process. ``WRITE_DELAY=0`` makes H2 write each
 commit through before the registry answers: with H2's default (500 ms) a schema registered just
 before a kill -9 was gone after the restart, while its id could already be on a topic.
+
+Apicurio 2.4's SQL storage is not safe under concurrent writes on H2, and the components that
+start together register at the same moment: its id sequences are read, then inserted or updated
+(``AbstractSqlRegistryStorage.nextSequenceValue``), and two registrations of the same content
+(the key schema ``"string"`` of every ``T-key``) insert it twice. On a fresh database four
+concurrent first registrations locked each other until H2's lock timeout (30 s here), then three
+of them failed with HTTP 500 - the 29-60 s and the 500 of a first ``make demo``. The registry
+therefore handles one request at a time (``quarkus.thread-pool.max-threads=1``): with no two
+transactions at once nothing can collide, and a registration takes 10-40 ms warm, so a handful of
+components queue for well under a second. `wait_ready` counts the registry as ready only once a
+registration went through (see `probe_registration`), not when it first answers a GET.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 import sys
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,13 +52,45 @@ ENV_REGISTRY_HOME = "MAILTAP_REGISTRY_HOME"
 SOURCES = TEMPLATES / "registry"
 CCOMPAT_PATH = "/apis/ccompat/v7"
 
-#: Quarkus starts the registry in ~7 s here (cold JVM, H2 schema creation); a loaded 2-core CI
-#: box can take several times that.
+#: Quarkus starts the registry in ~4-5 s here (cold JVM, H2 schema creation); a loaded 2-core
+#: CI box can take several times that.
 START_TIMEOUT_S = 120.0
 #: A cold build resolves ~300 jars plus the Quarkus build-time ones; a warm one takes ~30-90 s.
 BUILD_TIMEOUT_S = 1800.0
-#: Resident memory is ~190 MB with this heap cap.
-JVM_OPTS = ("-Xmx256m", "-Xms64m", "-XX:+UseSerialGC", "-Djava.awt.headless=true")
+#: Resident memory is ~190 MB with this heap cap. ``TieredStopAtLevel=1`` compiles with C1 only:
+#: a local registry serves a few dozen requests, never long enough for C2 to pay off, and on a
+#: busy 2-core machine C2's compile threads made the start take 5-17 s instead of 4-5 s
+#: (interleaved starts, HTTP answer then first registration).
+JVM_OPTS = (
+    "-Xmx256m",
+    "-Xms64m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Djava.awt.headless=true",
+)
+#: Run-time Quarkus settings (see the module docstring): one request at a time, so Apicurio's
+#: SQL storage never runs two transactions at once; its prod profile opens 20 JDBC connections
+#: at start, which a serialised registry does not need.
+QUARKUS_PROPERTIES = {
+    "quarkus.thread-pool.core-threads": "1",
+    "quarkus.thread-pool.max-threads": "1",
+    "quarkus.datasource.jdbc.initial-size": "2",
+    "quarkus.datasource.jdbc.min-size": "2",
+}
+#: The subject `probe_registration` registers and deletes. It ends neither in ``-key`` nor in
+#: ``-value``, so it is no TopicNameStrategy subject and cannot be a component's.
+PROBE_SUBJECT = "_mailtap-readiness-probe"
+PROBE_SCHEMA = json.dumps(
+    {
+        "type": "record",
+        "name": "ReadinessProbe",
+        "namespace": "io.mailtap.dev",
+        "doc": "Registered and deleted by `mailtap dev up` to check the registry accepts writes.",
+        "fields": [],
+    }
+)
+#: One registration on a cold registry took up to ~2 s here on a loaded machine.
+PROBE_TIMEOUT_S = 15.0
 
 
 def registry_home() -> Path:
@@ -139,6 +184,40 @@ def probe(url: str, timeout: float = 2.0) -> None:
             raise RuntimeError(f"{url}/subjects did not answer a JSON list")
 
 
+def _call(url: str, method: str, body: dict[str, str] | None, timeout: float) -> object:
+    request = urllib.request.Request(
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+    )
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.load(response)
+
+
+def probe_registration(url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raise unless the registry registers a schema: register `PROBE_SCHEMA` under
+    `PROBE_SUBJECT`, then delete the subject (soft, then permanently) so the registry holds only
+    what the components register.
+
+    A throwaway subject rather than mailtap's own schemas: the services do not know which topics
+    a config names (tests use topic names of their own), and the components set the compatibility
+    and register their schemas themselves (connectors.core.schemaregistry). The probe runs the
+    same write path as theirs (id sequences, content, artifact, version), so the registry's
+    first-write work (sequence rows, class loading, JIT) is done before ``dev up`` returns.
+
+        POST   /subjects/_mailtap-readiness-probe/versions {"schema": "..."} -> {"id": 1}
+        DELETE /subjects/_mailtap-readiness-probe                           -> [1]
+        DELETE /subjects/_mailtap-readiness-probe?permanent=true            -> [1]
+    """
+    subject = f"{url}/subjects/{PROBE_SUBJECT}"
+    answer = _call(f"{subject}/versions", "POST", {"schema": PROBE_SCHEMA}, timeout)
+    if not isinstance(answer, dict) or not isinstance(answer.get("id"), int):
+        raise RuntimeError(f"{url} answered a registration with {answer!r}, not a schema id")
+    _call(subject, "DELETE", None, timeout)
+    _call(f"{subject}?permanent=true", "DELETE", None, timeout)
+
+
 def start(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> RunningRegistry:
     """Start the registry on ``host:port`` (a free port by default) and wait until it answers."""
     running = launch(state_dir, host, port)
@@ -163,6 +242,7 @@ def launch(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) ->
         f"-Djava.io.tmpdir={state_dir}",
         # Apicurio's application.properties reads the prod datasource URL from this property.
         f"-DREGISTRY_DATASOURCE_URL={layout.jdbc_url}",
+        *(f"-D{name}={value}" for name, value in QUARKUS_PROPERTIES.items()),
         f"-Dquarkus.http.host={host}",
         f"-Dquarkus.http.port={port}",
         "-jar",
@@ -174,17 +254,21 @@ def launch(state_dir: Path, host: str = "127.0.0.1", port: int | None = None) ->
 
 
 def wait_ready(state_dir: Path, running: RunningRegistry) -> None:
-    """Wait until the registry `launch` started answers; stop it and raise if it does not."""
+    """Wait until the registry `launch` started accepts a registration (`probe_registration`);
+    stop it and raise if it does not."""
     layout = RegistryLayout(state_dir)
+    deadline = time.monotonic() + START_TIMEOUT_S
     try:
-        process.wait_until_ready(
-            "registry",
-            running.pid,
-            lambda: probe(running.url),
-            [layout.stdout_log],
-            START_TIMEOUT_S,
-            interval=0.2,
-        )
+        # A GET while Quarkus starts (cheap to repeat every 0.2 s), then one registration.
+        for check in (probe, probe_registration):
+            process.wait_until_ready(
+                "registry",
+                running.pid,
+                functools.partial(check, running.url),
+                [layout.stdout_log],
+                max(0.0, deadline - time.monotonic()),
+                interval=0.2,
+            )
     except BaseException:
         stop(state_dir)
         raise

@@ -65,6 +65,9 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
     while True:
         try:
             metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+            elected = None if metadata is None else metadata.error
+            if elected is not None and is_retriable(elected):  # an election: not "no topic"
+                raise KafkaException(elected)
             if metadata is None or metadata.error is not None or not metadata.partitions:
                 return
             parts = [TopicPartition(topic, p) for p in metadata.partitions]
@@ -81,6 +84,7 @@ def wait_transactions_settled(kafka: KafkaSettings, topic: str, timeout: float) 
             if not is_retriable(error):
                 raise
             waiting = error.str()
+            admin = admin_client(kafka)  # fresh metadata and leader epochs (see partition_ends)
         if time.monotonic() > deadline:
             raise KafkaTimeout(
                 f"{topic}: transactions open on it did not end within {timeout:.0f}s ({waiting})"

@@ -74,11 +74,16 @@ def partition_ends(
     parts = [TopicPartition(tp.topic, tp.partition) for tp in partitions]
     if not parts:
         return {}
-    client = admin if admin is not None else admin_client(kafka)
+    given = admin
     level = IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
     topics = ", ".join(sorted({tp.topic for tp in parts}))
 
     def ask() -> dict[Where, int]:
+        nonlocal given
+        # A retry asks with a new client: librdkafka's admin client keeps the leader epoch it
+        # cached, so after a leader moved it was answered FENCED_LEADER_EPOCH for 60 s (45
+        # attempts) on a 2-broker cluster whose leaders moved (issue 29).
+        client, given = (given if given is not None else admin_client(kafka)), None
         asked = {tp: OffsetSpec.latest() for tp in parts}  # type: ignore[no-untyped-call]
         answers = client.list_offsets(
             asked, isolation_level=level, request_timeout=LIST_OFFSETS_TIMEOUT_S

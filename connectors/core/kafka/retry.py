@@ -33,6 +33,14 @@ TRANSIENT_CODES = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
+        # A leader that moved, as the cached leader epoch of a client sees it (issue 29; seen on
+        # a 2-broker cluster whose leaders move: tests/integration/core/test_kafka_leader_moves.py).
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,  # a new leader before its high watermark is known
+        KafkaError._UNKNOWN_PARTITION,  # the client's metadata is older than the partition
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NETWORK_EXCEPTION,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
@@ -71,7 +79,7 @@ def retry_retriable(call: Callable[[], T], deadline: float, what: str) -> T:
         raise_if_stopping()
         attempts += 1
         try:
-            return call()
+            result = call()
         except KafkaException as exc:
             error: KafkaError = exc.args[0]
             if not is_retriable(error):
@@ -80,6 +88,13 @@ def retry_retriable(call: Callable[[], T], deadline: float, what: str) -> T:
                 raise KafkaTimeout(
                     f"{what}: still failing after {attempts} attempts ({error.str()})"
                 ) from exc
-            log.debug("%s: %s; retrying in %.2fs", what, error.str(), backoff)
+            # One line when a call first meets a transient answer (an operator sees leader
+            # moves and coordinator loads in the log), one when it healed; the rest at debug.
+            level = logging.WARNING if attempts == 1 else logging.DEBUG
+            log.log(level, "%s: %s %s; retrying", what, error.name(), error.str())
+        else:
+            if attempts > 1:
+                log.info("%s: succeeded after %d attempts", what, attempts)
+            return result
         time.sleep(backoff)
         backoff = min(backoff * 2, MAX_BACKOFF_S)

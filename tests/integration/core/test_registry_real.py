@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -459,6 +459,23 @@ def test_the_imap_source_and_the_smtp_sink_refuse_a_registry_at_start(
         assert f"{names['events']}-value" in str(refused.value)
     finally:
         source.close()
+    # start() lets the mailboxes start while the schema registers (the first FETCH does not
+    # wait for it) but returns only with the registry's answer: the refusal stops the source
+    # there, closed, before any transaction; nothing reached the events topic.
+    started = ImapSource.from_config(config)
+    with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE"):
+        started.start()
+    assert not started.started.is_set() and started.health_port is None
+    consumer = Consumer(consumer_config(config.kafka, f"check-{unique}"))
+    try:
+        events = consumer.list_topics(names["events"], timeout=30).topics[names["events"]]
+        written = [
+            consumer.get_watermark_offsets(TopicPartition(names["events"], p), timeout=30)[1]
+            for p in events.partitions
+        ]
+    finally:
+        consumer.close()
+    assert written and sum(written) == 0
 
     sink = SmtpSink(config, config.section("smtp", SmtpSinkSettings))
     with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE") as refused:

@@ -229,3 +229,54 @@ async def test_reconnects_when_the_relay_dropped_an_idle_session() -> None:
         controller.stop()
     assert len(handler.messages) == 3
     assert pool.opened == 3
+
+
+class Contents(Recording):
+    """Keeps what each accepted message said, to tell them apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: list[bytes] = []
+
+    async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        self.data.append(envelope.original_content or b"")
+        return await super().handle_DATA(server, session, envelope)
+
+
+async def test_a_staged_send_is_accepted_only_after_its_final_dot() -> None:
+    handler = Contents()
+    controller, port = start(handler)
+    pool = SmtpConnectionPool(settings(port, host="127.0.0.1", security="plain"))
+    ready = asyncio.Event()
+    try:
+        sending = asyncio.create_task(pool.send(message(1), ready))
+        await asyncio.sleep(0.5)  # envelope and content are on the relay's side by now
+        assert not sending.done() and handler.messages == []
+        ready.set()
+        report = await sending
+        assert report.data_reply is not None and report.data_reply.code == 250
+        assert len(handler.data) == 1 and b"Message-ID: <mailtap.t1@" in handler.data[0]
+    finally:
+        await pool.close()
+        controller.stop()
+
+
+async def test_a_staged_send_cancelled_before_its_final_dot_is_discarded_not_reused() -> None:
+    """The sink cancels the staged sends of a round whose commit failed: the relay must drop
+    that content, and the session must not carry the next message inside the old DATA."""
+    handler = Contents()
+    controller, port = start(handler)
+    pool = SmtpConnectionPool(settings(port, host="127.0.0.1", security="plain"))
+    try:
+        staged = asyncio.create_task(pool.send(message(1), asyncio.Event()))
+        await asyncio.sleep(0.5)
+        staged.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await staged
+        await send_all(pool)  # closes the pool
+    finally:
+        controller.stop()
+    assert len(handler.data) == 1
+    assert b"Message-ID: <mailtap.t0@" in handler.data[0]
+    assert b"mailtap.t1@" not in handler.data[0] and handler.data[0].count(b"Message-ID:") == 1
+    assert pool.opened == 2  # the staged session was closed, a new one carried message 0

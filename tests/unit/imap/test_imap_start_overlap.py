@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from connectors.core.config import config_from_dict
+from connectors.core.errors import ConfigError
 from connectors.core.source.ownership.wiring import MailboxesRead
 from connectors.imap import source as source_module
 from connectors.imap.source import ImapSource
@@ -38,7 +39,7 @@ def test_the_mailboxes_topic_is_read_while_the_source_prepares(
         assert configured == {"a": ("INBOX",)} and source == "imap"
         return read
 
-    def prepare(self: ImapSource) -> None:
+    def prepare(self: ImapSource, wait_for_registry: bool = True) -> None:
         # Before the fix the read began only after prepare() had returned: this waited in vain.
         handed["read_started_during_prepare"] = reading.wait(OVERLAP_WAIT_S)
 
@@ -69,7 +70,7 @@ def test_a_failed_prepare_closes_the_mailboxes_reader(monkeypatch: pytest.Monkey
     def read_mailboxes(kafka: object, source: str, configured: object) -> MailboxesRead:
         return MailboxesRead(catalog=None, watcher=Watcher(), assignment_box=[])  # type: ignore[arg-type]
 
-    def prepare(self: ImapSource) -> None:
+    def prepare(self: ImapSource, wait_for_registry: bool = True) -> None:
         raise RuntimeError("the registry refused the schema")
 
     monkeypatch.setattr(source_module, "read_mailboxes", read_mailboxes)
@@ -81,3 +82,71 @@ def test_a_failed_prepare_closes_the_mailboxes_reader(monkeypatch: pytest.Monkey
     finally:
         source.close()
     assert closed.is_set()
+
+
+class _Sharing:
+    """What start_sharing returns, without a broker: the mailboxes "started" and closed."""
+
+    def __init__(self, seen: dict[str, Any], started: threading.Event) -> None:
+        seen["sharing"] = "started"
+        started.set()
+        self.seen = seen
+
+    def close(self) -> None:
+        self.seen["sharing"] = "closed"
+
+
+def _prepared_without_services(
+    monkeypatch: pytest.MonkeyPatch, register: Any, started: threading.Event
+) -> dict[str, Any]:
+    """Everything prepare() and start() wait on stubbed out, except the schema registration."""
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(source_module, "ensure_topics", lambda kafka: {})
+    monkeypatch.setattr(source_module, "load_indexes", lambda kafka, serde, names: {})
+    monkeypatch.setattr(source_module, "open_configured", lambda claim_check, threads: None)
+    monkeypatch.setattr(
+        source_module,
+        "read_mailboxes",
+        lambda kafka, source, configured: MailboxesRead(
+            catalog=None, watcher=None, assignment_box=[]
+        ),  # type: ignore[arg-type]
+    )
+    monkeypatch.setattr(
+        source_module, "start_sharing", lambda *args, **kwargs: _Sharing(seen, started)
+    )
+    monkeypatch.setattr(source_module.AvroSerde, "prepare", register)
+    return seen
+
+
+def test_the_mailboxes_start_while_the_schema_registers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 29: registering the schema never holds the first FETCH back; start() returns once
+    the registry answered."""
+    mailboxes_started = threading.Event()
+    started_before_registered: list[bool] = []
+
+    def register(serde: object, topic: str) -> None:
+        started_before_registered.append(mailboxes_started.wait(OVERLAP_WAIT_S))
+
+    seen = _prepared_without_services(monkeypatch, register, mailboxes_started)
+    source = ImapSource.from_config(config_from_dict(CONFIG))
+    try:
+        source.start()
+        assert source.started.is_set()
+    finally:
+        source.close()
+    assert started_before_registered == [True] and seen == {"sharing": "closed"}
+
+
+def test_a_registry_refusal_still_stops_start_with_its_sentence(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def register(serde: object, topic: str) -> None:
+        raise ConfigError(f"the schema registry refuses the schema for {topic}-value")
+
+    seen = _prepared_without_services(monkeypatch, register, threading.Event())
+    source = ImapSource.from_config(config_from_dict(CONFIG))
+    with pytest.raises(ConfigError, match=r"refuses the schema for mail\.events-value"):
+        source.start()
+    # Closed again by start(): the mailboxes stopped, the health endpoint too.
+    assert not source.started.is_set() and source.health_port is None
+    assert seen == {"sharing": "closed"}
