@@ -74,8 +74,9 @@ def streams(as_json: bool, events: int, workers: str) -> None:
     Each run pre-fills a fresh 6-partition events topic (tickets, approval requests and
     auto-replies the guards skip), runs a bare aiokafka consume -> produce loop over it, then
     starts that many `mailtap run streams` workers with the demo's workflows. events/s is
-    counted by an independent read_committed consumer, from the first output record to the
-    last (record timestamps); it checks that every event was answered. Prints the ratio to
+    counted by an independent read_committed consumer from record timestamps: from the first
+    event consumed (a worker's first record re-keyed onto its conversation topic) to the last
+    command or workflow record; it checks that every event was answered. Prints the ratio to
     the bare loop of the same run and the scaling over the worker counts.
     """
     try:
