@@ -45,6 +45,7 @@ from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs,
 from mailtap.bench.ingest import _say, _services
 from mailtap.components import Component
 from mailtap.dev import DevServices, scenario
+from mailtap.dev.process import cpu_seconds
 from streams.app import conversations_topic_name
 from streams.testing import mail_record
 
@@ -239,15 +240,21 @@ def _measure_bare(cfg: MailtapConfig, keys: set[str], run: str) -> dict[str, Any
     out_topic = f"bench.streams.bare.{run}"
     ensure_topic_specs(cfg.kafka, [TopicSpec(out_topic, PARTITIONS, DELETED)])
     reader = OutputReader(cfg, [out_topic], keys)
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), time.process_time()
     asyncio.run(_bare_loop(cfg, out_topic, len(keys)))
+    cpu_s = time.process_time() - cpu_started  # with its client start-up: a little high
     while not reader.done and time.monotonic() - started < RUN_TIMEOUT_S:
         reader.poll()
     reader.close()
     return {
         "events_counted": len(reader.answered),
         "events_per_s": round(reader.rate(len(keys)), 1),
+        "cpu_ms_per_event": round(1000 * cpu_s / len(keys), 3),
     }
+
+
+def _cpu(components: list[Component]) -> float:
+    return sum(cpu_seconds(c.process.pid) for c in components if c.process is not None)
 
 
 def _measure_workers(
@@ -262,9 +269,13 @@ def _measure_workers(
         for n in range(workers)
     ]
     started, wall_start = time.monotonic(), time.time()
+    cpu_at_first_event: float | None = None
     try:
         while not reader.done:
             reader.poll()
+            if cpu_at_first_event is None and reader.first_ms is not None:
+                # Seen within a poll of it: what the workers spent on start-up stays out.
+                cpu_at_first_event = _cpu(components)
             for comp in components:
                 if not comp.alive:
                     raise click.ClickException(
@@ -275,6 +286,7 @@ def _measure_workers(
                     f"{workers} worker(s) answered {len(reader.answered)} of {len(keys)} events "
                     f"in {RUN_TIMEOUT_S:.0f} s; logs in {logs}"
                 )
+        cpu_s = _cpu(components) - (cpu_at_first_event or 0.0)
     finally:
         for comp in components:
             comp.stop()
@@ -283,6 +295,8 @@ def _measure_workers(
         "workers": workers,
         "events_counted": len(reader.answered),
         "records_produced": reader.records,
+        # CPU per event does not depend on how loaded the shared machine is, unlike events/s.
+        "cpu_ms_per_event": round(1000 * cpu_s / len(keys), 3),
         "events_per_s": round(reader.rate(len(keys)), 1),
         # Process start -> first event consumed: imports, group join, table recovery (not in the rate).
         "start_to_first_event_s": round((reader.first_ms or 0) / 1000 - wall_start, 2),
@@ -323,6 +337,7 @@ def bench_streams(
         "partitions": PARTITIONS,
         "bare_aiokafka_events_per_s": [b["events_per_s"] for b in bare],
         "bare_events_counted": [b["events_counted"] for b in bare],
+        "bare_cpu_ms_per_event": [b["cpu_ms_per_event"] for b in bare],
         "runs": runs,
         "target_events_per_s_one_worker": TARGET_EVENTS_PER_S,
         "target_ratio": TARGET_RATIO,
@@ -340,7 +355,8 @@ def bench_streams(
         f"events/s (median of {len(bare)})",
         *(
             f"{r['workers']} streams worker(s):            {r['events_per_s']:8.0f} events/s, "
-            f"{r['ratio_to_bare']:.1%} of the bare loop in the same run"
+            f"{r['ratio_to_bare']:.1%} of the bare loop in the same run, "
+            f"{r['cpu_ms_per_event']:.2f} ms CPU per event"
             for r in runs
         ),
         f"targets: one worker >= {TARGET_EVENTS_PER_S:.0f} events/s and >= "
