@@ -7,7 +7,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 PYTEST_FLAGS ?= -ra --durations=15
 
-.PHONY: venv test demo lint registry s3proxy image deploy-test
+.PHONY: venv test demo lint registry s3proxy greenmail image deploy-test
 
 venv:
 	./deploy/bootstrap.sh
@@ -19,7 +19,7 @@ venv:
 # whole suite shares one Kafka broker, one Dovecot and one SMTP server.
 # MAILTAP_NO_SKIP: a test that would skip fails (tests/conftest.py): everything it needs is
 # installed above, so a skip here would hide a missing install step.
-test: venv registry s3proxy
+test: venv registry s3proxy greenmail
 	MAILTAP_NO_SKIP=1 MAILTAP_DEPLOY_TEST=require $(PYTHON) -m pytest tests $(PYTEST_FLAGS)
 
 # The demo runs on the schema registry `mailtap dev up` starts (Confluent wire format).
@@ -36,6 +36,11 @@ registry: venv
 # tests/integration/core/test_s3_claimcheck.py skips, saying so, where it is not resolved.
 s3proxy: venv
 	$(PYTHON) -m mailtap.dev.s3proxy build
+
+# GreenMail (resolved with Maven into .cache/greenmail/libs), one of the IMAP servers of the
+# server-matrix tests (tests/integration/imap/test_imap_servers.py) and `mailtap dev up --imap`.
+greenmail: venv
+	$(PYTHON) -c "from mailtap.dev import greenmail; print(greenmail.build())"
 
 lint: venv
 	$(VENV)/bin/ruff check .

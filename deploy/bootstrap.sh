@@ -18,6 +18,15 @@ sha256() { sha256sum "$1" | cut -d' ' -f1; }
 # package:command pairs; a package counts as present when dpkg says so or its command exists.
 REQUIRED=(
   "dovecot-imapd:dovecot"
+  # The other IMAP servers of the dev stack (`mailtap dev up --imap cyrus|courier`): their
+  # common packages install side by side with Dovecot; the IMAP daemons themselves
+  # (cyrus-imapd, courier-imap) conflict with dovecot-imapd (all provide imap-server), so
+  # step 4 unpacks them into .cache instead of installing them.
+  "cyrus-common:cyrmaster"
+  # saslpasswd2 writes the private Cyrus instance's user database (sasldb).
+  "sasl2-bin:saslpasswd2"
+  # couriertcpd, maildirmake and the libraries of Courier's imapd.
+  "courier-base:couriertcpd"
   "postfix:postfix"
   "faketime:faketime"
   "default-jre-headless:java"
@@ -105,4 +114,28 @@ if [ "$(cat "$KSTAMP" 2>/dev/null)" != "$want" ] || ! compgen -G "$LIBS/kafka_2.
   echo "$want" > "$KSTAMP"
 fi
 
-log "ready (.venv, .cache/kafka/libs, Debian packages)"
+# --- 4. Cyrus and Courier IMAP daemons ------------------------------------------------------------
+
+# `apt-get download` + `dpkg-deb -x`: the packages' files under .cache/imap-servers/<package>,
+# nothing registered with dpkg, no system service. mailtap/dev/cyrus.py and courier.py run them.
+SERVERS="$ROOT/.cache/imap-servers"
+for pkg in cyrus-imapd courier-imap; do
+  version="$(apt-cache policy "$pkg" | awk '/Candidate:/ {print $2}')"
+  if [ -z "$version" ] || [ "$version" = "(none)" ]; then
+    log "no Debian package $pkg in the apt sources; \`mailtap dev up --imap ${pkg%%-*}\` will not work"
+    continue
+  fi
+  if [ "$(cat "$SERVERS/$pkg/.version" 2>/dev/null)" != "$version" ]; then
+    log "unpacking $pkg $version into $SERVERS/$pkg"
+    tmp="$(mktemp -d)"
+    chmod 755 "$tmp"  # apt's _apt user downloads into it
+    (cd "$tmp" && apt-get download -q "$pkg=$version" >/dev/null)
+    rm -rf "$SERVERS/$pkg"
+    mkdir -p "$SERVERS/$pkg"
+    dpkg-deb -x "$tmp"/"${pkg}"_*.deb "$SERVERS/$pkg"
+    echo "$version" > "$SERVERS/$pkg/.version"
+    rm -rf "$tmp"
+  fi
+done
+
+log "ready (.venv, .cache/kafka/libs, .cache/imap-servers, Debian packages)"

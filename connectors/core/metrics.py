@@ -117,6 +117,8 @@ class SourceMetrics:
         self.assignment: dict[str, Any] | None = None
         self._last_sync: dict[tuple[str, str, str], float] = {}
         self._states: dict[tuple[str, str, str], str] = {}
+        #: Per mailbox, the server's missing extensions and the source's fallbacks (IMAP).
+        self._fallbacks: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._lock = threading.Lock()
 
     def watch(self, source: str, account: str, folder: str) -> None:
@@ -134,6 +136,7 @@ class SourceMetrics:
         with self._lock:
             self._last_sync.pop(key, None)
             state = self._states.pop(key, None)
+            self._fallbacks.pop(key, None)
             owned = sum(1 for k in self._last_sync if k[0] == source)
         self.watched.labels(source).set(owned)
         for gauge in (self.owned, self.last_sync, self.mails_per_sync):
@@ -157,6 +160,14 @@ class SourceMetrics:
             self.state.labels(source, account, folder, old).set(0)
         self.state.labels(source, account, folder, state).set(1)
 
+    def set_fallbacks(self, source: str, account: str, folder: str, notes: tuple[str, ...]) -> None:
+        """What the mailbox's server lacks and what the source does instead (for /healthz)."""
+        with self._lock:
+            if notes:
+                self._fallbacks[(source, account, folder)] = notes
+            else:
+                self._fallbacks.pop((source, account, folder), None)
+
     def synced(self, source: str, account: str, folder: str, mails: int) -> None:
         now = time.time()
         with self._lock:
@@ -171,6 +182,7 @@ class SourceMetrics:
             fenced = sorted("/".join(k) for k, st in self._states.items() if st == "FENCED")
             backoff = sorted("/".join(k) for k, st in self._states.items() if st == "BACKOFF")
             states = {"/".join(k): st for k, st in sorted(self._states.items())}
+            fallbacks = {"/".join(k): list(v) for k, v in sorted(self._fallbacks.items())}
         stale = {k: a for k, a in ages.items() if a > max_age}
         ok = not stale and not fenced
         detail: dict[str, Any] = {
@@ -182,6 +194,9 @@ class SourceMetrics:
             "backoff": backoff,
             # Each owned mailbox's worker state (IDLE, POLLING, BACKOFF ...), for mailtap status.
             "states": states,
+            # Mailboxes whose server lacks an extension: what the source does instead
+            # (e.g. polling without IDLE).
+            "fallbacks": fallbacks,
             # Which mailboxes this instance runs (the others' are on other instances).
             "mailboxes": sorted(ages),
         }

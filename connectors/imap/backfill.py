@@ -149,6 +149,7 @@ class Backfill:
         cursor: Callable[[], Cursor | None],
         commit: Commit,
         count: Callable[[list[BuiltMail]], None],
+        committed: Callable[[int, Sequence[FetchedMail]], None] | None = None,
     ) -> None:
         self.account = account
         self.folder = folder
@@ -161,6 +162,8 @@ class Backfill:
         self._cursor = cursor
         self._commit = commit
         self._count = count
+        #: Told (uidvalidity, mails) of each batch once it is committed.
+        self._committed = committed
         #: Commits a backfill's transactions while the next batches are fetched and parsed.
         self._committer: ThreadPoolExecutor | None = None
         #: Set by a failed backfill commit: the committer commits nothing queued behind it.
@@ -262,6 +265,8 @@ class Backfill:
             self._count(built)
             for part, _ in parts:
                 part.progress.add(part.uids)
+                if self._committed is not None:
+                    self._committed(part.cursor.uidvalidity, part.fetched)
         except BaseException:
             self._commit_failed = True
             raise

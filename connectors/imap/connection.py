@@ -301,6 +301,11 @@ class ImapConnection:
     def supports_idle(self) -> bool:
         return b"IDLE" in self._capabilities
 
+    @property
+    def capabilities(self) -> frozenset[bytes]:
+        """What the server announced after login (upper case atoms, e.g. ``b"IDLE"``)."""
+        return self._capabilities
+
     def close(self) -> None:
         """Drop the connection without a round trip (it may be dead)."""
         client, self._client = self._client, None
@@ -349,6 +354,12 @@ class ImapConnection:
             raise
         hms = info.get(b"HIGHESTMODSEQ")
         uidvalidity = int(info[b"UIDVALIDITY"])
+        uidnext = info.get(b"UIDNEXT")
+        if uidnext is None:
+            # Optional in a SELECT answer (RFC 3501 6.3.1), and Courier leaves it out; the start
+            # position and a new epoch's rescan mark need it. STATUS has it (Courier answers
+            # STATUS on the selected folder).
+            uidnext = self.status(folder).uidnext
         vanished = None
         # RFC 7162 3.2.5: another UIDVALIDITY makes the server ignore the parameter, and a
         # NOMODSEQ folder has no history: neither answer says "nothing vanished".
@@ -359,7 +370,7 @@ class ImapConnection:
                 raise ImapProtocolError(f"select {folder}: {exc}") from exc
         return FolderStatus(
             uidvalidity=uidvalidity,
-            uidnext=int(info.get(b"UIDNEXT", 0)),
+            uidnext=int(uidnext),
             highestmodseq=int(hms) if hms is not None and self.condstore else None,
             exists=int(info.get(b"EXISTS", 0)),
             vanished=vanished,
@@ -552,6 +563,26 @@ class ImapConnection:
                 uid, tuple(_text(f) for f in found[uid].get(b"FLAGS", ())), _modseq(found[uid])
             )
             for uid in sorted(found)
+        ]
+
+    def flags_between(self, first_uid: int, last_uid: int) -> list[tuple[int, tuple[str, ...]]]:
+        """(uid, flags) of every mail with a UID in ``first_uid..last_uid``, ascending:
+        ``UID FETCH first:last (FLAGS)``, the listing of a server without CONDSTORE
+        (:mod:`connectors.imap.flaglisting`). A range, not a list of UIDs: the command stays
+        short however many mails the window holds."""
+        client = self.client
+        imap = client._imap
+        with _wire("fetch flags"):
+            # The same private imaplib calls as _uid_fetch (imapclient pinned <4.2).
+            tag = imap._command("UID", "FETCH", f"{first_uid}:{last_uid}", "(FLAGS)")
+            typ, data = imap._command_complete("FETCH", tag)
+            client._checkok("fetch", typ, data)
+            typ, data = imap._untagged_response(typ, data, "FETCH")
+            found = parse_fetch(data, client.normalise_times)
+        return [
+            (uid, tuple(_text(f) for f in found[uid].get(b"FLAGS", ())))
+            for uid in sorted(found)
+            if first_uid <= uid <= last_uid
         ]
 
     # --- waiting -----------------------------------------------------------------------------

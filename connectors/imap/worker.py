@@ -42,20 +42,18 @@ from connectors.core.source.backoff import Backoff
 from connectors.core.source.location import SourceLocation
 from connectors.core.source.worker import FolderWorker, Writer
 from connectors.imap.backfill import (
-    SIZE_WINDOW,
     Backfill,
     BatchParsing,
     Progress,
     advanced,
     fetch_groups,
 )
+from connectors.imap.capabilities import fallbacks
 from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import FetchedMail, ImapConnection
 from connectors.imap.cursor import (
     Cursor,
-    chunks,
     on_select,
-    skip_unchanged,
 )
 from connectors.imap.errors import (
     ConnectionLost,
@@ -64,6 +62,7 @@ from connectors.imap.errors import (
     UidValidityChanged,
 )
 from connectors.imap.expunges import ExpungeTracker
+from connectors.imap.flagchanges import FlagChanges
 from connectors.imap.index import AccountIndex
 from connectors.imap.qresync import QresyncRequest
 from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
@@ -131,6 +130,17 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self._settled = False
         #: The folder was found missing and said so; cleared once it exists again.
         self._missing_reported = False
+        #: The server's missing extensions and their fallbacks, as last said in the log.
+        self._fallbacks: tuple[str, ...] = ()
+        self.flag_changes = FlagChanges(
+            batch_size=settings.batch_size,
+            builder=builder,
+            cursor=lambda: self.cursor,
+            set_cursor=self._set_cursor,
+            build_all=self._build_all,
+            commit_batch=self._commit_batch,
+            commit=self._commit,
+        )
         self.expunges = ExpungeTracker(
             account=account,
             folder=folder,
@@ -165,6 +175,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 cursor=lambda: self.cursor,
                 commit=self._commit,
                 count=self._count,
+                committed=self.flag_changes.remember,
             )
             if parsing is not None
             else None
@@ -206,6 +217,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self.machine.to(S.AUTHENTICATING)
         conn.login()
         conn.enable_condstore(qresync=self.settings.qresync == "auto")
+        self._say_fallbacks(conn)
         self.machine.to(S.SELECTING)
         try:
             self._select(conn)
@@ -235,6 +247,29 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 continue
             round_mails = 0
             full = self._wait(conn)
+
+    def _say_fallbacks(self, conn: ImapConnection) -> None:
+        """Log the server's missing extensions and what the source does instead, once (again
+        only if they change), and show them in /healthz (connectors/imap/capabilities.py)."""
+        notes = fallbacks(
+            conn.capabilities,
+            mode=self.account.mode,
+            poll_interval=self.settings.poll_interval_seconds,
+            catchup_interval=self.settings.catchup_poll_seconds,
+            moves=self.account.after_commit.startswith("move:"),
+        )
+        if notes == self._fallbacks:
+            return
+        self._fallbacks = notes
+        self.metrics.set_fallbacks(*self._labels, notes)
+        if notes:
+            log.warning(
+                "imap %s/%s: the server %s: %s",
+                self.account.name,
+                self.folder,
+                self.account.host,
+                "; ".join(notes),
+            )
 
     def _await_folder(self, conn: ImapConnection, missing: FolderMissing) -> None:
         """The folder is gone (or was never created): say so once, then look for it at the
@@ -266,6 +301,8 @@ class MailboxWorker(FolderWorker[WorkerState]):
             self.cursor = Cursor.from_json(dict(stored)) if stored else None
             self._reload_cursor = False
         status = conn.select(self.folder, readonly=readonly, qresync=self._qresync_request())
+        # No MODSEQs (no CONDSTORE, or a NOMODSEQ folder): flag changes by the FLAGS listing.
+        self.flag_changes.listing = status.highestmodseq is None
         self.expunges.vanished = None
         first_since = None
         if self.cursor is None and self.account.start_since is not None:
@@ -328,7 +365,12 @@ class MailboxWorker(FolderWorker[WorkerState]):
             period = min(self.settings.idle_renew_seconds, self.settings.uidvalidity_check_seconds)
             deadline = min(now + period, catchup_due)
             outcome = conn.idle_until(deadline, self._interrupted, IDLE_SLICE_S)
-            expunged = outcome.expunged or outcome.other
+            # Without MODSEQs a FETCH announced in IDLE is found by the flag listing.
+            expunged = (
+                outcome.expunged
+                or outcome.other
+                or (outcome.flags_changed and self.flag_changes.listing)
+            )
         else:
             self.machine.to(S.POLLING)
             self.stop.wait(max(0.0, min(self.settings.poll_interval_seconds, catchup_due - now)))
@@ -349,7 +391,11 @@ class MailboxWorker(FolderWorker[WorkerState]):
         ticket = self.index.rounds.begin(self.folder)
         # Dovecot shows other sessions' changes to the selected folder only after a command
         # completes: NOOP first, or SEARCH may miss a mail appended a moment ago.
-        conn.noop()
+        told = conn.noop()
+        # What the NOOP announces and no MODSEQ or VANISHED will tell (a server that reports
+        # changes only when asked, as Courier between its IDLE polls): an expunge, or a FETCH
+        # on a folder without MODSEQs, is looked for now rather than at the catch-up.
+        reconcile = reconcile or told.expunged or (told.flags_changed and self.flag_changes.listing)
         try:
             status = conn.status(self.folder)
         except ImapProtocolError:
@@ -370,7 +416,9 @@ class MailboxWorker(FolderWorker[WorkerState]):
             and (hms is None or not conn.condstore or hms <= self.cursor.highestmodseq)
         )
         if hms is not None and conn.condstore:
-            mails += self._sync_changes(conn, hms)
+            mails += self.flag_changes.sync_modseq(conn, hms)
+        elif reconcile:
+            mails += self.flag_changes.sync_listed(conn)  # no MODSEQs: no CONDSTORE, or NOMODSEQ
         if status.uidnext - 1 > self.cursor.last_uid:
             mails += self._sync_new(conn, hms, status.uidnext)
         if reconcile:
@@ -380,53 +428,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self.index.rounds.done(self.folder, ticket)
         self.expunges.settle(conn)
         return mails
-
-    def _sync_changes(self, conn: ImapConnection, hms: int) -> int:
-        """Flag changes of published mails (RFC 7162): UPDATED events with the whole mail."""
-        cursor = self.cursor
-        assert cursor is not None
-        if hms <= cursor.highestmodseq:
-            return 0
-        if cursor.last_uid == 0:
-            # Nothing published yet, so no change to publish; the next batch commits this.
-            self.cursor = replace(cursor, highestmodseq=hms, fresh=())
-            return 0
-        # Mails we published (above the start position, up to the last UID), in windows: a
-        # whole folder marked read is streamed, not held.
-        changed = conn.uids_changed_since(cursor.highestmodseq)
-        candidates = changed.between(cursor.floor_uid + 1, cursor.last_uid)
-        # An earlier change sync toward ``target`` got through ``done_uid`` before it stopped.
-        target, done_uid = cursor.changes_done or (0, 0)
-        # Published at a MODSEQ above ``hms`` (changed again since STATUS): not a change next time.
-        above: list[tuple[int, int]] = []
-        count = 0
-        for window in chunks(candidates, SIZE_WINDOW):
-            states = [
-                s
-                for s in conn.flags(window)
-                if not skip_unchanged(cursor.fresh, s.uid, s.modseq)
-                and not (s.uid <= done_uid and (s.modseq or 0) <= target)
-            ]
-            for group in chunks([s.uid for s in states], self.settings.batch_size):
-                fetched = conn.fetch(group)
-                with self.builder.staged_blobs() as blobs:
-                    built = self._build_all(fetched, lambda _m: "UPDATED", blobs)
-                    above += [(m.uid, m.modseq) for m in fetched if m.modseq and m.modseq > hms]
-                    progress = replace(
-                        cursor, fresh=cursor.fresh + tuple(above), changes_done=(hms, group[-1])
-                    )
-                    self._commit_batch(built, progress, blobs)
-                count += len(fetched)
-        # Every change up to ``hms`` is published now; keep only what went out above it.
-        self.cursor = replace(
-            cursor,
-            highestmodseq=hms,
-            fresh=tuple(p for p in cursor.fresh + tuple(above) if p[1] > hms),
-            changes_done=None,
-        )
-        if count or cursor.fresh or cursor.changes_done:
-            self._commit([], self.cursor)
-        return count
 
     def _sync_new(self, conn: ImapConnection, hms: int | None, uidnext: int) -> int:
         assert self.cursor is not None
@@ -469,6 +470,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
         assert cursor is not None
         with self.builder.staged_blobs() as blobs:
             self._publish_new_batch(conn, group, fetched, hms, cursor, blobs)
+        self.flag_changes.remember(cursor.uidvalidity, fetched)
 
     def _publish_new_batch(
         self,
@@ -537,6 +539,9 @@ class MailboxWorker(FolderWorker[WorkerState]):
         status = conn.select(self.folder, readonly=self.account.after_commit == "none")
         if status.uidvalidity != self.cursor.uidvalidity:
             raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
+
+    def _set_cursor(self, cursor: Cursor) -> None:
+        self.cursor = cursor
 
     def _commit(
         self,

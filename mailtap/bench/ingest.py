@@ -13,7 +13,10 @@ One run measures, on the same freshly populated mailbox:
    (APPEND -> ``* n EXISTS`` on a plain imapclient IDLE) for the same APPENDs.
 
 The mailbox is populated by writing maildir files directly and ``doveadm force-resync``
-(APPEND is ~150 mail/s on maildir, PITFALLS.md). Figures, not assertions.
+(APPEND is ~150 mail/s on maildir, PITFALLS.md); on Courier (maildir, no index) by the files
+alone; on Cyrus and GreenMail by APPEND. ``--imap-server cyrus|courier|dovecot-minimal`` runs the same rounds
+against that server of the dev stack (`mailtap.dev.imapservers`), started next to the running
+Kafka: the ratio is always to raw FETCH on the same server. Figures, not assertions.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +52,7 @@ from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
-from mailtap.dev import DevServices, process, status, up
+from mailtap.dev import DevServices, ImapInfo, imapservers, process, status, up
 from mailtap.dev.layout import DEFAULT_STATE_DIR, REPO_ROOT
 
 log = logging.getLogger(__name__)
@@ -55,6 +60,11 @@ log = logging.getLogger(__name__)
 BATCH = 200
 BODY_BYTES = 4_500  # with headers ~5 KB per mail, as in PITFALLS.md's FETCH figures
 IDLE_SAMPLES = 40
+#: Fewer new-mail samples where each takes seconds: Courier's IDLE polls the maildir every
+#: IMAP_IDLE_TIMEOUT (10 s in the dev instance), and a server without IDLE is polled.
+SLOW_NEW_MAIL_SAMPLES = 12
+#: ``poll_interval_seconds`` of the source on a server without IDLE (the default is 30 s).
+BENCH_POLL_INTERVAL_S = 5.0
 #: The source made no progress for this long: report it instead of waiting forever.
 STALL_S = 120.0
 ACCOUNT = "bench"
@@ -113,6 +123,8 @@ def _populate(info: DevServices, username: str, password: str, tag: str, count: 
     client.login(username, password)
     client.select_folder("INBOX")  # creates the maildir
     client.logout()
+    if info.imap.kind in ("cyrus", "greenmail"):
+        return _populate_by_append(info, username, password, tag, count, started)
     maildir = info.imap.mail_dir / username / "Maildir"
     owner = maildir.stat()
     host = socket.gethostname()
@@ -125,7 +137,22 @@ def _populate(info: DevServices, username: str, password: str, tag: str, count: 
         path = maildir / "cur" / f"{now}.M{i}P{os.getpid()}.{host},S={len(data)},W={len(data)}:2,"
         path.write_bytes(data)
         os.chown(path, owner.st_uid, owner.st_gid)
-    info.doveadm("force-resync", "-u", username, "INBOX")
+    if info.imap.kind.startswith("dovecot"):
+        info.doveadm("force-resync", "-u", username, "INBOX")
+    # Courier reads the maildir itself and gives the files UIDs at the next SELECT.
+    return time.monotonic() - started
+
+
+def _populate_by_append(
+    info: DevServices, username: str, password: str, tag: str, count: int, started: float
+) -> float:
+    """APPEND one mail per command (Cyrus keeps its own index, GreenMail its mail in memory;
+    imapclient's MULTIAPPEND gets "BAD Missing required argument" from Cyrus)."""
+    client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
+    client.login(username, password)
+    for i in range(count):
+        client.append("INBOX", _mail(tag, i))
+    client.logout()
     return time.monotonic() - started
 
 
@@ -147,7 +174,10 @@ def _raw_fetch_rate(
     (no claim-check store, no Kafka): what is left is the cost of exactly-once and blobs."""
     client = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
     client.login(username, password)
-    client.enable("CONDSTORE")
+    items = [b"BODY.PEEK[]", b"FLAGS", b"INTERNALDATE"]
+    if b"CONDSTORE" in client.capabilities():
+        client.enable("CONDSTORE")
+        items.append(b"MODSEQ")  # what the source asks for where the server has it
     client.select_folder("INBOX", readonly=True)
     uids = client.search(["ALL"])
     dovecot_before = _cpu_groups(info)["dovecot"]
@@ -155,9 +185,7 @@ def _raw_fetch_rate(
     started = time.monotonic()
     fetched = 0
     for i in range(0, len(uids), BATCH):
-        for item in client.fetch(
-            uids[i : i + BATCH], [b"BODY.PEEK[]", b"FLAGS", b"INTERNALDATE", b"MODSEQ"]
-        ).values():
+        for item in client.fetch(uids[i : i + BATCH], items).values():
             fetched += len(item[b"BODY[]"]) > 0
             if parse:
                 parse_mail(
@@ -318,11 +346,16 @@ class RawIdle:
         self.seen = threading.Event()
         self.at = 0.0
         self._stop = threading.Event()
+        self._idling = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
+        # The first APPEND only once IDLE is on: GreenMail sends an EXISTS that comes before
+        # its "+ idling" as is, which imapclient's idle() refuses ("Unexpected IDLE response").
+        self._idling.wait(10)
 
     def _loop(self) -> None:
         self.client.idle()
+        self._idling.set()
         while not self._stop.is_set():
             for response in self.client.idle_check(timeout=0.2):
                 if len(response) > 1 and response[1] == b"EXISTS":
@@ -345,26 +378,71 @@ ROUND_FIGURES = ("raw_fetch_mails_per_s", "ingest_mails_per_s", "ingest_to_raw_r
 
 
 def bench_ingest(
-    json_out: bool, mails: int, rounds: int = 3, warm_up_s: float = WARM_UP_S
+    json_out: bool,
+    mails: int,
+    rounds: int = 3,
+    warm_up_s: float = WARM_UP_S,
+    imap_server: str = "dovecot",
 ) -> dict[str, Any]:
     """``rounds`` rounds, each on a fresh mailbox and topics: raw FETCH, then the ingest. The
     shared 2-core machine is noisy; the median ratio is the figure. The last round also
-    measures IDLE latency, and its full figures are printed."""
+    measures IDLE latency (new-mail latency, polled where the server has no IDLE), and its
+    full figures are printed. ``imap_server``: one of `mailtap.dev.imapservers.KINDS`."""
+    with services_with(imap_server) as info:
+        figures = _rounds(info, mails, rounds, warm_up_s)
+    if not json_out:
+        for name, value in figures.items():
+            print(f"{name:40s} {value}")
+    return figures
+
+
+@contextmanager
+def services_with(imap_server: str) -> Iterator[DevServices]:
+    """The local services with the IMAP server ``imap_server``: the running set's own, or one
+    started next to its Kafka for the block (and stopped after)."""
+    imapservers.check_kind(imap_server)
     info = _services()
+    if imap_server == info.imap.kind:
+        yield info
+        return
+    _say(f"starting {imap_server} next to the running services ...")
+    state = Path(tempfile.mkdtemp(prefix=f"mailtap-bench-{imap_server}-"))
+    state.chmod(0o755)  # the server's unprivileged processes read under it
+    port = process.free_port(info.imap.host)
+    other = imapservers.start(imap_server, state, info.imap.host, port)
+    try:
+        yield replace(info, imap=_imap_info(other, info.imap.host, port))
+    finally:
+        process.stop_group(other.pid)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _imap_info(started: imapservers.StartedImap, host: str, port: int) -> ImapInfo:
+    return ImapInfo(
+        host=host,
+        port=port,
+        accounts=(),
+        pid=started.pid,
+        log_path=started.log_path,
+        config_path=started.config_path,
+        passwd_file=started.passwd_file,
+        mail_dir=started.mail_dir,
+        kind=started.kind,
+    )
+
+
+def _rounds(info: DevServices, mails: int, rounds: int, warm_up_s: float) -> dict[str, Any]:
     warm_up = _warm_broker(info, warm_up_s) if warm_up_s > 0 else None
     results = []
     for number in range(1, rounds + 1):
-        _say(f"round {number} of {rounds}")
+        _say(f"round {number} of {rounds} ({info.imap.kind})")
         results.append(_round(info, mails, idle=number == rounds))
-    figures = results[-1]
+    figures = {"imap_server": info.imap.kind, **results[-1]}
     figures["broker_warm_up"] = warm_up
     figures["rounds"] = [{name: r[name] for name in ROUND_FIGURES} for r in results]
     figures["ingest_to_raw_ratio_median"] = statistics.median(
         r["ingest_to_raw_ratio"] for r in results
     )
-    if not json_out:
-        for name, value in figures.items():
-            print(f"{name:40s} {value}")
     return figures
 
 
@@ -484,6 +562,7 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
                 {**_account(info, username, password), "folders": ["INBOX"], "start": "all"}
             ],
             "batch_size": BATCH,
+            "poll_interval_seconds": BENCH_POLL_INTERVAL_S,
         },
     }
     config_path = work / "mailtap.yaml"
@@ -573,31 +652,42 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
 
         if not idle:
             return figures
-        _say(f"IDLE latency over {IDLE_SAMPLES} APPENDs ...")
-        time.sleep(2.0)  # let the source settle into IDLE
-        raw = RawIdle(info, username, password)
         appender = IMAPClient(info.imap.host, port=info.imap.port, ssl=False)
         appender.login(username, password)
+        has_idle = b"IDLE" in appender.capabilities()
+        samples = IDLE_SAMPLES if info.imap.kind == "dovecot" else SLOW_NEW_MAIL_SAMPLES
+        what = "IDLE" if has_idle else f"polling every {BENCH_POLL_INTERVAL_S:g} s (no IDLE)"
+        _say(f"new-mail latency ({what}) over {samples} APPENDs ...")
+        figures["new_mail_by"] = what
+        time.sleep(2.0)  # let the source settle into IDLE
+        raw = RawIdle(info, username, password) if has_idle else None
         raw_lat: list[float] = []
         src_lat: list[float] = []
-        for i in range(IDLE_SAMPLES):
+        for i in range(samples):
             key = f"{ACCOUNT}/mid:bench-{mails + i}-{tag}@example.com"
-            raw.seen.clear()
+            if raw is not None:
+                raw.seen.clear()
             sent = time.monotonic()
             appender.append("INBOX", _mail(tag, mails + i))
             deadline = sent + 30
             while (
-                key not in arrivals.times or not raw.seen.is_set()
+                key not in arrivals.times or (raw is not None and not raw.seen.is_set())
             ) and time.monotonic() < deadline:
                 time.sleep(0.002)
-            if key in arrivals.times and raw.seen.is_set():
-                raw_lat.append((raw.at - sent) * 1000)
+            if key in arrivals.times:
                 src_lat.append((arrivals.times[key] - sent) * 1000)
+                if raw is not None and raw.seen.is_set():
+                    raw_lat.append((raw.at - sent) * 1000)
             time.sleep(0.1)
         appender.logout()
-        raw.close()
+        if raw is not None:
+            raw.close()
         figures["idle_samples"] = len(src_lat)
-        if src_lat:
+        figures["new_mail_to_kafka_ms_p50"] = (
+            round(statistics.median(src_lat), 1) if src_lat else None
+        )
+        figures["new_mail_to_kafka_ms_max"] = round(max(src_lat), 1) if src_lat else None
+        if src_lat and len(raw_lat) == len(src_lat):
             figures["raw_idle_latency_ms_p50"] = round(statistics.median(raw_lat), 1)
             figures["raw_idle_latency_ms_p99"] = round(_percentile(raw_lat, 0.99), 1)
             figures["idle_to_kafka_latency_ms_p50"] = round(statistics.median(src_lat), 1)
@@ -616,7 +706,8 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
         log_file.close()
         arrivals.stop.set()
         consumer_thread.join(10)
-        info.doveadm("expunge", "-u", username, "mailbox", "INBOX", "all", check=False)
+        if info.imap.kind.startswith("dovecot"):
+            info.doveadm("expunge", "-u", username, "mailbox", "INBOX", "all", check=False)
         _delete_topics(kafka, tag)
         shutil.rmtree(claims, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from mailtap.cli import import_optional
+from mailtap.dev.imapservers import KINDS
 
 
 def _emit(figures: dict[str, Any], as_json: bool) -> None:
@@ -38,10 +39,20 @@ def bench() -> None:
     show_default=True,
     help="Seconds of produce that warm the broker's JIT up first (0: none).",
 )
-def ingest(as_json: bool, mails: int, rounds: int, warm_up: float) -> None:
-    """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, IDLE latency, peak RSS."""
+@click.option(
+    "--imap-server",
+    "imap_server",
+    type=click.Choice(KINDS),
+    default="dovecot",
+    show_default=True,
+    help="The IMAP server of the dev stack to read from (started next to the running Kafka).",
+)
+def ingest(as_json: bool, mails: int, rounds: int, warm_up: float, imap_server: str) -> None:
+    """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, new-mail latency, peak RSS."""
     module = import_optional("mailtap.bench.ingest")
-    figures = module.bench_ingest(json_out=as_json, mails=mails, rounds=rounds, warm_up_s=warm_up)
+    figures = module.bench_ingest(
+        json_out=as_json, mails=mails, rounds=rounds, warm_up_s=warm_up, imap_server=imap_server
+    )
     _emit(figures, as_json)
 
 
@@ -121,6 +132,25 @@ def reconnect(as_json: bool, mails: int, expunged: int, rounds: int) -> None:
         module.bench_reconnect(json_out=as_json, mails=mails, expunged=expunged, rounds=rounds),
         as_json,
     )
+
+
+@bench.command("flag-listing")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--mails", type=click.IntRange(1), default=10_000, show_default=True)
+def flag_listing(as_json: bool, mails: int) -> None:
+    """Flag changes without CONDSTORE: bytes, time and memory of one FLAGS listing."""
+    module = import_optional("mailtap.bench.flaglisting")
+    _emit(module.bench_flag_listing(mails=mails), as_json)
+
+
+@bench.command("changes")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--imap-server", "imap_server", type=click.Choice(KINDS), default="dovecot")
+@click.option("--samples", type=click.IntRange(1), default=3, show_default=True)
+def changes(as_json: bool, imap_server: str, samples: int) -> None:
+    """New mail, flag change, expunge -> Kafka latency with the source's default timing."""
+    module = import_optional("mailtap.bench.changes")
+    _emit(module.bench_changes(imap_server=imap_server, samples=samples), as_json)
 
 
 @bench.command("startup")

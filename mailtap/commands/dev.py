@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from mailtap.dev import DevServices, ServiceStartError, down, status, up
+from mailtap.dev.imapservers import KINDS
 from mailtap.dev.layout import DEFAULT_STATE_DIR
 from mailtap.dev.secure import MECHANISMS, SecureKafka
 
@@ -33,7 +34,7 @@ def _describe(info: DevServices) -> str:
     lines = [
         f"kafka   {info.kafka.bootstrap_servers}  ({kafka_origin}; log {info.kafka.log_path})",
         f"schema registry {registry}",
-        f"imap    {info.imap.host}:{info.imap.port}  (pid {info.imap.pid}; "
+        f"imap    {info.imap.host}:{info.imap.port}  ({info.imap.kind}, pid {info.imap.pid}; "
         f"log {info.imap.log_path})",
         f"        accounts: {accounts}",
         f"smtp    {info.smtp.host}:{info.smtp.port}  (pid {info.smtp.pid}; "
@@ -85,12 +86,21 @@ def dev() -> None:
     "listeners, an authorizer without default access, one principal per component, and a "
     "config per component and mechanism under <state-dir>/secure/.",
 )
+@click.option(
+    "--imap",
+    "imap_kind",
+    type=click.Choice(KINDS),
+    default="dovecot",
+    show_default=True,
+    help="The IMAP server: Dovecot, Dovecot trimmed to IMAP4rev1 + UIDPLUS, Cyrus, Courier or "
+    "GreenMail (connectors/imap/README.md, 'Servers').",
+)
 @_state_dir_option
-def up_command(as_json: bool, secure: bool, state_dir: Path) -> None:
+def up_command(as_json: bool, secure: bool, imap_kind: str, state_dir: Path) -> None:
     """Start the services (a no-op when they already run) and write a mailtap config."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
     try:
-        info = up(state_dir, secure=secure)
+        info = up(state_dir, secure=secure, imap=imap_kind)
     except ServiceStartError as exc:
         raise click.ClickException(str(exc)) from exc
     _emit(info, as_json)

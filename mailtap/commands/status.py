@@ -186,6 +186,8 @@ def ownership(
             return {
                 **found,
                 "state": state,
+                # What the mailbox's server lacks and the source does instead (e.g. polling).
+                "fallbacks": (answer.get("fallbacks") or {}).get(row["mailbox"], []),
                 "last_sync_age_seconds": ages[row["mailbox"]],
                 "age_of": "healthz",
             }
@@ -248,6 +250,7 @@ def render(report: dict[str, Any]) -> str:
         age = box["last_sync_age_seconds"]
         shown = "-" if age is None else f"{age:.0f}s ({box['age_of']})"
         lines.append(f"{name}  {owner}  {box['state'] or '-'}  {shown}")
+        lines += [f"  server: {note}" for note in box.get("fallbacks") or []]
     lines += ["", f"commands DLQ records: {report['commands_dlq_records']}", "", "LAG"]
     for group, per_topic in report["lag"].items():
         for topic, parts in per_topic.items():

@@ -67,7 +67,7 @@ class DovecotLayout:
         return self.root / "stdout.log"
 
 
-def _mail_identity() -> tuple[str, str]:
+def mail_identity() -> tuple[str, str]:
     """(user, group) owning the maildirs and running the imap processes."""
     if os.geteuid() == 0:
         user = pwd.getpwnam(ROOT_MAIL_USER)
@@ -83,18 +83,23 @@ def _reachable_by_others(path: Path) -> bool:
 
 
 def dovecot_root(state_dir: Path) -> Path:
-    """Where the instance keeps config, users, maildirs and logs: ``<state_dir>/dovecot``.
+    """Where the instance keeps config, users, maildirs and logs: ``<state_dir>/dovecot``."""
+    return private_root(state_dir, "dovecot")
 
-    As root, Dovecot's unprivileged processes (auth as `dovecot`, imap as `nobody`) must reach
-    the passwd-file and the maildirs; under a 0700 directory (pytest's temporary folders) they
-    cannot. The instance then lives in /var/tmp/mailtap-dev-<hash of state_dir>/dovecot and
-    ``<state_dir>/dovecot`` is a symlink to it.
+
+def private_root(state_dir: Path, name: str) -> Path:
+    """Where the IMAP server ``name`` keeps config, users, mail and logs: ``<state_dir>/<name>``.
+
+    As root, the servers' unprivileged processes (Dovecot's auth as `dovecot`, mail as
+    `nobody`; Cyrus and Courier as `nobody`) must reach the users and the mail; under a 0700
+    directory (pytest's temporary folders) they cannot. The instance then lives in
+    /var/tmp/mailtap-dev-<hash of state_dir>/<name> and ``<state_dir>/<name>`` is a symlink to it.
     """
-    wanted = state_dir / "dovecot"
+    wanted = state_dir / name
     if os.geteuid() != 0 or _reachable_by_others(state_dir):
         return wanted
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:16]
-    outside = Path("/var/tmp") / f"mailtap-dev-{digest}" / "dovecot"
+    outside = Path("/var/tmp") / f"mailtap-dev-{digest}" / name
     outside.mkdir(parents=True, exist_ok=True)
     outside.parent.chmod(0o755)
     if not wanted.is_symlink():
@@ -107,8 +112,15 @@ def layout_for(state_dir: Path) -> DovecotLayout:
     return DovecotLayout(root=dovecot_root(state_dir))
 
 
-def render(layout: DovecotLayout, host: str, port: int) -> None:
-    mail_user, mail_group = _mail_identity()
+#: ``imap_capability`` of the ``dovecot-minimal`` profile: the bare RFC 3501 minimum (plus
+#: UIDPLUS), the way appliances and old servers answer: no IDLE, CONDSTORE, QRESYNC, MOVE, ESEARCH.
+MINIMAL_CAPABILITY = "IMAP4rev1 UIDPLUS"
+
+
+def render(layout: DovecotLayout, host: str, port: int, *, minimal: bool = False) -> None:
+    """Write the instance's config; ``minimal`` trims the capabilities to `MINIMAL_CAPABILITY`
+    (Dovecot then neither announces nor, for the client's purposes, offers the others)."""
+    mail_user, mail_group = mail_identity()
     for folder in (layout.root, layout.base_dir, layout.state_dir):
         folder.mkdir(parents=True, exist_ok=True)
     layout.mail_dir.mkdir(parents=True, exist_ok=True)
@@ -129,6 +141,7 @@ def render(layout: DovecotLayout, host: str, port: int) -> None:
         "passwd_file": str(layout.passwd_file),
         "mail_user": mail_user,
         "mail_group": mail_group,
+        "capability": f"imap_capability = {MINIMAL_CAPABILITY}" if minimal else "",
     }
     layout.config.write_text(render_template("dovecot/dovecot.conf.tmpl", values))
     if not layout.passwd_file.exists():
@@ -180,6 +193,14 @@ def add_users(passwd_file: Path, new: list[tuple[str, str]]) -> None:
     _write_passwd(passwd_file, [*accounts, *new], mtime)
     while time.time() < mtime + 1:
         time.sleep(min(0.05, max(0.0, mtime + 1 - time.time())))
+
+
+def merge_accounts(passwd_file: Path, new: list[tuple[str, str]]) -> None:
+    """Add or replace ``new`` in a passwd-file, without :func:`add_users`' wait for Dovecot
+    (for the servers that read it at each login, or keep it only as the list of accounts)."""
+    names = {u for u, _ in new}
+    old = users(passwd_file) if passwd_file.exists() else []
+    _write_passwd(passwd_file, [*(a for a in old if a[0] not in names), *new])
 
 
 def users(passwd_file: Path) -> list[tuple[str, str]]:

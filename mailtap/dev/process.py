@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import grp
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -129,12 +131,14 @@ def spawn(
     log_path: Path,
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
+    user: str | None = None,
 ) -> int:
     """Start ``argv`` detached in a new session, stdout and stderr appended to ``log_path``.
 
     Returns the process id, which is also the process-group id. The process outlives the caller
     (``mailtap dev up`` returns while the services keep running) unless
-    :func:`tie_services_to_this_process` was called.
+    :func:`tie_services_to_this_process` was called. ``user``: run as that user (and its
+    group) from the start; needs root.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -146,6 +150,11 @@ def spawn(
             cwd=cwd,
             env=env,
             start_new_session=True,
+            # Switched before preexec_fn runs: a credential change clears PR_SET_PDEATHSIG, so
+            # a server that drops root itself (Cyrus's master) would outlive a killed session.
+            user=user,
+            group=grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name if user else None,
+            extra_groups=[] if user else None,
             preexec_fn=die_with_parent() if _tied else None,
         )
     return proc.pid

@@ -26,7 +26,16 @@ from typing import Any
 import yaml
 
 from connectors.core.config import ENV_KAFKA_BOOTSTRAP, env_bootstrap_servers
-from mailtap.dev import dovecot, kafka, process, received, registry, scenario, smtp_server
+from mailtap.dev import (
+    dovecot,
+    imapservers,
+    kafka,
+    process,
+    received,
+    registry,
+    scenario,
+    smtp_server,
+)
 from mailtap.dev import secure as secure_kafka
 from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.layout import DEFAULT_STATE_DIR, ENV_DEV_REGISTRY
@@ -67,6 +76,17 @@ class ImapInfo:
     config_path: Path
     passwd_file: Path
     mail_dir: Path
+    #: Which server (`mailtap.dev.imapservers.KINDS`); state files from before it are Dovecot's.
+    kind: str = "dovecot"
+
+    @property
+    def root(self) -> Path:
+        """Where the server keeps its config, accounts and mail."""
+        return self.passwd_file.parent
+
+    def add_users(self, accounts: list[tuple[str, str]]) -> None:
+        """Create (or replace) accounts; each can log in when this returns."""
+        imapservers.add_users(self.kind, self.root, accounts)
 
 
 @dataclass(frozen=True)
@@ -116,14 +136,16 @@ class DevServices:
         return [self.kafka.pid, *own] if self.kafka.pid is not None else own
 
     def add_user(self, username: str, password: str = dovecot.DEFAULT_PASSWORD) -> Account:
-        """Create an IMAP account at runtime (usable at once)."""
-        dovecot.add_user(self.imap.passwd_file, username, password)
+        """Create an IMAP account at runtime (usable at once), on whichever server runs."""
+        self.imap.add_users([(username, password)])
         return Account(username, password)
 
     def doveadm(self, *args: str, check: bool = True) -> dovecot.DoveadmResult:
         """Run doveadm against this Dovecot, e.g. ``doveadm("expunge", "-u", u, "mailbox",
         "INBOX", "all")`` or ``doveadm("mailbox", "update", "-u", u, "--uid-validity", "9",
         "INBOX")``."""
+        if not self.imap.kind.startswith("dovecot"):
+            raise RuntimeError(f"doveadm needs Dovecot; these services run {self.imap.kind}")
         return dovecot.doveadm(self.imap.config_path, *args, check=check)
 
     def received_messages(self) -> list[received.ReceivedMessage]:
@@ -160,6 +182,7 @@ class DevServices:
                 config_path=Path(i["config_path"]),
                 passwd_file=Path(i["passwd_file"]),
                 mail_dir=Path(i["mail_dir"]),
+                kind=i.get("kind", "dovecot"),
             ),
             smtp=SmtpInfo(
                 host=s["host"],
@@ -282,12 +305,16 @@ def healthy(info: DevServices) -> bool:
     return True
 
 
-def up(state_dir: Path | str | None = None, *, secure: bool = False) -> DevServices:
-    """Start the services (or return the running ones when ``state_dir``'s set is healthy and
-    secured or not as asked)."""
+def up(
+    state_dir: Path | str | None = None, *, secure: bool = False, imap: str = "dovecot"
+) -> DevServices:
+    """Start the services (or return the running ones when ``state_dir``'s set is healthy,
+    secured or not as asked, and runs the IMAP server ``imap``, one of
+    `mailtap.dev.imapservers.KINDS`)."""
+    imapservers.check_kind(imap)
     root = resolve_state_dir(state_dir)
     running = status(root)
-    if running is not None and (running.secure is not None) == secure:
+    if running is not None and (running.secure is not None) == secure and running.imap.kind == imap:
         log.info("services in %s already up", root)
         return running
     down(root)  # a partial or dead earlier set: clear it before starting afresh
@@ -295,7 +322,7 @@ def up(state_dir: Path | str | None = None, *, secure: bool = False) -> DevServi
     started: dict[str, Any] = {"processes": []}
     _write_state(root, started)
     try:
-        info = _start_all(root, started, secure)
+        info = _start_all(root, started, secure, imap)
     except BaseException:
         down(root)
         raise
@@ -305,7 +332,7 @@ def up(state_dir: Path | str | None = None, *, secure: bool = False) -> DevServi
     return info
 
 
-def _start_all(root: Path, started: dict[str, Any], secured: bool) -> DevServices:
+def _start_all(root: Path, started: dict[str, Any], secured: bool, imap_kind: str) -> DevServices:
     # A cluster that is already running (MAILTAP_KAFKA_BOOTSTRAP or its alias) instead of ours.
     external = env_bootstrap_servers(os.environ)
     if external and secured:
@@ -353,10 +380,8 @@ def _start_all(root: Path, started: dict[str, Any], secured: bool) -> DevService
         schema_registry = registry.launch(registry_dir, HOST, _registry_port(root))
         record(schema_registry.pid)
 
-    dc = dovecot.layout_for(root)
-    dovecot.render(dc, HOST, ports["imap"])
-    dovecot_pid = dovecot.start(dc)
-    record(dovecot_pid)
+    imap = imapservers.launch(imap_kind, root, HOST, ports["imap"])
+    record(imap.pid)
 
     smtp_root = root / "smtp"
     received_dir = smtp_root / "received"
@@ -378,8 +403,10 @@ def _start_all(root: Path, started: dict[str, Any], secured: bool) -> DevService
     record(smtp_pid)
 
     t0 = time.monotonic()
-    dovecot.wait_ready(dc, dovecot_pid, HOST, ports["imap"])
-    log.info("dovecot ready on %s:%d after %.2f s", HOST, ports["imap"], time.monotonic() - t0)
+    imapservers.wait_ready(imap, HOST, ports["imap"])
+    log.info(
+        "%s ready on %s:%d after %.2f s", imap_kind, HOST, ports["imap"], time.monotonic() - t0
+    )
     process.wait_until_ready(
         "smtp",
         smtp_pid,
@@ -417,12 +444,13 @@ def _start_all(root: Path, started: dict[str, Any], secured: bool) -> DevService
         imap=ImapInfo(
             host=HOST,
             port=ports["imap"],
-            accounts=tuple(Account(u, p) for u, p in dovecot.users(dc.passwd_file)),
-            pid=dovecot_pid,
-            log_path=dc.log,
-            config_path=dc.config,
-            passwd_file=dc.passwd_file,
-            mail_dir=dc.mail_dir,
+            accounts=tuple(Account(u, p) for u, p in dovecot.users(imap.passwd_file)),
+            pid=imap.pid,
+            log_path=imap.log_path,
+            config_path=imap.config_path,
+            passwd_file=imap.passwd_file,
+            mail_dir=imap.mail_dir,
+            kind=imap_kind,
         ),
         smtp=SmtpInfo(
             host=HOST,

@@ -20,9 +20,46 @@ def test_healthz_answer_gives_state_and_sync_age() -> None:
         "group": "g",
         "owner": "m@h:1",
         "state": "BACKOFF",
+        "fallbacks": [],
         "last_sync_age_seconds": 3.5,
         "age_of": "healthz",
     }
+
+
+def test_a_server_without_idle_shows_polling_and_why() -> None:
+    note = "no IDLE: polling every 30 s instead of mode: idle"
+    answers = [
+        {
+            "ages": {"imap/a/INBOX": 2.0},
+            "states": {"imap/a/INBOX": "POLLING"},
+            "fallbacks": {"imap/a/INBOX": [note]},
+        }
+    ]
+    found = ownership(ROW, answers, None, NOW_MS)
+    assert (found["state"], found["fallbacks"]) == ("POLLING", [note])
+    report = {
+        "at": "2027-01-15T08:00:00+00:00",
+        "window_seconds": 3600,
+        "mailboxes": {
+            "imap/a/INBOX": {
+                "cursor": None,
+                "cursor_written_at": None,
+                "last_event_at": None,
+                "events_in_window": 0,
+                "dlq_records": 0,
+                **found,
+            }
+        },
+        "commands_dlq_records": 0,
+        "lag": {},
+        "deliveries_in_window": {},
+        "bounce_rate": None,
+        "health": {},
+    }
+    shown = render(report).splitlines()
+    assert (
+        shown[shown.index("imap/a/INBOX  m@h:1  POLLING  2s (healthz)") + 1] == f"  server: {note}"
+    )
 
 
 def test_without_an_answer_the_age_is_the_cursors_and_the_state_unknown() -> None:

@@ -63,6 +63,8 @@ class FakeConnection:
     #: A server without QRESYNC: every expunge check lists the folder.
     qresync = False
     supports_idle = True
+    #: What the fake announces after login: no fallback to log (capabilities.py).
+    capabilities = frozenset({b"IMAP4REV1", b"IDLE", b"CONDSTORE", b"MOVE", b"UIDPLUS"})
 
     def __init__(self, server: FakeServer, stop: threading.Event, idle_rounds: int = 1) -> None:
         self.server = server
