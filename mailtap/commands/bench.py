@@ -64,6 +64,42 @@ def sink(as_json: bool) -> None:
     _emit(module.bench_sink(json_out=as_json), as_json)
 
 
+@bench.command("streams")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option(
+    "--events",
+    type=click.IntRange(1),
+    default=20_000,
+    show_default=True,
+    help="MailEvents pre-filled on each run's topic.",
+)
+@click.option(
+    "--workers",
+    default="1,2,3",
+    show_default=True,
+    help="Worker counts to run, comma-separated (each on its own topic of 6 partitions).",
+)
+def streams(as_json: bool, events: int, workers: str) -> None:
+    """mail.events -> streams workers -> mail.commands/mail.workflow, vs a bare aiokafka loop.
+
+    Each run pre-fills a fresh 6-partition events topic (tickets, approval requests and
+    auto-replies the guards skip), runs a bare aiokafka consume -> produce loop over it, then
+    starts that many `mailtap run streams` workers with the demo's workflows. events/s is
+    counted by an independent read_committed consumer from record timestamps: from the first
+    event consumed (a worker's first record re-keyed onto its conversation topic) to the last
+    command or workflow record; it checks that every event was answered. Prints the ratio to
+    the bare loop of the same run and the scaling over the worker counts.
+    """
+    try:
+        counts = tuple(int(n) for n in workers.split(","))
+    except ValueError:
+        raise click.BadParameter("expected counts like 1,2,3", param_hint="--workers") from None
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("expected counts of at least 1", param_hint="--workers")
+    module = import_optional("mailtap.bench.streams")
+    _emit(module.bench_streams(json_out=as_json, events=events, workers=counts), as_json)
+
+
 @bench.command("e2e")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
 @click.option("--mails", type=int, default=200, show_default=True)

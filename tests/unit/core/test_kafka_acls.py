@@ -19,15 +19,20 @@ from mailtap.commands.acls import acls as acls_command
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "deploy" / "README.md"
-#: The compose configs' secrets come from the environment; any value does for the names.
+#: The compose configs' secrets and sender addresses come from the environment (its env file,
+#: deploy/compose/mailtap.env.example); any value does for the names.
 ENV = {
     "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "x",
     "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": "x",
+    "MAILTAP__SMTP__FROM_ADDRESS": "support@example.com",
+    "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS": "support@example.com",
 }
 
 
 def compose_config(name: str) -> MailtapConfig:
-    return load_config(ROOT / "deploy" / "compose" / name, env=ENV)
+    # ews-source.yaml has no smtp or streams section: its env file has no senders to give.
+    env = ENV if name == "mailtap.yaml" else {k: v for k, v in ENV.items() if "FROM_" not in k}
+    return load_config(ROOT / "deploy" / "compose" / name, env=env)
 
 
 def readme_rows() -> list[str]:

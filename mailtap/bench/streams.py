@@ -1,0 +1,367 @@
+"""``mailtap bench streams``: events/s of streams workers through the built-in workflows,
+against a bare aiokafka consume -> produce loop in the same run.
+
+Each run writes ``events`` MailEvents onto a fresh, pre-filled events topic (``PARTITIONS``
+partitions) before anything reads it: half ticket mails to the support address, a quarter
+approval requests, a quarter auto-replies that the loop guard skips. Then:
+
+- baseline: one aiokafka consumer (``read_committed``) -> one aiokafka producer, each record's
+  value copied to an output topic, the sends of one fetched batch awaited before the next
+  fetch (no decoding, no state, no re-keying);
+- streams: 1, 2, 3 workers (``mailtap run streams`` child processes, started together) with
+  the demo's workflows (:func:`mailtap.dev.scenario.streams_section`) and a fresh app id.
+
+Both are measured the same way, by an independent ``read_committed`` consumer of the output
+topics: the rate is the events written divided by the span of record timestamps from the first
+event consumed to the last command or workflow record produced. For the workers, "first event
+consumed" is the first record they forward onto their conversation topic (``streams.app``
+re-keys each ``mail.events`` record there before anything else); for the baseline, its first
+copy. Process start, group join and table recovery before that are not in the rate (reported
+as ``start_to_first_event_s``); with several workers the rebalances while they join are. The
+reader also checks that every event written was answered: for the workers, by a
+``mail.workflow`` record with its key; for the baseline, by its copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from confluent_kafka import Consumer, Producer
+
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.config import MailtapConfig, load_config
+from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs, ensure_topics
+from mailtap.bench.ingest import _say, _services
+from mailtap.components import Component
+from mailtap.dev import DevServices, scenario
+from mailtap.dev.process import cpu_seconds
+from streams.app import conversations_topic_name
+from streams.testing import mail_record
+
+#: mail.events of the bench (and so every worker's internal topics): room for 3 workers x 2.
+PARTITIONS = 6
+TARGET_EVENTS_PER_S = 3000.0
+TARGET_RATIO = 0.5
+#: A run that has not answered every event by then has failed (logs are kept and named).
+RUN_TIMEOUT_S = 600.0
+
+
+def sample_events(run: str, count: int) -> list[dict[str, Any]]:
+    """``count`` MailEvent records: 2 in 4 tickets, 1 approval request, 1 auto-reply (skipped).
+
+    Each sender writes a few mails (the rate limit counts per sender, as with real customers);
+    each mail carries the demo MTA's passing Authentication-Results, so the sender check runs.
+    """
+    observed = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    events = []
+    for n in range(count):
+        kind = n % 4
+        if kind == 3:
+            sender, to, subject = (
+                f"away{n % 97}@customer.example",
+                scenario.SUPPORT,
+                "Out of office",
+            )
+            guards: dict[str, Any] = {"auto_submitted": "auto-replied"}
+        elif kind == 2:
+            sender, to = f"staff{n % 53}@example.com", scenario.APPROVALS
+            subject = f"Approval needed: purchase order {n}"
+            guards = {}
+        else:
+            sender, to = f"customer{n % 211}@customer.example", scenario.SUPPORT
+            subject = f"Request {n}: the VPN drops every hour"
+            guards = {}
+        domain = sender.rpartition("@")[2]
+        guards["authentication_results"] = [
+            f"{scenario.AUTHSERV_ID}; dkim=pass header.d={domain}; "
+            f"spf=pass smtp.mailfrom={sender}; dmarc=pass header.from={domain}"
+        ]
+        events.append(
+            mail_record(
+                message_id=f"bench-{run}-{n}@{domain}",
+                sender=sender,
+                to=(to,),
+                subject=subject,
+                text_body="Hello,\n\nthe VPN connection drops every hour since Monday.\n" * 4,
+                account="bench",
+                guard_headers=guards,
+                observed_at=observed,
+            )
+        )
+    return events
+
+
+def _app_id(run: str) -> str:
+    return f"bench-streams-{run}"
+
+
+def _config(info: DevServices, run: str, folder: Path) -> Path:
+    base: dict[str, Any] = yaml.safe_load(info.config_path.read_text())
+    streams = scenario.streams_section(_app_id(run))
+    streams["rate_limit"] = {"max_replies": 100_000, "window_seconds": 3600}
+    streams["data_dir"] = str(folder / "streams")
+    doc = {
+        "kafka": {
+            **base["kafka"],
+            "partitions": PARTITIONS,
+            "topics": {
+                "events": f"bench.streams.events.{run}",
+                "commands": f"bench.streams.commands.{run}",
+                "retry_prefix": f"bench.streams.commands.{run}.retry",
+                "dlq": f"bench.streams.commands.{run}.dlq",
+                "delivery": f"bench.streams.delivery.{run}",
+                "offsets": f"bench.streams.offsets.{run}",
+                "workflow": f"bench.streams.workflow.{run}",
+            },
+        },
+        "claim_check": base["claim_check"],
+        "streams": streams,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "mailtap.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _prefill(cfg: MailtapConfig, events: list[dict[str, Any]]) -> None:
+    serde = AvroSerde.for_schema("MailEvent", cfg.kafka)
+    topic = cfg.kafka.topics.events
+    serde.prepare(topic)
+    producer = Producer(producer_config(cfg.kafka))
+    for event in events:
+        value = serde.encode(event, topic)
+        while True:
+            try:
+                producer.produce(topic, key=event["key"].encode(), value=value)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60):
+        raise click.ClickException(f"could not write the bench's events to {topic}")
+
+
+class OutputReader:
+    """An independent ``read_committed`` consumer: which events were answered, and when the
+    answers were produced (record timestamps)."""
+
+    def __init__(
+        self,
+        cfg: MailtapConfig,
+        topics: list[str],
+        wanted: set[str],
+        start_topic: str | None = None,
+    ) -> None:
+        self._consumer = Consumer(consumer_config(cfg.kafka, f"bench-reader-{uuid.uuid4().hex}"))
+        self._consumer.subscribe(topics + ([start_topic] if start_topic else []))
+        #: Its records only start the clock: the worker forwards each mail.events record it
+        #: consumes there first (streams.app), so its first one is the first event consumed.
+        self._start_topic = start_topic
+        self._workflow = cfg.kafka.topics.workflow
+        self._serde = AvroSerde.for_schema("WorkflowEvent", cfg.kafka)
+        self.wanted = set(wanted)
+        self.answered: set[str] = set()
+        self.records = 0
+        self.first_ms: int | None = None
+        self.last_ms = 0
+
+    def poll(self) -> None:
+        for msg in self._consumer.consume(2000, timeout=0.2):
+            if msg.error() or msg.value() is None:
+                continue
+            _, stamp = msg.timestamp()
+            self.first_ms = stamp if self.first_ms is None else min(self.first_ms, stamp)
+            if msg.topic() == self._start_topic:
+                continue
+            self.records += 1
+            self.last_ms = max(self.last_ms, stamp)
+            if msg.topic() == self._workflow:
+                key = self._serde.decode(msg.value() or b"", self._workflow).get("event_key")
+            else:
+                key = (msg.key() or b"").decode()
+            if key in self.wanted:
+                self.answered.add(key)
+
+    @property
+    def done(self) -> bool:
+        return self.answered >= self.wanted
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def rate(self, events: int) -> float:
+        span_s = (self.last_ms - (self.first_ms or self.last_ms)) / 1000
+        return events / span_s if span_s > 0 else float("inf")
+
+
+async def _bare_loop(cfg: MailtapConfig, out_topic: str, events: int) -> None:
+    """The baseline: consume -> produce with the client library faust uses, nothing else."""
+    servers = cfg.kafka.bootstrap_servers
+    consumer = AIOKafkaConsumer(
+        cfg.kafka.topics.events,
+        bootstrap_servers=servers,
+        group_id=f"bench-bare-{uuid.uuid4().hex}",
+        isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", enable_idempotence=True)
+    await consumer.start()
+    await producer.start()
+    try:
+        seen = 0
+        while seen < events:
+            batches = await consumer.getmany(timeout_ms=200, max_records=1000)
+            sent = [
+                await producer.send(out_topic, key=msg.key, value=msg.value)
+                for records in batches.values()
+                for msg in records
+            ]
+            await asyncio.gather(*sent)
+            seen += len(sent)
+            if sent:
+                await consumer.commit()
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def _measure_bare(cfg: MailtapConfig, keys: set[str], run: str) -> dict[str, Any]:
+    out_topic = f"bench.streams.bare.{run}"
+    ensure_topic_specs(cfg.kafka, [TopicSpec(out_topic, PARTITIONS, DELETED)])
+    reader = OutputReader(cfg, [out_topic], keys)
+    started, cpu_started = time.monotonic(), time.process_time()
+    asyncio.run(_bare_loop(cfg, out_topic, len(keys)))
+    cpu_s = time.process_time() - cpu_started  # with its client start-up: a little high
+    while not reader.done and time.monotonic() - started < RUN_TIMEOUT_S:
+        reader.poll()
+    reader.close()
+    return {
+        "events_counted": len(reader.answered),
+        "events_per_s": round(reader.rate(len(keys)), 1),
+        "cpu_ms_per_event": round(1000 * cpu_s / len(keys), 3),
+    }
+
+
+def _cpu(components: list[Component]) -> float:
+    return sum(cpu_seconds(c.process.pid) for c in components if c.process is not None)
+
+
+def _measure_workers(
+    config: Path, cfg: MailtapConfig, keys: set[str], workers: int, run: str
+) -> dict[str, Any]:
+    logs = config.parent / "logs"
+    topics = [cfg.kafka.topics.commands, cfg.kafka.topics.workflow]
+    start_topic = conversations_topic_name(_app_id(run))
+    reader = OutputReader(cfg, topics, keys, start_topic)
+    components = [
+        Component("streams", config, logs / f"streams-{workers}w-{n}.log").start()
+        for n in range(workers)
+    ]
+    started, wall_start = time.monotonic(), time.time()
+    cpu_at_first_event: float | None = None
+    try:
+        while not reader.done:
+            reader.poll()
+            if cpu_at_first_event is None and reader.first_ms is not None:
+                # Seen within a poll of it: what the workers spent on start-up stays out.
+                cpu_at_first_event = _cpu(components)
+            for comp in components:
+                if not comp.alive:
+                    raise click.ClickException(
+                        f"a streams worker exited; last log lines:\n{comp.log_tail()}"
+                    )
+            if time.monotonic() - started > RUN_TIMEOUT_S:
+                raise click.ClickException(
+                    f"{workers} worker(s) answered {len(reader.answered)} of {len(keys)} events "
+                    f"in {RUN_TIMEOUT_S:.0f} s; logs in {logs}"
+                )
+        cpu_s = _cpu(components) - (cpu_at_first_event or 0.0)
+    finally:
+        for comp in components:
+            comp.stop()
+        reader.close()
+    return {
+        "workers": workers,
+        "events_counted": len(reader.answered),
+        "records_produced": reader.records,
+        # CPU per event does not depend on how loaded the shared machine is, unlike events/s.
+        "cpu_ms_per_event": round(1000 * cpu_s / len(keys), 3),
+        "events_per_s": round(reader.rate(len(keys)), 1),
+        # Process start -> first event consumed: imports, group join, table recovery (not in the rate).
+        "start_to_first_event_s": round((reader.first_ms or 0) / 1000 - wall_start, 2),
+    }
+
+
+def bench_streams(
+    json_out: bool, events: int = 20_000, workers: tuple[int, ...] = (1, 2, 3)
+) -> dict[str, Any]:
+    """Run the baseline and each worker count on its own pre-filled topic; return the figures."""
+    info = _services()
+    runs: list[dict[str, Any]] = []
+    bare: list[dict[str, Any]] = []
+    folder = Path(tempfile.mkdtemp(prefix="mailtap-bench-streams-"))
+    for count in workers:
+        run = uuid.uuid4().hex[:8]
+        config = _config(info, run, folder / run)
+        cfg = load_config(config)
+        ensure_topics(cfg.kafka, [])
+        sample = sample_events(run, events)
+        keys = {e["key"] for e in sample}
+        _say(f"[{count} worker(s)] writing {events} events to {cfg.kafka.topics.events} ...")
+        _prefill(cfg, sample)
+        _say("  bare aiokafka consume -> produce loop ...")
+        bare.append(_measure_bare(cfg, keys, run))
+        _say(f"  {count} streams worker(s) ...")
+        measured = _measure_workers(config, cfg, keys, count, run)
+        measured["ratio_to_bare"] = round(measured["events_per_s"] / bare[-1]["events_per_s"], 3)
+        runs.append(measured)
+        _say(
+            f"  bare {bare[-1]['events_per_s']:.0f} events/s, {count} worker(s) "
+            f"{measured['events_per_s']:.0f} events/s ({measured['ratio_to_bare']:.1%})"
+        )
+    one = next((r for r in runs if r["workers"] == 1), None)
+    figures: dict[str, Any] = {
+        "bench": "streams",
+        "events_per_run": events,
+        "partitions": PARTITIONS,
+        "bare_aiokafka_events_per_s": [b["events_per_s"] for b in bare],
+        "bare_events_counted": [b["events_counted"] for b in bare],
+        "bare_cpu_ms_per_event": [b["cpu_ms_per_event"] for b in bare],
+        "runs": runs,
+        "target_events_per_s_one_worker": TARGET_EVENTS_PER_S,
+        "target_ratio": TARGET_RATIO,
+        "logs": str(folder),
+    }
+    if one is not None:
+        figures["scaling"] = {
+            str(r["workers"]): round(r["events_per_s"] / one["events_per_s"], 2) for r in runs
+        }
+        figures["one_worker_meets_target"] = (
+            one["events_per_s"] >= TARGET_EVENTS_PER_S and one["ratio_to_bare"] >= TARGET_RATIO
+        )
+    lines = [
+        f"bare aiokafka consume -> produce: {statistics.median(figures['bare_aiokafka_events_per_s']):8.0f} "
+        f"events/s (median of {len(bare)})",
+        *(
+            f"{r['workers']} streams worker(s):            {r['events_per_s']:8.0f} events/s, "
+            f"{r['ratio_to_bare']:.1%} of the bare loop in the same run, "
+            f"{r['cpu_ms_per_event']:.2f} ms CPU per event"
+            for r in runs
+        ),
+        f"targets: one worker >= {TARGET_EVENTS_PER_S:.0f} events/s and >= "
+        f"{TARGET_RATIO:.0%} of the bare loop; near-linear to 3 workers on {PARTITIONS} partitions",
+    ]
+    for line in lines:
+        click.echo(line, err=json_out)
+    return figures
