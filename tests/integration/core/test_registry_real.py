@@ -352,7 +352,8 @@ def test_the_streams_worker_with_a_registry_answers_a_mail(
             }
         )
     )
-    mail = mail_record(message_id=f"t-{unique}@example.com", observed_at=NOW)
+    # Now: older mail is not answered (streams.max_reply_age).
+    mail = mail_record(message_id=f"t-{unique}@example.com", observed_at=dt.datetime.now(dt.UTC))
     producer = Producer(producer_config(kafka))
     events = kafka.topics.events
     producer.produce(
