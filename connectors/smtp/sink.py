@@ -90,6 +90,7 @@ from connectors.smtp.state import (
     StateStore,
     check_copartitioned,
     ensure_state_topic,
+    partition_count,
     partition_counts,
     read_state,
 )
@@ -221,8 +222,9 @@ class SmtpSink:
             self.kafka, self.settings.retry_tiers, suppressions=self.suppressions is not None
         )
         commands = self.topics.commands
-        counts = partition_counts(self.kafka, [commands])
-        ensure_state_topic(self.kafka, self.settings.state_topic, counts[commands])
+        ensure_state_topic(
+            self.kafka, self.settings.state_topic, partition_count(self.kafka, commands)
+        )
         check_copartitioned(
             partition_counts(self.kafka, [commands, *self.retry_topics, self.settings.state_topic]),
             commands,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
@@ -43,6 +44,7 @@ from connectors.core.kafka.clients import (
     admin_client,
     cluster_metadata,
     consumer_config,
+    raise_if_stopping,
 )
 from connectors.core.kafka.readtoend import read_to_end, topic_partitions
 from connectors.core.kafka.topics import COMPACTED
@@ -105,6 +107,29 @@ def partition_counts(kafka: KafkaSettings, topics: Iterable[str]) -> dict[str, i
     admin = admin_client(kafka)
     existing = cluster_metadata(admin, kafka, 30).topics
     return {t: len(existing[t].partitions) for t in topics if t in existing}
+
+
+#: How long the sink waits for a topic that was just created (by it, or by another component at
+#: the same moment) to show in the broker's metadata.
+NEW_TOPIC_WAIT_S = 30.0
+
+
+def partition_count(kafka: KafkaSettings, topic: str, timeout: float = NEW_TOPIC_WAIT_S) -> int:
+    """The partition count of ``topic``, which must exist: a topic created a moment ago is not
+    in every metadata answer at once (another component may have created it as this one asked),
+    so it is asked again until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = partition_counts(kafka, [topic])
+        if topic in counts:
+            return counts[topic]
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"topic {topic} does not exist {timeout:.0f}s after it was ensured; "
+                "create it with `mailtap topics ensure`"
+            )
+        raise_if_stopping()
+        time.sleep(0.2)
 
 
 def check_copartitioned(counts: dict[str, int], commands: str) -> None:
