@@ -14,7 +14,6 @@ as ``None``.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from connectors.core.kafka.clients import consumer_config
 from connectors.core.kafka.topics import ensure_topics
 from mailtap.bench.ingest import _account, _mail, _say, services_with
 from mailtap.dev.layout import REPO_ROOT
+from mailtap.dev.process import terminate
 
 #: Longer than the default catch-up (300 s): what nothing announces is found by then.
 TIMEOUT_S = 330.0
@@ -168,12 +168,7 @@ def bench_changes(imap_server: str, samples: int) -> dict[str, Any]:
                 expunged.append(seen.wait(key, since, lambda c, _f: c is None))
         finally:
             client.logout()
-            source.send_signal(signal.SIGTERM)
-            try:
-                source.wait(30)
-            except subprocess.TimeoutExpired:
-                source.kill()
-                source.wait(10)
+            terminate(source)
             log.close()
             seen.stop.set()
             reader.join(10)

@@ -26,7 +26,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -54,6 +53,7 @@ from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
 from mailtap.dev import DevServices, ImapInfo, imapservers, process, status, up
 from mailtap.dev.layout import DEFAULT_STATE_DIR, REPO_ROOT
+from mailtap.dev.process import terminate
 
 log = logging.getLogger(__name__)
 
@@ -697,12 +697,7 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
             )
         figures["peak_rss_mb_overall"] = round(_rss_kb(proc.pid, "VmHWM") / 1024, 1)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        terminate(proc)
         log_file.close()
         arrivals.stop.set()
         consumer_thread.join(10)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,7 @@ from mailtap.bench.ingest import _account, _delete_topics, _say, _services
 from mailtap.dev import DevServices
 from mailtap.dev.dovecot import add_users
 from mailtap.dev.layout import REPO_ROOT
-from mailtap.dev.process import die_with_parent, free_port
+from mailtap.dev.process import die_with_parent, free_port, terminate
 
 #: Issue 12's targets.
 RSS_TARGET_MB = 0.5
@@ -120,12 +119,7 @@ class Source:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            terminate(self.proc)
 
 
 def rss_bytes(pid: int) -> int:

@@ -28,7 +28,6 @@ import datetime as dt
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from connectors.imap.indexlog import IndexChangelog, marker_key, partition_of
 from mailtap.bench.ingest import _backfill_started, _delete_topics, _say, _services
 from mailtap.dev import DevServices
 from mailtap.dev.layout import REPO_ROOT
+from mailtap.dev.process import terminate
 
 #: The issue's target, process start -> first FETCH.
 TARGET_S = 1.5
@@ -271,12 +271,7 @@ def _timed_start(
                     raise RuntimeError(f"the mails were not committed:\n{_tail(log_path)}")
                 time.sleep(0.2)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            terminate(proc)
     run: dict[str, Any] = {"start_to_first_fetch_s": round(fetched - spawned, 3)}
     lines = log_path.read_text(errors="replace").splitlines()
     for line in lines:

@@ -286,6 +286,17 @@ def stop_group(
     return True
 
 
+def terminate(proc: subprocess.Popen[str] | subprocess.Popen[bytes], grace: float = 30.0) -> None:
+    """SIGTERM ``proc`` and wait up to ``grace`` seconds for it; then SIGKILL it (a component
+    ends within about 2 s of SIGTERM in any state; the grace is a hang guard)."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of a log file, or a note that there is none yet."""
     try:
