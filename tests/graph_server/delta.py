@@ -106,8 +106,8 @@ class DeltaTracker:
                 entries = tuple(self.store.changes_since(folder, state.watermark))
                 if (address, folder.folder_id) in self._replay:
                     self._replay.discard((address, folder.folder_id))
-                    replayed = [e for e in state.last_round if e not in entries]
-                    entries = tuple(replayed) + entries + tuple(state.last_round)
+                    fresh = tuple(e for e in entries if e not in state.last_round)
+                    entries = state.last_round + fresh
         size = max(1, min(page_size, MAX_PAGE_SIZE))
         head, rest = list(entries[:size]), entries[size:]
         if rest:
