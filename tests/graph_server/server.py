@@ -58,7 +58,10 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
+from mailtap.dev.certs import KeyPair
+
 from .auth import Principal, TokenError, TokenIssuer
+from .delivery import Delivery, NotificationDelivery
 from .delta import DEFAULT_PAGE_SIZE, DeltaTracker, SyncStateGone
 from .mailbox import GraphStore, Mailbox, MailFolder, Message
 from .resources import (
@@ -68,6 +71,8 @@ from .resources import (
     message_json,
     removed_json,
 )
+from .sendmail import Bounce, SendMail, SentMail
+from .subscriptions import ChangeNotifications, Subscription
 from .tls import server_tls
 
 log = logging.getLogger(__name__)
@@ -137,7 +142,16 @@ class GraphTestServer:
         token_lifetime: float = 3599.0,
         mailbox_concurrency: int = MAILBOX_CONCURRENCY,
         state_dir: Path | None = None,
+        event_hubs_bootstrap: str | None = None,
+        webhook_ca_files: tuple[Path, ...] = (),
+        allow_http_webhooks: bool = False,
+        notification_retry_initial: float = 0.5,
+        notification_retry_window: float = 60.0,
     ) -> None:
+        """``event_hubs_bootstrap``: the Kafka broker that stands for every Event Hubs
+        namespace; ``webhook_ca_files``: CAs the notification sender trusts besides this
+        server's own (``issue_webhook_certificate``); ``notification_retry_*``: the resend
+        schedule of undelivered notifications (Graph: "for up to 4 hours"), in seconds."""
         self.store = GraphStore()
         self.tokens = TokenIssuer(tenant, token_lifetime)
         self.delta = DeltaTracker(self.store)
@@ -157,7 +171,17 @@ class GraphTestServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._thread: threading.Thread | None = None
-        self._extensions: list[ServerExtension] = []
+        self.delivery = NotificationDelivery(
+            trust=[self._tls.ca_file, *webhook_ca_files],
+            event_hubs_bootstrap=event_hubs_bootstrap,
+            retry_initial=notification_retry_initial,
+            retry_window=notification_retry_window,
+            allow_http=allow_http_webhooks,
+        )
+        self.delivery.on_delivery = self._notify_waiters
+        self.notifications = ChangeNotifications(self, self.delivery)
+        self.mail_submission = SendMail(self)
+        self._extensions: list[ServerExtension] = [self.notifications, self.mail_submission]
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -349,6 +373,71 @@ class GraphTestServer:
     def request_paths(self) -> list[str]:
         with self.store.cond:
             return [r.path for r in self.requests]
+
+    def issue_webhook_certificate(self, folder: Path) -> KeyPair:
+        """A server certificate for 127.0.0.1/localhost signed by this server's CA, which the
+        notification sender trusts: for a test's HTTPS webhook endpoint."""
+        return self._tls.ca.issue(folder, "localhost", hosts=["localhost", "127.0.0.1"])
+
+    # -- sendMail (test side) --------------------------------------------------------------------
+
+    @property
+    def sent(self) -> list[SentMail]:
+        """Every message accepted by ``sendMail`` (202), oldest first."""
+        with self.store.cond:
+            return list(self.mail_submission.sent)
+
+    def bounce_recipient(
+        self,
+        address: str,
+        *,
+        status: str = "5.1.1",
+        diagnostic: str = "550 5.1.1 RESOLVER.ADR.RecipNotFound; not found",
+    ) -> None:
+        """Mail sent to ``address`` is accepted (202) and then bounces: an NDR lands in the
+        sender's inbox."""
+        with self.store.cond:
+            self.mail_submission.bouncing[address.lower()] = Bounce(status, diagnostic)
+
+    # -- change notifications (test side) --------------------------------------------------------
+
+    def subscriptions(self, address: str | None = None) -> list[Subscription]:
+        """Live subscriptions (of a mailbox)."""
+        with self.store.cond:
+            return [
+                s
+                for s in self.notifications.subscriptions.values()
+                if s.alive() and (address is None or s.address == address.lower())
+            ]
+
+    @property
+    def deliveries(self) -> list[Delivery]:
+        """Every delivery attempt so far (validation requests are not in it)."""
+        with self.store.cond:
+            return list(self.delivery.deliveries)
+
+    @property
+    def dropped_notifications(self) -> list[dict[str, Any]]:
+        with self.store.cond:
+            return list(self.notifications.dropped)
+
+    def drop_notifications(self, count: int | None = None) -> None:
+        """Lose the next ``count`` change notifications (``None``: all, until
+        ``drop_notifications(0)``); no lifecycle event tells (send ``missed`` for that)."""
+        self.notifications.drop(count)
+
+    def send_lifecycle_event(self, subscription_id: str, event: str) -> None:
+        """``reauthorizationRequired`` (pauses notifications until reauthorized or renewed),
+        ``subscriptionRemoved`` (the subscription is gone), ``missed``."""
+        self.notifications.lifecycle(subscription_id, event)
+
+    def expire_subscription(self, subscription_id: str) -> None:
+        """The subscription ends now, silently (as one not renewed in time)."""
+        self.notifications.expire(subscription_id)
+
+    def _notify_waiters(self) -> None:
+        with self.store.cond:
+            self.store.cond.notify_all()
 
     # -- fault switches ------------------------------------------------------------------------
 

@@ -17,8 +17,12 @@ from mailtap.dev.certs import CertificateAuthority
 
 @dataclass(frozen=True)
 class ServerTls:
-    ca_file: Path
+    ca: CertificateAuthority
     context: ssl.SSLContext
+
+    @property
+    def ca_file(self) -> Path:
+        return self.ca.certificate
 
 
 def server_tls(folder: Path) -> ServerTls:
@@ -27,4 +31,4 @@ def server_tls(folder: Path) -> ServerTls:
     pair = ca.issue(folder / "graph", "localhost", hosts=["localhost", "127.0.0.1"])
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(pair.certificate, pair.key)
-    return ServerTls(ca.certificate, context)
+    return ServerTls(ca, context)
