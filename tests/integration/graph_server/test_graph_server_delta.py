@@ -304,3 +304,20 @@ def test_revoked_access_and_deleted_mailbox(
     assert gone.json()["error"]["code"] == "MailboxNotEnabledForRESTAPI"
     unknown = client.get(f"{graph_server.graph_url}/users/nobody@example.com/mailFolders")
     assert unknown.status_code == 404
+
+
+def test_bench_baseline_counts_what_it_paged(graph_server: GraphTestServer) -> None:
+    """The baseline helper of `mailtap bench graph` reads every message and its MIME once."""
+    import asyncio
+
+    from tests.graph_server.bench import raw_delta_paging, raw_delta_paging_async, seed
+
+    seed(graph_server, USER, 25, size=1000)
+    token = app_token(graph_server)
+    figures = raw_delta_paging(graph_server, token, USER, page_size=10, mime=True)
+    assert (figures.messages, figures.pages, figures.removed) == (25, 3, 0)
+    assert figures.mime_bytes == sum(len(m.mime) for m in graph_server.messages(USER))
+    _, delta_link = asyncio.run(raw_delta_paging_async(graph_server, token, USER, mime=False))
+    graph_server.delete_message(USER, graph_server.messages(USER)[0].immutable_id)
+    after, _ = asyncio.run(raw_delta_paging_async(graph_server, token, USER, delta_link=delta_link))
+    assert (after.messages, after.removed, after.mime_bytes) == (0, 1, 0)
