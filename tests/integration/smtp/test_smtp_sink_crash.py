@@ -22,7 +22,7 @@ from smtp_harness import WAIT_S, TopicReader, command, produce_commands, sink_co
 from smtp_scripted_server import ScriptedRelay
 
 from connectors.smtp.identity import message_id_for
-from connectors.smtp.sink import TEST_HOOK_ENV
+from connectors.smtp.rounds import TEST_HOOK_ENV
 from mailtap.dev import DevServices
 
 REPO = Path(__file__).resolve().parents[3]
