@@ -19,8 +19,8 @@ this thread)::
          on a reconnect with QRESYNC (RFC 7162) the SELECT's VANISHED answer replaces the listing
       every batch = one Kafka transaction: its events + DLQ records + the new cursor.
 
-Crash points for tests (:mod:`connectors.core.faults`): besides the shared ``before_write`` and
-``in_transaction``, ``after_commit`` (committed, the side effect not done yet: state MOVING) and
+Checkpoints (:mod:`connectors.core.checkpoints`, where the kill -9 tests crash): besides the
+shared ``before_write`` and ``in_transaction``, ``after_commit`` (committed, the side effect not done yet: state MOVING) and
 ``after_side_effect`` (side effect done, its confirmation MOVED not committed yet).
 """
 
@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from connectors.core import checkpoints
 from connectors.core.claimcheck.store import ClaimCheckBatch
-from connectors.core.faults import CrashPoints
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
@@ -99,7 +99,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
         connection_factory: Callable[[], ImapConnection],
         transactional_id: str,
         watched_folders: Sequence[str],
-        crash: CrashPoints | None = None,
         parsing: BatchParsing | None = None,
     ) -> None:
         super().__init__(
@@ -119,7 +118,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self.builder = builder
         self.index = index
         self._connection_factory = connection_factory
-        self._crash = crash or CrashPoints(None)
         self._parsing = parsing
         self.cursor: Cursor | None = None
         self._changed_by_us = False
@@ -158,7 +156,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
             folder=folder,
             index=index,
             builder=builder,
-            crash=self._crash,
             cursor=lambda: self.cursor,
             commit=self._commit,
         )
@@ -170,7 +167,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 parsing=parsing,
                 index=index,
                 builder=builder,
-                crash=self._crash,
                 stop=stop,
                 cursor=lambda: self.cursor,
                 commit=self._commit,
@@ -490,7 +486,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
             progress = replace(progress, pending=pending)
         self._commit_batch(built, progress, blobs)
         if pending is not None:
-            self._crash.reached("after_commit")
+            checkpoints.reached("after_commit")
             self._changed_by_us |= self.side_effects.finish(
                 conn, pending, {m.uid: m for m in fetched}
             )
@@ -519,7 +515,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self, built: list[BuiltMail], cursor: Cursor, blobs: ClaimCheckBatch | None
     ) -> None:
         records = [r for b in built for r in b.records]
-        self._crash.reached("before_write")
+        checkpoints.reached("before_write")
         # The batch's blobs become durable while its records go out, before the commit.
         durable = functools.partial(_make_durable, blobs) if blobs is not None else None
         self._commit(records, cursor, before_commit=durable)
