@@ -85,7 +85,7 @@ def healthz(port: int) -> dict[str, Any]:
 def test_new_mail_flags_moves_and_expunges_reach_kafka(
     on_server: ImapHarness, imap_server: ImapInfo, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="connectors.imap.worker")
+    caplog.set_level(logging.WARNING, logger="connectors.imap.capabilities")
     imap, kind = on_server, imap_server.kind
     archive = folder(imap_server, "Archive")
     client = imap.client(folder="")
