@@ -27,18 +27,16 @@ shared ``before_write`` and ``in_transaction``, ``after_commit`` (committed, the
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Unpack
 
 from connectors.core import checkpoints
 from connectors.core.claimcheck.store import ClaimCheckBatch
 from connectors.core.kafka.transactions import SourceRecord
-from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 from connectors.core.source.location import SourceLocation
-from connectors.core.source.worker import FolderWorker, Writer
+from connectors.core.source.worker import FolderWorker, FolderWorkerRuntime
 from connectors.imap.backfill import (
     Backfill,
     BatchParsing,
@@ -89,26 +87,19 @@ class MailboxWorker(FolderWorker[WorkerState]):
         settings: ImapSourceSettings,
         builder: RecordBuilder,
         index: AccountIndex,
-        metrics: SourceMetrics,
-        stop: threading.Event,
-        writer_factory: Callable[[str], Writer],
-        read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]],
         connection_factory: Callable[[], ImapConnection],
-        transactional_id: str,
         watched_folders: Sequence[str],
         parsing: BatchParsing | None = None,
+        **runtime: Unpack[FolderWorkerRuntime],
     ) -> None:
         super().__init__(
             where=SourceLocation(SOURCE_KIND, account.name, folder),
             machine=StateMachine(account.name, folder, on_change=self._state_changed),
             states=WorkerState,
             backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
-            metrics=metrics,
-            stop=stop,
-            writer_factory=writer_factory,
-            read_offsets=read_offsets,
-            transactional_id=transactional_id,
+            **runtime,
         )
+        metrics, stop = self.metrics, self.stop
         self.account = account
         self.folder = folder
         self.settings = settings
