@@ -8,6 +8,9 @@ Every source passes these points for every batch, in this order:
 - the IMAP source's own ``after_commit`` (committed, mailbox side effect not done) and
   ``after_side_effect`` (side effect done, not yet recorded).
 
+The SMTP sink passes ``after_intent`` (a round's intents committed, their sends not done) and
+``after_send`` (every send in flight has its reply, the outcomes not recorded yet).
+
 In production nobody watches and :func:`reached` returns at once. A test names, in
 ``MAILTAP_CHECKPOINT_OBSERVER``, a module to import (``tests.support.crashpoints``) whose
 ``observer()`` returns a callable; that callable is then called with the name of each point

@@ -4,9 +4,9 @@ The sink (:mod:`connectors.smtp.sink`) decides what a batch needs; :class:`Deliv
 it and records every outcome as it comes in (see :meth:`DeliveryRounds.deliver`), on the sink's
 commit lanes (:mod:`connectors.smtp.lanes`).
 
-Test hook: ``MAILTAP_SMTP_SINK_TEST_HOOK=kill_after_intent|kill_after_send`` makes the process
-SIGKILL itself at that point: after the first intents are committed, or once every send in
-flight has its reply and before those outcomes are recorded. Never set it in production.
+Checkpoints (:mod:`connectors.core.checkpoints`, where the kill -9 tests crash): ``after_intent``
+(a round with intents has committed, their sends not done) and ``after_send`` (every send in
+flight has its reply, those outcomes not recorded yet).
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -25,14 +23,14 @@ from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
+from connectors.core import checkpoints
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.recorder import DeliveryRecorder, Work
 
-__all__ = ["GROUP_WAIT_S", "TEST_HOOK_ENV", "DeliveryRounds", "Round"]
+__all__ = ["GROUP_WAIT_S", "DeliveryRounds", "Round"]
 
 log = logging.getLogger(__name__)
 
-TEST_HOOK_ENV = "MAILTAP_SMTP_SINK_TEST_HOOK"
 #: Cap of an outcome's wait for the replies of its group (see DeliveryRounds.deliver): a slow
 #: send (a rate limit, a slow relay) must not hold the other outcomes, and their slots, for long.
 GROUP_WAIT_S = 0.05
@@ -68,7 +66,6 @@ class DeliveryRounds:
         self._send = send
         self.rounds_total = 0
         """Transactions written (each records a group of outcomes and intents)."""
-        self._hook = os.environ.get(TEST_HOOK_ENV, "")
 
     async def deliver(
         self,
@@ -172,10 +169,10 @@ class DeliveryRounds:
                     idle.append(round_.lane)
                     free += round_.surplus
                     if round_.starting:
-                        self._test_hook("kill_after_intent")
+                        checkpoints.reached("after_intent")
                     round_.committed.set()
                 if replied and not sending:
-                    self._test_hook("kill_after_send")
+                    checkpoints.reached("after_send")
         finally:
             for task in sending:
                 task.cancel()
@@ -226,9 +223,3 @@ class DeliveryRounds:
         recorder.stage(write)
         await asyncio.to_thread(recorder.commit, round_.offsets, consumer)
         self.rounds_total += 1
-
-    def _test_hook(self, point: str) -> None:
-        if self._hook == point:
-            log.warning("test hook %s: killing the process", point)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
