@@ -46,7 +46,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from pydantic import Field
 
-from connectors.core.config import KafkaSettings, StrictModel
+from connectors.core import namespace as ns
+from connectors.core.config import KafkaSettings, NamespacedModel
 from connectors.core.kafka.clients import admin_client, cluster_metadata, consumer_config
 from connectors.core.kafka.errors import KafkaUnavailable
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
@@ -108,7 +109,7 @@ def owned_units(
     return frozenset(u for u in units if partition_of(placement(u), count) in mine)
 
 
-class GroupSettings(StrictModel):
+class GroupSettings(NamespacedModel):
     """``imap.group`` / ``ews.group``: share the mailboxes among every instance with this id."""
 
     id: str = Field(
@@ -138,7 +139,7 @@ class GroupSettings(StrictModel):
     )
 
     def topic(self, source: str) -> str:
-        return self.work_topic or f"mailtap.{source}-work"
+        return self.work_topic or ns.qualify(self.namespace, f"mailtap.{source}-work")
 
 
 def create_if_missing(kafka: KafkaSettings, spec: TopicSpec) -> None:
