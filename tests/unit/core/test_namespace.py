@@ -86,3 +86,19 @@ def test_a_source_group_work_topic_is_inside_the_namespace() -> None:
 def test_a_namespace_that_cannot_start_a_topic_name_is_refused(bad: str) -> None:
     with pytest.raises(ValidationError, match=r"kafka\.namespace"):
         config({"namespace": bad})
+
+
+def test_a_source_group_without_an_id_joins_mailtap_source_inside_the_namespace() -> None:
+    # Two deployments with `group: {}` must never divide each other's mailboxes.
+    from connectors.imap.config import ImapSourceSettings
+
+    imap = {
+        "accounts": [
+            {"name": "a", "host": "h", "username": "u", "password": "p", "security": "plain"}
+        ],
+        "group": {},
+    }
+    for namespace, expected in ((None, "mailtap-imap"), ("stage", "stage.mailtap-imap")):
+        kafka = {"namespace": namespace} if namespace else {}
+        settings = config(kafka, imap=imap).section("imap", ImapSourceSettings)
+        assert settings.group is not None and settings.group.id == expected

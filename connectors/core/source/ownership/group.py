@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from connectors.core import namespace as ns
 from connectors.core.config import KafkaSettings, NamespacedModel
@@ -113,9 +113,10 @@ class GroupSettings(NamespacedModel):
     """``imap.group`` / ``ews.group``: share the mailboxes among every instance with this id."""
 
     id: str = Field(
-        min_length=1,
+        default="",
         description="Kafka consumer group id; instances with the same id divide the mailboxes "
-        "among them (without a group, an instance runs every configured mailbox)",
+        "among them (without a group, an instance runs every configured mailbox). Unset: "
+        "mailtap-<source> (mailtap-imap, mailtap-ews), inside kafka.namespace",
     )
     work_topic: str | None = Field(
         default=None,
@@ -137,6 +138,14 @@ class GroupSettings(NamespacedModel):
         le=1800.0,
         description="a dead instance's mailboxes move to the others after this",
     )
+
+    @field_validator("id")
+    @classmethod
+    def _id_not_empty(cls, value: str) -> str:
+        # Only a value the file sets is checked: unset, the source section fills in its default.
+        if not value:
+            raise ValueError("String should have at least 1 character (or leave id unset)")
+        return value
 
     def topic(self, source: str) -> str:
         return self.work_topic or ns.qualify(self.namespace, f"mailtap.{source}-work")
