@@ -295,3 +295,33 @@ def test_state_paths_are_where_the_image_lets_the_user_write() -> None:
         assert config["streams"]["data_dir"].startswith("/var/lib/mailtap/")
         url = config["claim_check"]["url"]
         assert url.startswith("s3://") or url.startswith("file:///var/lib/mailtap/")
+
+
+@pytest.mark.parametrize("shipped", ["compose", "k8s"])
+def test_shipped_configs_put_every_name_inside_the_namespace(shipped: str, tmp_path: Path) -> None:
+    # A name the shipped file spelt out (an app id, a group id) would stay outside the
+    # namespace: two deployments would share a consumer group (issue 27 item 5).
+    from connectors.imap.config import ImapSourceSettings
+
+    path = tmp_path / "mailtap.yaml"
+    if shipped == "compose":
+        path.write_text(deploy.compose_config_file(next(iter(SERVICES.values()))).read_text())
+    else:
+        path.write_text(deploy.configmap_config())
+    env = {
+        "MAILTAP__KAFKA__NAMESPACE": "prod",
+        # The Kubernetes login comes from each component's Secret (envFrom).
+        **deploy.secret_env_example("mailtap-kafka-imap-source"),
+        "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "x",
+        "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS": "support@example.com",
+        "MAILTAP__SMTP__FROM_ADDRESS": "support@example.com",
+    }
+    config = load_config(path, env=env)
+    names = list(config.kafka.topics.model_dump().values())
+    streams = config.section("streams", StreamsSettings)
+    sink = config.section("smtp", SmtpSinkSettings)
+    imap = config.section("imap", ImapSourceSettings)
+    assert imap.group is not None
+    names += [streams.app_id, sink.group_id, sink.bounce_group_id, sink.state_topic]
+    names += [imap.group.id, imap.group.topic("imap")]
+    assert [n for n in names if not n.startswith("prod.")] == []
