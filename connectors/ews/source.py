@@ -114,7 +114,7 @@ class EwsSource:
             read_offsets=self._offset_reads,
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
             transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
-                TRANSACTIONAL_ID_PREFIX
+                self.cfg.kafka.qualify(TRANSACTIONAL_ID_PREFIX)
             ),
             before_commit=functools.partial(checkpoints.reached, "before_write"),
         )

@@ -166,7 +166,7 @@ class ImapSource:
                     connection_factory=functools.partial(self._connection, account),
                     transactional_id=SourceLocation(
                         SOURCE_KIND, account.name, folder
-                    ).transactional_id(TRANSACTIONAL_PREFIX),
+                    ).transactional_id(self.config.kafka.qualify(TRANSACTIONAL_PREFIX)),
                     watched_folders=account.folders,
                     parsing=MailboxParsing(self._pool, spec) if self._pool else None,
                 )
