@@ -1,4 +1,5 @@
-"""A loopback TCP proxy with fault controls, for tests (no tc netem or toxiproxy on these machines).
+"""A loopback TCP proxy with fault controls, for tests and `mailtap soak` (no tc netem or
+toxiproxy on these machines).
 
     with TcpProxy("127.0.0.1", dovecot_port) as proxy:
         connect to proxy.port ...
@@ -135,14 +136,26 @@ class TcpProxy:
                 _reset(client)
                 continue
             self.accepted += 1
+            pair = (client, upstream)
             with self._lock:
-                self._pairs.append((client, upstream))
+                self._pairs.append(pair)
+                # A long run (`mailtap soak`) opens thousands of connections: forget ended pumps.
+                self._threads = [t for t in self._threads if t.is_alive()]
+            ended = threading.Semaphore(0)
             for src, dst in ((client, upstream), (upstream, client)):
-                thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+                thread = threading.Thread(
+                    target=self._pump, args=(src, dst, pair, ended), daemon=True
+                )
                 self._threads.append(thread)
                 thread.start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(
+        self,
+        src: socket.socket,
+        dst: socket.socket,
+        pair: tuple[socket.socket, socket.socket],
+        ended: threading.Semaphore,
+    ) -> None:
         try:
             while not self._closed.is_set():
                 if self._stalled.is_set():
@@ -161,11 +174,24 @@ class TcpProxy:
                 while self._stalled.is_set() and not self._closed.is_set():
                     time.sleep(_POLL_S)
                 dst.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: select() on a socket cut() just closed
             pass
         finally:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
+            # The second pump of a pair to end closes both sockets (no descriptor leak).
+            if ended.acquire(blocking=False):
+                self._forget(pair)
+            else:
+                ended.release()
+
+    def _forget(self, pair: tuple[socket.socket, socket.socket]) -> None:
+        with self._lock:
+            if pair in self._pairs:
+                self._pairs.remove(pair)
+        for sock in pair:
+            with contextlib.suppress(OSError):
+                sock.close()
 
 
 def _reset(sock: socket.socket) -> None:
