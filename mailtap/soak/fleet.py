@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from mailtap.dev.process import die_with_parent, free_port, group_members
+from mailtap.dev.process import die_with_parent, free_port, group_members, port_is_free
 from mailtap.dev.tcp_proxy import TcpProxy
 
 SOURCES = ("imap-source-1", "imap-source-2", "imap-source-3")
@@ -63,6 +63,9 @@ class Instance:
 
     def start(self) -> None:
         self.killed_on_purpose = False
+        if not port_is_free(self.health_port):
+            # Picked free a while ago; another process on this shared machine took it since.
+            self.health_port = free_port()
         doc = {**self.config, "health": {"host": "127.0.0.1", "port": self.health_port}}
         self.config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -435,8 +435,9 @@ def _orphans(state: Path, stack: Stack, instances: dict[str, Instance]) -> list[
     for pgid in groups:
         left += [f"{pid} (group {pgid})" for pid in group_members(pgid)]
     marker = str(state).encode()
+    ours = _ancestors()  # the harness and whatever started it (a `timeout`, a shell)
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit() or int(entry.name) in ours:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
@@ -447,6 +448,17 @@ def _orphans(state: Path, stack: Stack, instances: dict[str, Instance]) -> list[
             command = cmdline.replace(b"\0", b" ")[:120].decode(errors="replace")
             left.append(f"{entry.name}: {command}")
     return sorted(set(left))
+
+
+def _ancestors() -> set[int]:
+    found, pid = set(), os.getpid()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return found
 
 
 # --- figures ----------------------------------------------------------------------------------
