@@ -76,6 +76,8 @@ class SoakRun:
     violations: dict[tuple[str, str], tuple[float, Violation]] = field(default_factory=dict)
     #: instances that exited by themselves: (at, instance, status, whether with a traceback)
     exits: list[dict[str, Any]] = field(default_factory=list)
+    relay: SoakRelay | None = None
+    relay_seen: int = 0
 
     def t(self) -> float:
         return time.monotonic() - self.started
@@ -105,6 +107,13 @@ class SoakRun:
                 self.found([Violation("crash", f"{name}@{self.t():.0f}s", " ".join(last))])
             instance.start()
 
+    def feed_relay(self, ledger: Ledger) -> None:
+        """What the relay accepted since the last call, to the verifier (copies, threading)."""
+        assert self.relay is not None
+        for mail in self.relay.snapshot(self.relay_seen):
+            self.relay_seen += 1
+            ledger.relayed_mail(mail.message_id, mail.in_reply_to, mail.references)
+
     def found(self, violations: list[Violation]) -> None:
         for v in violations:
             if (v.rule, v.subject) not in self.violations:
@@ -121,6 +130,7 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
     run = SoakRun(options, say)
     stack = Stack(state, INSTANCES)
     relay = SoakRelay(HOST, free_port()).start()
+    run.relay = relay
     instances: dict[str, Instance] = {}
     reader: TopicReader | None = None
     workload: Workload | None = None
@@ -341,6 +351,7 @@ def _sample(
     lag: LagProbe,
     with_health: bool,
 ) -> Sample:
+    run.feed_relay(ledger)
     rss, fds = sample_fleet(instances)
     figures = ledger.figures()
     sample = Sample(
@@ -417,6 +428,7 @@ def _drain(
     deadline = run.t() + DRAIN_S
     while True:
         run.supervise(instances, injector)
+        run.feed_relay(ledger)
         server = read_server(HOST, stack.imap_port, accounts, WATCHED)
         found = ledger.final(server, POOL_SIZE, injector.sink_disruptions)
         if not found or run.t() > deadline:
