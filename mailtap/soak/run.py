@@ -498,6 +498,7 @@ def _figures(
         "faults": [f.to_json() for f in injector.faults] if injector else [],
         "fault_errors": dict(injector.errors) if injector else {},
         "sink_disruptions": injector.sink_disruptions if injector else 0,
+        "last_fault_healed_at_s": round(injector.last_fault_healed, 1) if injector else None,
         "relay_refusals": relay.refused,
         "restarts": {n: i.lives - 1 for n, i in instances.items()},
         "exits_by_themselves": run.exits,

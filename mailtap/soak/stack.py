@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,9 +146,6 @@ class Stack:
 
 
 def _kill_group(pgid: int) -> None:
-    import os
-    import signal
-
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
     process.stop_group(pgid, timeout=5)  # reaps it

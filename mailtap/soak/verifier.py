@@ -346,7 +346,6 @@ class TopicReader:
         #: topic -> schema name
         self.topics = dict(topics)
         self.decode_errors: list[str] = []
-        self.last_read = time.monotonic()
         self._consumer = Consumer(
             {
                 "bootstrap.servers": bootstrap,
@@ -377,7 +376,6 @@ class TopicReader:
             for msg in self._consumer.consume(1000, 0.5):
                 if msg.error() is not None:
                     continue
-                self.last_read = time.monotonic()
                 self._take(msg.topic() or "", msg.key(), msg.value())
         self._consumer.close()
 

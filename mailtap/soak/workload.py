@@ -18,7 +18,6 @@ import functools
 import logging
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -335,7 +334,3 @@ def dsn(mid: str, original: str, recipient: str) -> bytes:
         f"From: {scenario.HELPDESK}\r\nTo: {recipient}\r\nMessage-ID: <{original}>\r\n"
         f"Subject: Re: your ticket\r\n\r\n--{boundary}--\r\n"
     ).encode()
-
-
-def elapsed(start: float) -> float:
-    return time.monotonic() - start
