@@ -14,7 +14,6 @@ a ``kill -9`` of the harness takes the broker, the registry, Dovecot and the com
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 from dataclasses import dataclass, field
@@ -22,8 +21,6 @@ from pathlib import Path
 
 from mailtap.dev import dovecot, kafka, process, registry
 from mailtap.dev.tcp_proxy import TcpProxy
-
-log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 
