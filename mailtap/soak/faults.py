@@ -271,7 +271,8 @@ class FaultInjector:
             if (fault.healed_at or self.now()) < since:
                 continue
             shared = fault.kind in ("broker-kill", "registry-down")
-            own = fault.target.startswith(f"{instance.name}->")
+            # its own path, or its own kill: the restart's start-up waits have limits too
+            own = fault.target.startswith(f"{instance.name}->") or fault.target == instance.name
             imap = fault.kind == "imap-restart" and instance.component == "imap-source"
             relay = fault.kind.startswith("relay-") and instance.component == "smtp-sink"
             if shared or own or imap or relay:

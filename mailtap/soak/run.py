@@ -85,14 +85,18 @@ class SoakRun:
     def supervise(
         self, instances: dict[str, Instance], injector: FaultInjector | None = None
     ) -> None:
-        """Restart what exited by itself, as an orchestrator would. An exit soon after a
-        fault that touched the instance is reported; any other exit is a crash (a violation)."""
+        """Restart what exited by itself, as an orchestrator would. Reported, not violations:
+        an exit soon after a fault that touched the instance, and during the fleet's first
+        start an exit with its sentence (``Error: ...``: a start-up wait ran out, as the
+        README says components do). Any other exit is a crash (a violation)."""
         for name, instance in instances.items():
             status = instance.exited_by_itself()
             if status is None:
                 continue
             cause = injector.explains_exit(instance) if injector else None
             last = [line for line in instance.log_tail(40).splitlines() if line.strip()][-1:]
+            if cause is None and injector is None and last and last[0].startswith("Error: "):
+                cause = "the first start-up (a wait ran out)"
             self.exits.append(
                 {
                     "at_s": round(self.t(), 1),

@@ -43,3 +43,9 @@ def test_server_faults_explain_their_clients_only() -> None:
     relay = injector(Fault(990.0, "relay-451", "relay", 30.0, None))
     assert relay.explains_exit(SINK) is not None
     assert relay.explains_exit(SOURCE) is None
+
+
+def test_its_own_kill_explains_an_exit_while_restarting() -> None:
+    killed = injector(Fault(990.0, "kill", "imap-source-2", 3.0, 993.0))
+    assert killed.explains_exit(SOURCE) == "kill imap-source-2 at 990 s"
+    assert killed.explains_exit(SINK) is None
