@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
+from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
 from connectors.smtp import suppression
 from connectors.smtp.arf import parse_complaints, unsubscriber
@@ -182,6 +183,11 @@ class BounceReader:
             return []
         try:
             mail = self.events_serde.decode(value, record.topic() or "")
+        except RegistryUnavailable:
+            # Not a bad record: skipping it would lose a DSN (no BOUNCED, no suppression).
+            # Raised before the batch's transaction, so its offsets stay uncommitted and the
+            # restarted reader reads it again (found by `mailtap soak`, registry-down faults).
+            raise
         except Exception as exc:
             log.warning("undecodable MailEvent at %s: %s", record.offset(), exc)
             return []

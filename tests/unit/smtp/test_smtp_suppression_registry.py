@@ -28,6 +28,9 @@ class Record:
     def value(self) -> bytes:
         return self._value
 
+    def topic(self) -> str:
+        return "mail.events"
+
     def partition(self) -> int:
         return 0
 
@@ -89,3 +92,18 @@ def test_a_stop_ends_the_wait_for_the_registry(table: SuppressionTable) -> None:
     table._stop.set()
     assert done.wait(5)
     assert table.get("gone@bounce.example") is None
+
+
+def test_the_bounce_reader_does_not_skip_a_dsn_while_the_registry_is_down() -> None:
+    """Raised before the batch's transaction: its offsets stay uncommitted and the DSN is read
+    again after the restart, instead of being skipped as an undecodable MailEvent."""
+    from connectors.smtp.bounce_reader import BounceReader
+
+    reader = BounceReader.__new__(BounceReader)  # no Kafka clients: only the decoding step
+    reader.events_serde = FlakySerde(outages=1)  # type: ignore[assignment]
+    reader.accounts = {"soak-bounces"}
+    record = Record(b"soak-bounces/mid:dsn@relay.example", b"\x00\x00\x00\x00\x01\x02")
+    with pytest.raises(RegistryUnavailable):
+        reader._bounces_in(record, {})  # type: ignore[arg-type]
+    bad = Record(b"soak-bounces/mid:junk@relay.example", b"bad")
+    assert reader._bounces_in(bad, {}) == []  # type: ignore[arg-type]  # bad data: skipped
