@@ -200,6 +200,8 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
         final = _drain(run, ledger, stack, [*boxes, bounce], injector, instances)
         run.found(final)
         document["unhealthy_at_end"] = [n for n, ok in health_of(instances).items() if not ok]
+    except Exception as exc:  # the run could not go on: a verdict and a report all the same
+        run.found([Violation("harness-error", type(exc).__name__, str(exc)[:2000])])
     finally:
         if injector is not None:
             injector.freeze()
