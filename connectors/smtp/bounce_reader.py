@@ -34,6 +34,7 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
 from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
+from connectors.core.kafka.transactions import COMMIT_TIMEOUT_S
 from connectors.smtp import suppression
 from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.bounce import Bounce, parse_bounce
@@ -164,11 +165,14 @@ class BounceReader:
                 key=key.encode("utf-8"),
                 value=self.suppression_serde.encode(entry, suppressions_topic),
             )
+        # Bounded, as in the sink's recorder (confluent-kafka waits forever by default): a
+        # timeout ends the reader, and the process restarts with the batch uncommitted.
         self._producer.send_offsets_to_transaction(
             [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
             self._consumer.consumer_group_metadata(),
+            COMMIT_TIMEOUT_S,
         )
-        self._producer.commit_transaction()
+        self._producer.commit_transaction(COMMIT_TIMEOUT_S)
         self.published += len(events)
         self.suppressed += len(entries)
         if self.metrics is not None and events:
