@@ -110,8 +110,17 @@ def plot(path: Path, samples: list[Sample], faults: list[Fault], title: str) -> 
     for ax in axes:
         for fault in faults:
             ax.axvline(
-                fault.at / 60, color=colours.get(fault.kind, "grey"), lw=0.5, alpha=0.5, ls=":"
+                fault.at / 60, color=colours.get(fault.kind, "grey"), lw=0.8, alpha=0.7, ls=":"
             )
+    from matplotlib.lines import Line2D
+
+    axes[0].legend(
+        [Line2D([], [], color=c, ls=":") for c in [*colours.values(), "grey"]],
+        [*colours, "other faults"],
+        fontsize=6,
+        ncol=4,
+        loc="upper left",
+    )
     axes[0].set_title(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
