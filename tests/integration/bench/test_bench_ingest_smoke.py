@@ -14,6 +14,7 @@ from mailtap.dev import DevServices
 MAILS = 1000
 
 
+@pytest.mark.timeout(600)  # a hang guard: three baselines and a source start on a busy machine
 def test_a_tiny_ingest_bench_counts_every_mail_and_prints_cpu_per_mail(
     services: DevServices, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
