@@ -60,9 +60,8 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from mailtap.dev.certs import KeyPair
-
 from .auth import Principal, TokenError, TokenIssuer
+from .control import ControlApi
 from .delivery import Delivery, NotificationDelivery
 from .delta import DEFAULT_PAGE_SIZE, DeltaTracker, SyncStateGone
 from .mailbox import GraphStore, Mailbox, MailFolder, Message
@@ -76,7 +75,7 @@ from .resources import (
 )
 from .sendmail import Bounce, SendMail, SentMail
 from .subscriptions import ChangeNotifications, Subscription
-from .tls import server_tls
+from .tls import CertificatePair, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +191,11 @@ class GraphTestServer:
         self.delivery.on_delivery = self._notify_waiters
         self.notifications = ChangeNotifications(self, self.delivery)
         self.mail_submission = SendMail(self)
-        self._extensions: list[ServerExtension] = [self.notifications, self.mail_submission]
+        self._extensions: list[ServerExtension] = [
+            self.notifications,
+            self.mail_submission,
+            ControlApi(self),
+        ]
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -385,10 +388,10 @@ class GraphTestServer:
         with self.store.cond:
             return [r.path for r in self.requests]
 
-    def issue_webhook_certificate(self, folder: Path) -> KeyPair:
+    def issue_webhook_certificate(self, folder: Path) -> CertificatePair:
         """A server certificate for 127.0.0.1/localhost signed by this server's CA, which the
         notification sender trusts: for a test's HTTPS webhook endpoint."""
-        return self._tls.ca.issue(folder, "localhost", hosts=["localhost", "127.0.0.1"])
+        return self._tls.issue(folder)
 
     # -- sendMail (test side) --------------------------------------------------------------------
 
