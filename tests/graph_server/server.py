@@ -173,6 +173,7 @@ class GraphTestServer:
         self.mailbox_request_limit = mailbox_request_limit
         self.mailbox_request_window = mailbox_request_window
         self._slow_seconds = 0.0
+        self._held: asyncio.Event | None = None  # set on the server's loop: released
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="graph-server-")
@@ -525,6 +526,24 @@ class GraphTestServer:
         with self.store.cond:
             self._slow_seconds = seconds
 
+    def hold_responses(self) -> None:
+        """Hold every Graph call (after auth and throttling checks) until
+        ``release_responses()``: requests pile up in flight, deterministically."""
+        with self.store.cond:
+            if self._held is None:
+                self._held = asyncio.Event()
+
+    def release_responses(self) -> None:
+        with self.store.cond:
+            held, self._held = self._held, None
+        if held is not None:
+            self.loop.call_soon_threadsafe(held.set)
+
+    def in_flight(self, client_id: str, address: str) -> int:
+        """Calls of ``client_id`` on ``address`` being served now (the concurrency limit's count)."""
+        with self.store.cond:
+            return self._in_flight[(client_id, address.lower())]
+
     # -- identity platform -----------------------------------------------------------------------
 
     async def _openid_configuration(self, request: web.Request) -> web.Response:
@@ -600,6 +619,8 @@ class GraphTestServer:
                     self._in_flight[slot] += 1
             if self._slow_seconds:
                 await asyncio.sleep(self._slow_seconds)
+            if self._held is not None:
+                await self._held.wait()
             response = await self._dispatch(request, path, mailbox, rest, principal)
         except GraphError as e:
             headers = dict(e.headers)
