@@ -64,7 +64,9 @@ from .auth import Principal, TokenError, TokenIssuer
 from .control import ControlApi
 from .delivery import Delivery, NotificationDelivery
 from .delta import DEFAULT_PAGE_SIZE, DeltaTracker, SyncStateGone
+from .errors import GraphError
 from .mailbox import GraphStore, Mailbox, MailFolder, Message
+from .preferences import max_page_size, prefers_immutable
 from .resources import (
     FOLDER_PROPERTIES,
     MESSAGE_PROPERTIES,
@@ -122,19 +124,6 @@ class ServerExtension(Protocol):
 
     async def close(self) -> None:
         """Stop background work (called on the server's loop at shutdown)."""
-
-
-class GraphError(Exception):
-    """An error answer: status, Graph error code, message, extra headers."""
-
-    def __init__(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
 
 
 class GraphTestServer:
@@ -755,7 +744,7 @@ class GraphTestServer:
         names = [s.lower() for s in rest]
         if mailbox is None or request.method != "GET":
             raise GraphError(400, "BadRequest", f"Resource not found for the segment '{path}'.")
-        immutable = _prefers_immutable(request)
+        immutable = prefers_immutable(request)
         if names == ["mailfolders"]:
             response = self._list_folders(mailbox, _folder_select(request))
         elif len(names) == 2 and names[0] == "mailfolders":
@@ -821,7 +810,7 @@ class GraphTestServer:
         if change_type not in (None, "created", "updated", "deleted"):
             raise GraphError(400, "BadRequest", f"Invalid changeType '{change_type}'.")
         token = query.get("$skiptoken") or query.get("$deltatoken")
-        page_size = _max_page_size(request) or DEFAULT_PAGE_SIZE
+        page_size = max_page_size(request) or DEFAULT_PAGE_SIZE
         with self.store.cond:
             folder = self._folder(mailbox, ref)
             try:
@@ -863,7 +852,7 @@ class GraphTestServer:
             )
         body["value"] = value
         response = web.json_response(body)
-        if _max_page_size(request):
+        if max_page_size(request):
             response.headers["Preference-Applied"] = f"odata.maxpagesize={page_size}"
         return response
 
@@ -921,30 +910,6 @@ _KEY_SEGMENT = re.compile(r"(\w+)\('([^']*)'\)")
 def _normalise(tail: str) -> str:
     """``mailfolders('X')/messages`` -> ``mailfolders/X/messages`` (OData key syntax)."""
     return _KEY_SEGMENT.sub(lambda m: f"{m.group(1)}/{m.group(2)}", tail).strip("/")
-
-
-def _prefer(request: web.Request) -> list[str]:
-    values: list[str] = []
-    for header in request.headers.getall("Prefer", []):
-        values.extend(v.strip() for v in header.split(","))
-    return values
-
-
-def _prefers_immutable(request: web.Request) -> bool:
-    return any(v.replace(" ", "").lower() == 'idtype="immutableid"' for v in _prefer(request))
-
-
-def _max_page_size(request: web.Request) -> int | None:
-    for value in _prefer(request):
-        name, _, size = value.partition("=")
-        if name.strip().lower() == "odata.maxpagesize":
-            try:
-                return int(size)
-            except ValueError:
-                raise GraphError(
-                    400, "BadRequest", f"Invalid odata.maxpagesize '{size}'."
-                ) from None
-    return None
 
 
 def _folder_select(request: web.Request) -> tuple[str, ...] | None:
