@@ -251,11 +251,17 @@ class GraphTestServer:
         app.router.add_route("*", "/v1.0/{tail:.*}", self._graph)
         for extension in self._extensions:
             extension.install(app)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
         # A test that ends with calls still open (a held stream, a client gone) must not wait
         # aiohttp's default 60 s for them at stop().
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._tls.context)
+        site = web.TCPSite(
+            self._runner,
+            self._host,
+            self._port,
+            ssl_context=self._tls.context,
+            shutdown_timeout=1.0,
+        )
         await site.start()
         sockets = site._server.sockets  # type: ignore[union-attr]
         self._port = sockets[0].getsockname()[1]
