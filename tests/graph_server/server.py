@@ -232,8 +232,6 @@ class GraphTestServer:
         return self
 
     def stop(self) -> None:
-        if self._loop is not None:
-            self.release_responses()
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(30)
@@ -253,15 +251,7 @@ class GraphTestServer:
             extension.install(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        # A test that ends with calls still open (a held stream, a client gone) must not wait
-        # aiohttp's default 60 s for them at stop().
-        site = web.TCPSite(
-            self._runner,
-            self._host,
-            self._port,
-            ssl_context=self._tls.context,
-            shutdown_timeout=1.0,
-        )
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._tls.context)
         await site.start()
         sockets = site._server.sockets  # type: ignore[union-attr]
         self._port = sockets[0].getsockname()[1]
