@@ -30,8 +30,10 @@ from connectors.core import faults
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka.encoding import check_topic_encodings
+from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
+from connectors.core.kafka.permissions import check_permissions
+from connectors.core.kafka.topics import ensure_topics
 from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
@@ -136,8 +138,13 @@ class EwsSource:
         return self._health.port if self._health is not None else None
 
     def start(self) -> None:
-        # One encoding per topic: refuse to write mail.events framed otherwise than it is.
-        check_topic_encodings(self.cfg.kafka, [self.cfg.kafka.topics.events])
+        # Its own topics only (connectors.core.kafka.acls); one encoding per topic: refuse to
+        # write mail.events framed otherwise than it is.
+        t = self.cfg.kafka.topics
+        check_permissions(
+            self.cfg.kafka, source_acls(self.cfg.kafka, source="ews", group=self.settings.group)
+        )
+        ensure_topics(self.cfg.kafka, only=[t.events, t.offsets, t.mailboxes])
         if self._serve_health:
             h = self.cfg.health
             self._health = HealthServer(self.metrics, h.host, h.port, h.max_sync_age_seconds)

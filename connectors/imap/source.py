@@ -28,7 +28,9 @@ from connectors.core.claimcheck.open import open_configured
 from connectors.core.claimcheck.store import ClaimCheckStore, close_store
 from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.core.faults import CrashingWriter, CrashPoints
+from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
+from connectors.core.kafka.permissions import check_permissions
 from connectors.core.kafka.topics import ensure_topics
 from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits
@@ -123,7 +125,15 @@ class ImapSource:
         serde = AvroSerde.shared("MailEvent", self.kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
-        ensure_topics(self.kafka)
+        # Every permission of its topics and groups first, before a mail is read or a cursor
+        # moves: a refusal is one sentence naming the ACL (connectors.core.kafka.permissions).
+        check_permissions(
+            self.kafka, source_acls(self.kafka, source="imap", group=self.settings.group)
+        )
+        t = self.kafka.topics
+        # Its own topics only (the index topic is connectors.imap.indexlog's): the others are
+        # the admin's (mailtap topics ensure), the ACLs connectors.core.kafka.acls computes.
+        ensure_topics(self.kafka, only=[t.events, t.offsets, t.mailboxes])
         registering = ThreadPoolExecutor(1, thread_name_prefix="imap-registry")
         self._registration = registering.submit(serde.prepare, self.kafka.topics.events)
         registering.shutdown(wait=False)  # the submitted registration still runs to its end

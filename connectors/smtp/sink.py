@@ -63,12 +63,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from connectors.core import tracing
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
+from connectors.core.kafka.acls import sink_acls
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
+from connectors.core.kafka.permissions import check_permissions, denied_transactional_id
 from connectors.smtp.classify import (
     MAX_DIAGNOSTIC,
     DeliveryStatus,
@@ -212,6 +214,10 @@ class SmtpSink:
     # --- start / stop -------------------------------------------------------------------------
 
     def start(self) -> None:
+        # Every permission first, before a command is read or a mail sent: a refusal is one
+        # sentence naming the ACL (connectors.core.kafka.permissions), never a sink that runs
+        # "healthy" without the suppression list, nor one that sends and then cannot record it.
+        check_permissions(self.kafka, sink_acls(self.kafka, self.settings))
         ensure_sink_topics(
             self.kafka, self.settings.retry_tiers, suppressions=self.suppressions is not None
         )
@@ -241,7 +247,16 @@ class SmtpSink:
                     compression_type=PRODUCER_COMPRESSION,
                 )
             )
-            init_transactions(producer, self.kafka, 60)
+            try:
+                init_transactions(producer, self.kafka, 60)
+            except KafkaException as exc:
+                refused = denied_transactional_id(
+                    self.kafka,
+                    exc,
+                    self.transactional_id(lane),
+                    prefix=f"{self.settings.group_id}.",
+                )
+                raise refused or exc from None
             self._recorders.append(
                 DeliveryRecorder(
                     producer,

@@ -56,7 +56,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
-from connectors.core.kafka.errors import FencedError
+from connectors.core.kafka.errors import FencedError, PermissionDenied
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
@@ -162,6 +162,7 @@ class FolderWorker(ABC, Generic[E]):
                         # init_transactions fences an older instance and aborts its open
                         # transaction, so the cursor read after it sees only committed batches.
                         self._writer = self._writer_factory(self.transactional_id)
+                        self.metrics.refused(*self._labels, None)
                         self._on_new_writer()
                     self._session()
                 except FencedError as exc:
@@ -186,6 +187,9 @@ class FolderWorker(ABC, Generic[E]):
 
     def _back_off(self, exc: Exception) -> None:
         self.last_error = exc
+        if isinstance(exc, PermissionDenied):
+            # /healthz says why until the ACL is granted (the mailbox retries at the back-off cap).
+            self.metrics.refused(*self._labels, str(exc))
         self._drop_connection()
         self._after_error(exc)
         delay = backoff_delay(

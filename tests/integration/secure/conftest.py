@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -28,6 +29,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from connectors.core.config import KafkaSettings
+from connectors.core.kafka.acls import Acl
 from mailtap.dev import process, secure
 from mailtap.dev.process import group_members
 
@@ -88,6 +90,54 @@ def allow(
         )
         for operation in operations
     ]
+
+
+def bindings(principal: str, acls: Iterable[Acl]) -> list[AclBinding]:
+    """The `connectors.core.kafka.acls` bindings as confluent-kafka's ALLOW bindings."""
+    kinds = {
+        "topic": ResourceType.TOPIC,
+        "group": ResourceType.GROUP,
+        "transactional-id": ResourceType.TRANSACTIONAL_ID,
+        "cluster": ResourceType.BROKER,
+    }
+    return [
+        AclBinding(
+            kinds[acl.resource_type],
+            acl.name if acl.resource_type != "cluster" else "kafka-cluster",
+            ResourcePatternType.PREFIXED
+            if acl.pattern == "prefixed"
+            else ResourcePatternType.LITERAL,
+            f"User:{principal}",
+            "*",
+            AclOperation[_OPERATIONS.get(acl.operation, acl.operation.upper())],
+            AclPermissionType.ALLOW,
+        )
+        for acl in acls
+    ]
+
+
+_OPERATIONS = {
+    "DescribeConfigs": "DESCRIBE_CONFIGS",
+    "AlterConfigs": "ALTER_CONFIGS",
+    "IdempotentWrite": "IDEMPOTENT_WRITE",
+}
+
+
+def revoke(admin: AdminClient, acls: list[AclBinding]) -> None:
+    filters = [
+        AclBindingFilter(
+            b.restype,
+            b.name,
+            b.resource_pattern_type,
+            b.principal,
+            b.host,
+            b.operation,
+            b.permission_type,
+        )
+        for b in acls
+    ]
+    for future in admin.delete_acls(filters).values():
+        future.result(30)
 
 
 def grant(admin: AdminClient, acls: list[AclBinding]) -> None:
