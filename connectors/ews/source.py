@@ -32,7 +32,7 @@ from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
-from connectors.core.kafka.permissions import check_permissions
+from connectors.core.kafka.permissions import check_created, check_permissions
 from connectors.core.kafka.topics import ensure_topics
 from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits, parse_mail
@@ -140,11 +140,14 @@ class EwsSource:
     def start(self) -> None:
         # Its own topics only (connectors.core.kafka.acls); one encoding per topic: refuse to
         # write mail.events framed otherwise than it is.
+        # The check waits for the cluster as every start does ("cannot reach Kafka"); the
+        # topics that do not exist yet are created, then checked too.
         t = self.cfg.kafka.topics
-        check_permissions(
-            self.cfg.kafka, source_acls(self.cfg.kafka, source="ews", group=self.settings.group)
-        )
-        ensure_topics(self.cfg.kafka, only=[t.events, t.offsets, t.mailboxes])
+        needed = source_acls(self.cfg.kafka, source="ews", group=self.settings.group)
+        missing = check_permissions(self.cfg.kafka, needed)
+        own = [t.events, t.offsets, t.mailboxes]
+        ensure_topics(self.cfg.kafka, only=own)
+        check_created(self.cfg.kafka, needed, [n for n in missing if n in own])
         if self._serve_health:
             h = self.cfg.health
             self._health = HealthServer(self.metrics, h.host, h.port, h.max_sync_age_seconds)

@@ -265,6 +265,7 @@ def streams_acls(kafka: KafkaSettings, app_id: str) -> list[Acl]:
     """The streams worker: faust names its group and internal topics after ``app_id``."""
     t = kafka.topics
     acls = _Acls()
+    acls.own_topics([t.events, t.commands, t.workflow], reason="ensured at start")
     acls.topic(t.events, "Describe", "Read", reason="the mail events it routes")
     acls.topic(t.commands, "Describe", "Write", reason="the reply commands")
     acls.topic(t.workflow, "Describe", "Write", reason="the workflow events")

@@ -27,8 +27,9 @@ from confluent_kafka import KafkaException, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient  # type: ignore[attr-defined]
 
 from connectors.core.config import KafkaSettings
+from connectors.core.errors import ConfigError
 from connectors.core.kafka.acls import Acl
-from connectors.core.kafka.clients import admin_client
+from connectors.core.kafka.clients import admin_client, cluster_metadata, raise_if_stopping
 from connectors.core.kafka.errors import PermissionDenied
 
 log = logging.getLogger(__name__)
@@ -107,35 +108,30 @@ def principal_of(kafka: KafkaSettings) -> str:
 
 
 def check_permissions(
-    kafka: KafkaSettings, needed: Iterable[Acl], timeout: float = CHECK_TIMEOUT_S
-) -> None:
+    kafka: KafkaSettings,
+    needed: Iterable[Acl],
+    timeout: float = CHECK_TIMEOUT_S,
+    *,
+    cluster_wait: float | None = None,
+) -> list[str]:
     """Raise :class:`PermissionDenied` for the first ACL in ``needed`` the broker does not grant.
 
-    Literal topics that do not exist yet are left to the component's topic creation (whose
-    refusal :func:`connectors.core.kafka.topics.ensure_topic_specs` translates); prefixed topics
-    and transactional ids cannot be asked about here.
+    Waits for the cluster first, as every start-up does (:func:`cluster_metadata`): an
+    unreachable broker is the "cannot reach Kafka" sentence, a refused login or TLS handshake
+    its own, never an error of the check.
+
+    Literal topics that do not exist yet are left out and returned: the component creates them
+    (:func:`connectors.core.kafka.topics.ensure_topic_specs` translates a refused Create), then
+    checks them with :func:`check_created`. Prefixed topics and transactional ids cannot be
+    asked about here (a refused ``init_transactions`` is translated where the id is known).
+    ``cluster_wait``: how long to wait for the cluster (default ``timeout``).
     """
     needed = list(needed)
     topics = _by_name(a for a in needed if a.resource_type == "topic" and a.pattern == "literal")
     groups = _by_name(a for a in needed if a.resource_type == "group")
     admin = admin_client(kafka)
-    if topics:
-        futures = admin.describe_topics(
-            TopicCollection(list(topics)),
-            include_authorized_operations=True,
-            request_timeout=timeout,
-        )
-        for name, future in futures.items():
-            try:
-                granted = future.result().authorized_operations
-            except KafkaException as exc:
-                code = exc.args[0].name()
-                if code == "UNKNOWN_TOPIC_OR_PART":
-                    continue
-                if code == "TOPIC_AUTHORIZATION_FAILED":
-                    raise permission_denied(kafka, _first(topics[name], "Describe")) from None
-                raise
-            _compare(kafka, topics[name], granted)
+    cluster_metadata(admin, kafka, timeout if cluster_wait is None else cluster_wait)
+    missing = _check_topics(kafka, admin, topics, timeout)
     if groups:
         probes = {_probe_name(acls[0]): acls for acls in groups.values()}
         for name, result in _group_descriptions(admin, list(probes), timeout).items():
@@ -144,7 +140,108 @@ def check_permissions(
                     raise permission_denied(kafka, _first(probes[name], "Describe")) from None
                 raise result
             _compare(kafka, probes[name], result.authorized_operations)
-    log.info("kafka permissions checked: %d ACLs granted", len(needed))
+    log.info("kafka permissions checked: %d ACLs granted", len(needed) - len(missing))
+    return missing
+
+
+#: How long a topic created a moment ago may be missing from the broker's answers (its
+#: metadata has not reached the broker asked yet).
+NEW_TOPIC_WAIT_S = 30.0
+NEW_TOPIC_POLL_S = 0.2
+
+
+def check_created(
+    kafka: KafkaSettings,
+    needed: Iterable[Acl],
+    topics: Iterable[str],
+    timeout: float = NEW_TOPIC_WAIT_S,
+) -> None:
+    """The ACLs of ``needed`` on ``topics``, which :func:`check_permissions` found missing and
+    the component has created since (or another component at the same moment). A topic created
+    a moment ago is not in every answer at once: asked again until ``timeout``, then a topic
+    still unknown is the sentence to create it."""
+    pending = set(topics)
+    if not pending:
+        return
+    needed = list(needed)
+    admin = admin_client(kafka)
+    deadline = time.monotonic() + timeout
+    while True:
+        by_name = _by_name(
+            a
+            for a in needed
+            if a.resource_type == "topic" and a.pattern == "literal" and a.name in pending
+        )
+        pending = set(_check_topics(kafka, admin, by_name, timeout))
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"topics {', '.join(sorted(pending))} do not exist {timeout:.0f}s after they "
+                "were ensured; create them with `mailtap topics ensure -c CONFIG`"
+            )
+        raise_if_stopping()
+        time.sleep(NEW_TOPIC_POLL_S)
+
+
+def check_prefixed_topics(
+    kafka: KafkaSettings,
+    needed: Iterable[Acl],
+    names: Iterable[str],
+    timeout: float = CHECK_TIMEOUT_S,
+) -> None:
+    """The prefixed topic ACLs of ``needed``, checked on ``names``: topics under those prefixes
+    that exist now (the streams worker's changelogs, once it has created them). A refusal names
+    the prefixed ACL, the one to grant."""
+    prefixed = [a for a in needed if a.resource_type == "topic" and a.pattern == "prefixed"]
+    under = {name: [a for a in prefixed if name.startswith(a.name)] for name in names}
+    _check_topics(kafka, admin_client(kafka), {k: v for k, v in under.items() if v}, timeout)
+
+
+def under_prefix(
+    kafka: KafkaSettings, refused: PermissionDenied, needed: Iterable[Acl]
+) -> PermissionDenied:
+    """``refused`` (an operation on a literal topic) as the prefixed ACL of ``needed`` that
+    would grant it, when there is one: that is what the operator grants."""
+    acl = refused.acl
+    if not isinstance(acl, Acl) or acl.pattern != "literal":
+        return refused
+    for wanted in needed:
+        if (
+            wanted.pattern == "prefixed"
+            and wanted.resource_type == acl.resource_type
+            and wanted.operation == acl.operation
+            and acl.name.startswith(wanted.name)
+        ):
+            return permission_denied(kafka, wanted)
+    return refused
+
+
+def _check_topics(
+    kafka: KafkaSettings, admin: AdminClient, topics: dict[str, list[Acl]], timeout: float
+) -> list[str]:
+    """Compare the operations granted on ``topics``; returns those that do not exist."""
+    if not topics:
+        return []
+    missing = []
+    futures = admin.describe_topics(
+        TopicCollection(list(topics)),
+        include_authorized_operations=True,
+        request_timeout=timeout,
+    )
+    for name, future in futures.items():
+        try:
+            granted = future.result().authorized_operations
+        except KafkaException as exc:
+            code = exc.args[0].name()
+            if code == "UNKNOWN_TOPIC_OR_PART":
+                missing.append(name)
+                continue
+            if code == "TOPIC_AUTHORIZATION_FAILED":
+                raise permission_denied(kafka, _first(topics[name], "Describe")) from None
+            raise
+        _compare(kafka, topics[name], granted)
+    return sorted(missing)
 
 
 def _group_descriptions(admin: AdminClient, names: list[str], timeout: float) -> dict[str, Any]:
