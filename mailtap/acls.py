@@ -23,12 +23,16 @@ from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS, topic_specs
 def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
     """Every ACL ``component`` (one of ``COMPONENTS``) needs with ``config``.
 
-    Raises ConfigError when the config lacks the component's section.
+    Raises ConfigError when the config lacks the section of the sink or the streams worker
+    (their ACLs follow from it); a source's section is optional (no group without it).
     """
     kafka = config.kafka
     if component in ("imap-source", "ews-source"):
         source: Literal["imap", "ews"] = "imap" if component == "imap-source" else "ews"
-        settings = _section(config, source)
+        # A source's ACLs depend on its section only through the group (its work topic and
+        # group id): a config without the section (the dev stack's, without Exchange) gets
+        # those of an instance without a group.
+        settings = _section(config, source) if config.has_section(source) else None
         return source_acls(kafka, source=source, group=getattr(settings, "group", None))
     if component == "smtp-sink":
         return sink_acls(kafka, _section(config, "smtp"))

@@ -4,7 +4,8 @@ session and shared by the tests of this folder, which keep apart by unique topic
 - ``secure_kafka``: a `mailtap.dev.secure.SecureKafka` (listeners, CA, principals, OAuth server);
   its processes end with the session, even when pytest is killed (die-with-parent).
 - ``kafka_settings(component, mechanism)``: the `KafkaSettings` a component uses to reach it.
-- ``grant(principal, *acls)``: ACLs created through the admin (super user) listener.
+- ``grant(admin, bindings(principal, acls))``: ACLs created through the admin (super user)
+  listener (``bindings`` is `mailtap.dev.secure_acls`'s, what ``dev up --secure`` grants).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,11 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.acls import Acl
 from mailtap.dev import process, secure
 from mailtap.dev.process import group_members
+from mailtap.dev.secure_acls import bindings
+
+__all__ = ["allow", "bindings", "create_topic", "grant", "revoke"]
 
 
 @pytest.fixture(scope="session")
@@ -90,37 +93,6 @@ def allow(
         )
         for operation in operations
     ]
-
-
-def bindings(principal: str, acls: Iterable[Acl]) -> list[AclBinding]:
-    """The `connectors.core.kafka.acls` bindings as confluent-kafka's ALLOW bindings."""
-    kinds = {
-        "topic": ResourceType.TOPIC,
-        "group": ResourceType.GROUP,
-        "transactional-id": ResourceType.TRANSACTIONAL_ID,
-        "cluster": ResourceType.BROKER,
-    }
-    return [
-        AclBinding(
-            kinds[acl.resource_type],
-            acl.name if acl.resource_type != "cluster" else "kafka-cluster",
-            ResourcePatternType.PREFIXED
-            if acl.pattern == "prefixed"
-            else ResourcePatternType.LITERAL,
-            f"User:{principal}",
-            "*",
-            AclOperation[_OPERATIONS.get(acl.operation, acl.operation.upper())],
-            AclPermissionType.ALLOW,
-        )
-        for acl in acls
-    ]
-
-
-_OPERATIONS = {
-    "DescribeConfigs": "DESCRIBE_CONFIGS",
-    "AlterConfigs": "ALTER_CONFIGS",
-    "IdempotentWrite": "IDEMPOTENT_WRITE",
-}
 
 
 def revoke(admin: AdminClient, acls: list[AclBinding]) -> None:
