@@ -114,7 +114,9 @@ class EwsSource:
         def writer_factory(txn_id: str) -> Writer:
             if crash.point == "in_transaction":
                 return faults.CrashingWriter(kafka, txn_id, crash=crash)
-            return TransactionalSourceWriter(kafka, txn_id)
+            return TransactionalSourceWriter(
+                kafka, txn_id, acl_prefix=f"{TRANSACTIONAL_ID_PREFIX}-"
+            )
 
         return EwsFolderWorker(
             account=account,

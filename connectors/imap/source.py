@@ -97,7 +97,7 @@ class ImapSource:
     def _writer(self, txn_id: str) -> Writer:
         if self._crash.active:
             return CrashingWriter(self.kafka, txn_id, crash=self._crash)
-        return TransactionalSourceWriter(self.kafka, txn_id)
+        return TransactionalSourceWriter(self.kafka, txn_id, acl_prefix=f"{TRANSACTIONAL_PREFIX}-")
 
     def _read_offsets(self) -> Mapping[bytes, Mapping[str, Any]]:
         return self._offset_reads()

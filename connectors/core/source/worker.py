@@ -201,7 +201,14 @@ class FolderWorker(ABC, Generic[E]):
             connection_lost=self.connection_lost,
             logger=log,
         )
-        self.machine.to(self._backoff_state, f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s")
+        # A refused permission's sentence is long and logged once above (backoff_delay): the
+        # transition names only its kind.
+        why = (
+            type(exc).__name__
+            if isinstance(exc, PermissionDenied)
+            else f"{type(exc).__name__}: {exc}"
+        )
+        self.machine.to(self._backoff_state, f"{why}; retry in {delay:.1f}s")
         self.stop.wait(delay)
 
     # --- the one write -----------------------------------------------------------------------

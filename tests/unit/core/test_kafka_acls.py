@@ -170,3 +170,34 @@ def test_implied_operations_are_left_out() -> None:
                 assert not {(*key, "Read"), (*key, "Write")} & held, (component, a)
             if a.operation == "DescribeConfigs":
                 assert (*key, "AlterConfigs") not in held, (component, a)
+
+
+def test_a_refused_streams_topic_names_the_prefixed_acl_to_grant() -> None:
+    """ensure_topic_specs names the literal changelog topic it may not create; the operator
+    grants the prefixed ACL of `mailtap acls`, so that is what the sentence names."""
+    from connectors.core.config import KafkaSettings
+    from connectors.core.kafka.permissions import permission_denied, under_prefix
+
+    kafka = KafkaSettings(
+        bootstrap_servers="k:9092", sasl_username="mailtap-streams", sasl_password="x"
+    )
+    needed = acls.streams_acls(kafka, "mailtap-streams")
+    literal = Acl("topic", "mailtap-streams-runs-changelog", "Create")
+    sentence = str(under_prefix(kafka, permission_denied(kafka, literal), needed))
+    assert sentence.startswith(
+        "kafka: principal User:mailtap-streams may not CREATE topic mailtap-streams-* (prefixed) "
+        "(TOPIC_AUTHORIZATION_FAILED): grant it with: kafka-acls.sh"
+    ), sentence
+    assert "--resource-pattern-type prefixed --topic mailtap-streams-" in sentence
+    # A topic outside the prefix keeps its own literal ACL.
+    other = Acl("topic", "mail.commands", "Create")
+    assert "topic mail.commands (TOPIC" in str(
+        under_prefix(kafka, permission_denied(kafka, other), needed)
+    )
+
+
+def test_the_dev_config_without_an_ews_section_gets_the_ews_acls_of_no_group() -> None:
+    cfg = MailtapConfig.model_validate({"kafka": {"bootstrap_servers": "k:9092"}})
+    names = {(a.resource_type, a.name) for a in component_acls(cfg, "ews-source")}
+    assert ("transactional-id", "mailtap-ews-") in names
+    assert not any(name.endswith("-work") for _, name in names)
