@@ -27,7 +27,6 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.claimcheck.store import ClaimCheckStore, close_store
 from connectors.core.config import KafkaSettings, MailtapConfig
-from connectors.core.faults import CrashingWriter, CrashPoints
 from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
 from connectors.core.kafka.permissions import check_created, check_permissions
@@ -68,7 +67,6 @@ class ImapSource:
         self.metrics = metrics or SourceMetrics()
         self.stop_event = threading.Event()
         self._health: HealthServer | None = None
-        self._crash = CrashPoints.from_env()
         self._claim_check: ClaimCheckStore | None = None
         self._pool: ParsePool | None = None
         self._serde: AvroSerde | None = None
@@ -95,9 +93,9 @@ class ImapSource:
     # --- wiring ------------------------------------------------------------------------------
 
     def _writer(self, txn_id: str) -> Writer:
-        if self._crash.active:
-            return CrashingWriter(self.kafka, txn_id, crash=self._crash)
-        return TransactionalSourceWriter(self.kafka, txn_id, acl_prefix=f"{TRANSACTIONAL_PREFIX}-")
+        return TransactionalSourceWriter(
+            self.kafka, txn_id, acl_prefix=f"{self.kafka.qualify(TRANSACTIONAL_PREFIX)}-"
+        )
 
     def _read_offsets(self) -> Mapping[bytes, Mapping[str, Any]]:
         return self._offset_reads()
@@ -187,9 +185,8 @@ class ImapSource:
                     connection_factory=functools.partial(self._connection, account),
                     transactional_id=SourceLocation(
                         SOURCE_KIND, account.name, folder
-                    ).transactional_id(TRANSACTIONAL_PREFIX),
+                    ).transactional_id(self.config.kafka.qualify(TRANSACTIONAL_PREFIX)),
                     watched_folders=account.folders,
-                    crash=self._crash,
                     parsing=MailboxParsing(self._pool, spec) if self._pool else None,
                 )
             )

@@ -113,8 +113,10 @@ class Acl:
 class _Acls:
     """Collects bindings once each (the first reason wins), in a stable order."""
 
-    def __init__(self) -> None:
+    def __init__(self, kafka: KafkaSettings) -> None:
         self._acls: dict[Acl, Acl] = {}
+        #: Names mailtap makes up are inside ``kafka.namespace`` (``prod.mailtap-imap-index``).
+        self.qualify = kafka.qualify
 
     def topic(self, name: str, *ops: Operation, reason: str, prefixed: bool = False) -> None:
         self._add("topic", name, ops, reason, prefixed)
@@ -134,7 +136,7 @@ class _Acls:
         for name in names:
             self.topic(name, "Read", reason="encoding check of a topic it writes")
         self.group(
-            ENCODING_CHECK_GROUP_PREFIX,
+            self.qualify(ENCODING_CHECK_GROUP_PREFIX),
             "Describe",
             reason="encoding check reads with a throw-away group",
             prefixed=True,
@@ -190,7 +192,7 @@ def source_acls(
 ) -> list[Acl]:
     """The IMAP or EWS source: ``group`` is its ``GroupSettings`` (None: no group)."""
     t = kafka.topics
-    acls = _Acls()
+    acls = _Acls(kafka)
     own = [t.events, t.offsets, t.mailboxes]
     if source == "imap":
         own.append(t.imap_index)
@@ -199,16 +201,26 @@ def source_acls(
     acls.topic(
         t.offsets, "Read", "Write", reason="its cursors: read at start, written in its transactions"
     )
-    acls.group(OFFSETS_GROUP, "Describe", reason="reads the offsets topic (assigned, no commits)")
+    acls.group(
+        acls.qualify(OFFSETS_GROUP),
+        "Describe",
+        reason="reads the offsets topic (assigned, no commits)",
+    )
     acls.topic(t.mailboxes, "Read", reason="the mailboxes added with mailtap mailboxes add")
-    acls.group(MAILBOXES_GROUP, "Describe", reason="reads the mailboxes topic (assigned)")
+    acls.group(
+        acls.qualify(MAILBOXES_GROUP), "Describe", reason="reads the mailboxes topic (assigned)"
+    )
     if source == "imap":
         acls.topic(
             t.imap_index, "Read", "Write", reason="its Message-ID index, in its transactions"
         )
-        acls.group(IMAP_INDEX_GROUP, "Describe", reason="reads the index topic (assigned)")
+        acls.group(
+            acls.qualify(IMAP_INDEX_GROUP), "Describe", reason="reads the index topic (assigned)"
+        )
     acls.encoding_checked([t.events])
-    prefix = IMAP_TRANSACTIONAL_PREFIX if source == "imap" else EWS_TRANSACTIONAL_PREFIX
+    prefix = acls.qualify(
+        IMAP_TRANSACTIONAL_PREFIX if source == "imap" else EWS_TRANSACTIONAL_PREFIX
+    )
     acls.transactional_ids(prefix, reason="one transactional id per mailbox folder")
     if group is not None:
         work = group.topic(source)
@@ -223,7 +235,7 @@ def sink_acls(kafka: KafkaSettings, settings: Any) -> list[Acl]:
     bounce accounts)."""
     t = kafka.topics
     retries = retry_topics(kafka, settings.retry_tiers)
-    acls = _Acls()
+    acls = _Acls(kafka)
     own = [t.commands, *retries, t.dlq, t.delivery, settings.state_topic]
     if settings.suppression.enabled:
         own.append(t.suppressions)
@@ -242,7 +254,7 @@ def sink_acls(kafka: KafkaSettings, settings: Any) -> list[Acl]:
     if settings.suppression.enabled:
         acls.topic(t.suppressions, "Read", reason="no mail to a suppressed address")
         acls.group(
-            SUPPRESSIONS_GROUP_PREFIX,
+            acls.qualify(SUPPRESSIONS_GROUP_PREFIX),
             "Describe",
             reason="reads the suppression list (assigned)",
             prefixed=True,
@@ -264,7 +276,7 @@ def sink_acls(kafka: KafkaSettings, settings: Any) -> list[Acl]:
 def streams_acls(kafka: KafkaSettings, app_id: str) -> list[Acl]:
     """The streams worker: faust names its group and internal topics after ``app_id``."""
     t = kafka.topics
-    acls = _Acls()
+    acls = _Acls(kafka)
     acls.own_topics([t.events, t.commands, t.workflow], reason="ensured at start")
     acls.topic(t.events, "Describe", "Read", reason="the mail events it routes")
     acls.topic(t.commands, "Describe", "Write", reason="the reply commands")
@@ -288,7 +300,7 @@ def admin_acls(
     kafka: KafkaSettings, topics: Iterable[str], avro_topics: Iterable[str]
 ) -> list[Acl]:
     """``mailtap topics ensure``: creates and aligns every topic, checks the Avro ones' encoding."""
-    acls = _Acls()
+    acls = _Acls(kafka)
     for name in topics:
         acls.topic(
             name,
@@ -301,7 +313,7 @@ def admin_acls(
     for name in avro_topics:
         acls.topic(name, "Read", reason="encoding check: one encoding per topic")
     acls.group(
-        ENCODING_CHECK_GROUP_PREFIX,
+        acls.qualify(ENCODING_CHECK_GROUP_PREFIX),
         "Describe",
         reason="encoding check reads with a throw-away group",
         prefixed=True,
@@ -309,9 +321,11 @@ def admin_acls(
     return acls.sorted()
 
 
-def reader_acls(kafka: KafkaSettings, *, group_prefix: str = CONSUME_GROUP_PREFIX) -> list[Acl]:
+def reader_acls(kafka: KafkaSettings, *, group_prefix: str | None = None) -> list[Acl]:
     """Another team reading ``mail.events`` with its own consumer groups."""
-    acls = _Acls()
+    acls = _Acls(kafka)
     acls.topic(kafka.topics.events, "Describe", "Read", reason="the mail events")
-    acls.group(group_prefix, "Read", reason="its consumer groups", prefixed=True)
+    # mailtap consume's groups by default (inside the namespace, as consume names them).
+    prefix = group_prefix if group_prefix is not None else acls.qualify(CONSUME_GROUP_PREFIX)
+    acls.group(prefix, "Read", reason="its consumer groups", prefixed=True)
     return acls.sorted()

@@ -201,3 +201,18 @@ def test_the_dev_config_without_an_ews_section_gets_the_ews_acls_of_no_group() -
     names = {(a.resource_type, a.name) for a in component_acls(cfg, "ews-source")}
     assert ("transactional-id", "mailtap-ews-") in names
     assert not any(name.endswith("-work") for _, name in names)
+
+
+def test_a_namespace_puts_every_name_inside_it() -> None:
+    """kafka.namespace (issue 27 item 5): every topic, group and transactional-id prefix the
+    ACLs name starts with '<namespace>.', so one deployment's ACLs can be prefixed ACLs."""
+    cfg = MailtapConfig.model_validate(
+        {
+            "kafka": {"bootstrap_servers": "k:9092", "namespace": "prod"},
+            "smtp": {"host": "relay", "from_address": "a@example.com"},
+            "streams": {"from_address": {"address": "a@example.com"}},
+        }
+    )
+    for component in ("imap-source", "ews-source", "streams", "smtp-sink", "reader"):
+        names = {a.name for a in component_acls(cfg, component)}
+        assert names and all(n.startswith("prod.") for n in names), (component, names)
