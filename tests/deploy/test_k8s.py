@@ -111,15 +111,33 @@ def local_manifests(
             container["image"] = image
             inline = deploy.deployment_env(doc, deploy.secret_keys_example())
             local = {**inline, **env, "MAILTAP__HEALTH__PORT": str(ports[component])}
+            if component == "console":  # its /healthz is on its own port
+                local["MAILTAP__CONSOLE__PORT"] = str(ports[component])
+                local["MAILTAP__CONSOLE__HOST"] = "127.0.0.1"
             container["env"] = [{"name": k, "value": v} for k, v in local.items()]
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 container.pop(probe)
             for volume in pod["volumes"]:
                 if "configMap" in volume:
                     volume["configMap"]["name"] += suffix
+                if "secret" in volume:  # the console's tokens: the example file, as a ConfigMap
+                    volume["configMap"] = {"name": volume.pop("secret")["secretName"] + suffix}
+                    docs.append(secret_as_configmap(volume["configMap"]["name"]))
             container.pop("ports")  # host network: no port mappings (podman refuses them)
         docs.append(doc)
     return docs
+
+
+def secret_as_configmap(name: str) -> dict:
+    """The console's tokens Secret as podman can mount it: a ConfigMap of the example file."""
+    example = deploy.ROOT / "deploy" / "k8s" / "overlays" / "example"
+    text = (example / "console-tokens.yaml.example").read_text()
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name},
+        "data": {"tokens.yaml": text},
+    }
 
 
 @pytest.mark.timeout(600)
@@ -189,9 +207,9 @@ def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: 
         assert all(healthz(p)[0] == 200 for p in ports.values())
     finally:
         podman.run("kube", "play", "--down", str(play), check=False, timeout=120)
-        for configmap in deploy.k8s_kind("ConfigMap"):
-            name = configmap["metadata"]["name"] + suffix
-            podman.run("volume", "rm", "--force", name, check=False)
+        names = [c["metadata"]["name"] for c in deploy.k8s_kind("ConfigMap")]
+        for name in [*names, "mailtap-console-tokens"]:
+            podman.run("volume", "rm", "--force", name + suffix, check=False)
 
 
 def pod_logs(podman) -> str:
