@@ -97,6 +97,10 @@ class SnapshotCache:
         self._interval_s = interval_s
         self._current: Snapshot | None = None
         self._read_lock = threading.Lock()
+        self._lock = threading.Lock()
+        #: DLQ record id -> when an action handled it: a reading that began before that may
+        #: still hold the record, and must not bring it back.
+        self._handled: dict[str, float] = {}
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -114,16 +118,30 @@ class SnapshotCache:
     def refresh(self) -> Snapshot:
         """Read now (one read at a time) and keep it."""
         with self._read_lock:
-            self._current = self._reader()
-            return self._current
+            began = time.monotonic()
+            snapshot = self._reader()
+            with self._lock:
+                recent = {rid for rid, at in self._handled.items() if at >= began}
+                self._handled = {rid: self._handled[rid] for rid in recent}
+                if recent:
+                    snapshot = replace(
+                        snapshot, dlq=[r for r in snapshot.dlq if r["id"] not in recent]
+                    )
+                self._current = snapshot
+            return snapshot
 
     def without_dlq(self, record_ids: Iterable[str]) -> None:
         """Drop handled DLQ records from the current snapshot at once and re-read soon: an
         action answers in the time of its writes, not of a whole reading of the topics."""
         gone = set(record_ids)
-        current = self._current
-        if current is not None:
-            self._current = replace(current, dlq=[r for r in current.dlq if r["id"] not in gone])
+        now = time.monotonic()
+        with self._lock:
+            self._handled.update(dict.fromkeys(gone, now))
+            current = self._current
+            if current is not None:
+                self._current = replace(
+                    current, dlq=[r for r in current.dlq if r["id"] not in gone]
+                )
         self._wake.set()
 
     def start(self) -> None:

@@ -25,12 +25,13 @@ from imapclient import IMAPClient
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.kafka.clients import producer_config
-from mailtap.components import Component, Pipeline, wait_for
+from mailtap.components import Component, wait_for
 from mailtap.dev import scenario
 from mailtap.dev.process import free_port
 from mailtap.trace import read_records
 
 STAGE_S = 150.0
+PIPELINE = ("imap-source", "streams", "smtp-sink")
 OPERATOR_TOKEN = "op-" + "o" * 40
 VIEWER_TOKEN = "view-" + "v" * 40
 
@@ -75,7 +76,7 @@ class ConsoleStack:
             return exc.code, json.loads(exc.read() or b"null")
 
 
-def _config(services: Any, run: str, user: Any, tmp: Path, port: int) -> Path:
+def _config(services: Any, run: str, user: Any, tmp: Path, port: int, health_port: int) -> Path:
     base = yaml.safe_load(Path(services.config_path).read_text())
     account = dict(base["imap"]["accounts"][0])
     account.update(
@@ -109,7 +110,9 @@ def _config(services: Any, run: str, user: Any, tmp: Path, port: int) -> Path:
     doc = {
         "kafka": {**base["kafka"], "topics": topics},
         "claim_check": base["claim_check"],
-        "health": {"port": 0},
+        # The IMAP source's /healthz (the others get their own ports): the console asks it for
+        # the mailbox's state and last sync.
+        "health": {"port": health_port},
         "imap": {**base["imap"], "accounts": [account]},
         "streams": {**scenario.streams_section(f"streams-{run}"), "data_dir": str(tmp / "streams")},
         "smtp": {
@@ -212,16 +215,24 @@ def console_stack(
     tmp = tmp_path_factory.mktemp("console")
     user = services.add_user(f"console-{run}@example.com", "pw")
     port = free_port()
-    config_path = _config(services, run, user, tmp, port)
+    health_ports = {name: free_port() for name in PIPELINE}
+    config_path = _config(services, run, user, tmp, port, health_ports["imap-source"])
     cfg = load_config(config_path)
     ticket = scenario.ticket_request(run)
-    with Pipeline(config_path, tmp / "logs") as pipeline:
+    pipeline = [
+        Component(
+            name,
+            config_path,
+            tmp / "logs" / f"{name}.log",
+            {"MAILTAP__HEALTH__PORT": str(health_ports[name])},
+        ).start()
+        for name in PIPELINE
+    ]
+    try:
         with IMAPClient(services.imap.host, services.imap.port, ssl=False, timeout=30) as client:
             client.login(user.username, user.password)
             client.append("INBOX", ticket.raw)
-        assert wait_for(lambda: len(replies(services, run)) >= 1, STAGE_S), pipeline.components[
-            "smtp-sink"
-        ].log_tail()
+        assert wait_for(lambda: len(replies(services, run)) >= 1, STAGE_S), pipeline[-1].log_tail()
         dead, dead_source = seed_dead_letters(cfg, 5)
         console = Component("console", config_path, tmp / "logs" / "console.log").start()
         url = f"http://127.0.0.1:{port}"
@@ -240,3 +251,6 @@ def console_stack(
             )
         finally:
             console.stop()
+    finally:
+        for component in reversed(pipeline):
+            component.stop()

@@ -76,6 +76,8 @@ def test_mailboxes_status_lag_health_and_workflows_read_by_a_viewer(
     assert row["cursor"]["last_uid"] >= 1
     assert sum(row["events_per_hour"]) >= 1 and len(row["events_per_hour"]) == 24
     assert row["origin"] == "configuration" and row["last_event_at"]
+    # From the IMAP source's /healthz: its worker state and the age of its last sync.
+    assert row["age_of"] == "healthz" and row["state"] in ("IDLE", "POLLING", "SYNCING"), row
     status, one = console_stack.call(
         "GET", f"/api/v1/mailboxes/imap/{console_stack.account}/INBOX", token=VIEWER_TOKEN
     )
@@ -91,7 +93,9 @@ def test_mailboxes_status_lag_health_and_workflows_read_by_a_viewer(
     assert f"streams-{console_stack.run}" in lag["groups"]
 
     status, health = console_stack.call("GET", "/api/v1/health", token=VIEWER_TOKEN)
-    assert status == 200 and "instances" in health
+    assert status == 200
+    ((url, answer),) = health["instances"].items()
+    assert url.endswith("/healthz") and answer["ok"] is True, health
 
     status, runs = console_stack.call("GET", "/api/v1/workflows", token=VIEWER_TOKEN)
     assert status == 200
