@@ -35,6 +35,8 @@ REQUIRED=(
   "maven:mvn"
   # promtool checks deploy/observability's alert rules (tests/unit/deploy/test_observability.py).
   "prometheus:promtool"
+  # the web console's browser tests (tests/integration/console) drive it through Playwright.
+  "chromium:chromium"
 )
 
 python_ok() {

@@ -73,6 +73,11 @@ EXTRAS = {
     "faust": "streams",
     "authres": "streams",
     "dkim": "streams",
+    "fastapi": "console",
+    "starlette": "console",
+    "uvicorn": "console",
+    "jinja2": "console",
+    "playwright": "dev",
 }
 
 

@@ -72,9 +72,9 @@ class Step:
     def line(self) -> str:
         """One human line: ``<kind> <time> <what>  (<topic> <partition>:<offset>)``."""
         where = f"({self.record.topic} {self.record.partition}:{self.record.offset})"
-        return f"{self.kind:<9} {self.at.isoformat(timespec='seconds')}  {self._what()}  {where}"
+        return f"{self.kind:<9} {self.at.isoformat(timespec='seconds')}  {self.what()}  {where}"
 
-    def _what(self) -> str:
+    def what(self) -> str:
         v = self.record.value
         if v is None:
             return f"tombstone {self.record.key} (the mail left every watched folder)"

@@ -147,6 +147,10 @@ class TopicNames(StrictModel):
         default="mailtap.mailboxes",
         description="folders added or removed at runtime (`mailtap mailboxes`), compacted",
     )
+    audit: str = Field(
+        default="mailtap.audit",
+        description="who did what when in the web console (`mailtap run console`), compacted",
+    )
 
 
 class TracingSettings(StrictModel):

@@ -249,3 +249,17 @@ def scale(
         registry=registry,
     )
     _emit(figures, as_json)
+
+
+@bench.command("console")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--mailboxes", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--dead-letters", type=click.IntRange(0), default=10_000, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=5, show_default=True)
+def console(as_json: bool, mailboxes: int, dead_letters: int, rounds: int) -> None:
+    """The console page's first paint in Chromium with many mailboxes and dead letters."""
+    module = import_optional("mailtap.bench.console")
+    figures = module.bench_console(
+        json_out=as_json, mailboxes=mailboxes, dead_letters=dead_letters, rounds=rounds
+    )
+    _emit(figures, as_json)

@@ -53,6 +53,10 @@ SECTIONS: dict[str, tuple[str, str]] = {
     ),
     "streams": ("streams.config:StreamsSettings", "the streams worker (`mailtap run streams`)"),
     "smtp": ("connectors.smtp.config:SmtpSinkSettings", "the SMTP sink (`mailtap run smtp-sink`)"),
+    "console": (
+        "mailtap.console.settings:ConsoleSettings",
+        "the operator console (`mailtap run console`)",
+    ),
 }
 CORE = {"kafka": KafkaSettings, "claim_check": ClaimCheckSettings, "health": HealthSettings}
 
@@ -62,6 +66,7 @@ COMPONENT_SECTIONS: dict[str, str] = {
     "ews-source": "ews",
     "streams": "streams",
     "smtp-sink": "smtp",
+    "console": "console",
 }
 #: Optional top-level key listing the components a file is meant for (not a section).
 COMPONENTS_KEY = "components"

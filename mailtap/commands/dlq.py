@@ -31,8 +31,10 @@ per record, not a prefix of the topic.
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -46,6 +48,7 @@ from connectors.core.kafka.clients import admin_client, producer_config
 from connectors.core.kafka.topics import COMPACTED
 from connectors.smtp.config import SmtpSinkSettings
 from mailtap.commands.common import config_option, sink_settings
+from mailtap.commands.errors import ActionError, NotAcknowledged, UnknownTarget
 from mailtap.commands.topicscan import Seen, scan
 
 ERROR_PREFIX = "mailtap.error."
@@ -217,16 +220,20 @@ def list_(config_path: str, topic: str | None, as_json: bool, **kw: Any) -> None
 def show(config_path: str, topic: str | None, record: str) -> None:
     """Headers and decoded value of RECORD (PARTITION:OFFSET)."""
     cfg = load_config(config_path)
-    for seen, note in select(cfg.kafka, topic or cfg.kafka.topics.dlq, include_dropped=True):
-        if record_id(seen) == record:
-            body = {
-                **summary(seen, note),
-                "headers": {k: v.decode("utf-8", "replace") for k, v in seen.headers},
-                "value": decoded(cfg, seen),
-            }
-            click.echo(_json(body))
-            return
-    raise click.ClickException(f"no record {record} on {topic or cfg.kafka.topics.dlq}")
+    try:
+        seen, note = find_record(cfg.kafka, topic or cfg.kafka.topics.dlq, record)
+    except ActionError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(_json(details(cfg, seen, note)))
+
+
+def details(cfg: MailtapConfig, seen: Seen, note: Any) -> dict[str, Any]:
+    """Everything ``dlq show`` says about one record: summary, headers, decoded value."""
+    return {
+        **summary(seen, note),
+        "headers": {k: v.decode("utf-8", "replace") for k, v in seen.headers},
+        "value": decoded(cfg, seen),
+    }
 
 
 def delivered_ids(kafka: KafkaSettings) -> set[str]:
@@ -265,6 +272,71 @@ def _state_topic(cfg: MailtapConfig) -> str:
     )
 
 
+@dataclass
+class ReplayPlan:
+    """What a replay of some DLQ records would do: the commands it sends, and why it skips
+    the others (``(record id, reason)``)."""
+
+    chosen: list[Seen] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def plan_replay(kafka: KafkaSettings, candidates: Iterable[Seen]) -> ReplayPlan:
+    """Which of ``candidates`` a replay re-sends: commands without a SENT outcome, each id once;
+    source dead letters hold a mail, not a command, and are never replayed."""
+    sent = delivered_ids(kafka)
+    plan = ReplayPlan()
+    chosen_keys: set[str] = set()
+    for seen in candidates:
+        key = (seen.key or b"").decode("utf-8", "replace")
+        if kind_of(seen) == "source":
+            plan.skipped.append((record_id(seen), "a source dead letter (re-sync the mailbox)"))
+        elif key in sent:
+            plan.skipped.append((record_id(seen), f"command {key} already SENT"))
+        elif key in chosen_keys:
+            plan.skipped.append((record_id(seen), f"command {key} already chosen"))
+        else:
+            chosen_keys.add(key)
+            plan.chosen.append(seen)
+    return plan
+
+
+def replay_records(cfg: MailtapConfig, chosen: Iterable[Seen], *, reset_state: bool) -> int:
+    """Re-send the original bytes of ``chosen`` (from :func:`plan_replay`) to the commands topic,
+    on the partition they were dead-lettered from, without the error and retry headers; with
+    ``reset_state`` first a tombstone for each id on the sink's state topic. Returns the count.
+
+    Raises :class:`NotAcknowledged` when Kafka does not confirm the writes (run it again: a
+    command id is sent at most once by the sink).
+    """
+    kafka = cfg.kafka
+    records = list(chosen)
+    producer = Producer(producer_config(kafka))
+    if reset_state:
+        for seen in records:
+            producer.produce(
+                _state_topic(cfg), key=seen.key, value=None, partition=home_partition(seen)
+            )
+        if producer.flush(30):
+            raise NotAcknowledged("the state tombstones were not acknowledged; nothing sent")
+    for seen in records:
+        headers: list[tuple[str, str | bytes | None]] = [
+            (k, v)
+            for k, v in seen.headers
+            if not k.startswith(ERROR_PREFIX) and k not in RETRY_HEADERS
+        ]
+        producer.produce(
+            kafka.topics.commands,
+            key=seen.key,
+            value=seen.value,
+            headers=headers,
+            partition=home_partition(seen),
+        )
+    if producer.flush(30):
+        raise NotAcknowledged("some replayed commands were not acknowledged; run it again")
+    return len(records)
+
+
 @dlq.command()
 @filters
 @click.option("--dry-run", is_flag=True, help="Say what would be replayed; send nothing.")
@@ -280,47 +352,53 @@ def replay(
     """Re-send dead-lettered commands to the commands topic."""
     cfg = load_config(config_path)
     kafka = cfg.kafka
-    sent = delivered_ids(kafka)
-    chosen: list[Seen] = []
-    for seen, _ in select(kafka, topic or kafka.topics.dlq, **kw):
-        key = (seen.key or b"").decode("utf-8", "replace")
-        if kind_of(seen) == "source":
-            click.echo(f"{record_id(seen)} skipped: a source dead letter (re-sync the mailbox)")
-        elif key in sent:
-            click.echo(f"{record_id(seen)} skipped: command {key} already SENT")
-        elif key in {(s.key or b"").decode() for s in chosen}:
-            click.echo(f"{record_id(seen)} skipped: command {key} already chosen")
-        else:
-            chosen.append(seen)
-    for seen in chosen:
+    plan = plan_replay(kafka, (seen for seen, _ in select(kafka, topic or kafka.topics.dlq, **kw)))
+    for rid, why in plan.skipped:
+        click.echo(f"{rid} skipped: {why}")
+    for seen in plan.chosen:
         click.echo(f"{record_id(seen)} {'would replay' if dry_run else 'replaying'} {seen.key!r}")
-    if dry_run or not chosen:
-        click.echo(f"{len(chosen)} to replay{' (dry run)' if dry_run else ''}")
+    if dry_run or not plan.chosen:
+        click.echo(f"{len(plan.chosen)} to replay{' (dry run)' if dry_run else ''}")
         return
-    producer = Producer(producer_config(kafka))
-    if reset_state:
-        for seen in chosen:
-            producer.produce(
-                _state_topic(cfg), key=seen.key, value=None, partition=home_partition(seen)
-            )
-        if producer.flush(30):
-            raise click.ClickException("the state tombstones were not acknowledged; nothing sent")
+    try:
+        count = replay_records(cfg, plan.chosen, reset_state=reset_state)
+    except ActionError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{count} replayed to {kafka.topics.commands}")
+
+
+def drop_records(
+    cfg: MailtapConfig, dlq_topic: str, chosen: Iterable[Seen], *, reason: str, by: str
+) -> str:
+    """Mark ``chosen`` as handled: a note (when, who, why) per record on ``<dlq>.dropped``
+    (created when missing). Returns that topic's name; raises :class:`NotAcknowledged`."""
+    target = dropped_topic(dlq_topic)
+    admin = admin_client(cfg.kafka)  # held: its futures fail if it is collected first
+    futures = admin.create_topics(
+        [NewTopic(target, 1, cfg.kafka.replication_factor, config=COMPACTED)]
+    )
+    for future in futures.values():
+        try:
+            future.result(timeout=30)
+        except Exception as exc:  # already there is fine
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    producer = Producer(producer_config(cfg.kafka))
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     for seen in chosen:
-        headers: list[tuple[str, str | bytes | None]] = [
-            (k, v)
-            for k, v in seen.headers
-            if not k.startswith(ERROR_PREFIX) and k not in RETRY_HEADERS
-        ]
-        producer.produce(
-            kafka.topics.commands,
-            key=seen.key,
-            value=seen.value,
-            headers=headers,
-            partition=home_partition(seen),
-        )
+        note = {"dropped_at": now, "reason": reason, "by": by, "key": (seen.key or b"").decode()}
+        producer.produce(target, key=record_id(seen).encode(), value=json.dumps(note).encode())
     if producer.flush(30):
-        raise click.ClickException("some replayed commands were not acknowledged; run it again")
-    click.echo(f"{len(chosen)} replayed to {kafka.topics.commands}")
+        raise NotAcknowledged("the drops were not acknowledged; run it again")
+    return target
+
+
+def find_record(kafka: KafkaSettings, dlq_topic: str, record: str) -> tuple[Seen, Any]:
+    """The DLQ record ``PARTITION:OFFSET`` with its drop note; :class:`UnknownTarget` if none."""
+    for seen, note in select(kafka, dlq_topic, include_dropped=True):
+        if record_id(seen) == record:
+            return seen, note
+    raise UnknownTarget(f"no record {record} on {dlq_topic}")
 
 
 @dlq.command()
@@ -339,22 +417,8 @@ def drop(config_path: str, topic: str | None, dry_run: bool, reason: str, **kw: 
     if dry_run or not chosen:
         click.echo(f"{len(chosen)} to drop{' (dry run)' if dry_run else ''}")
         return
-    target = dropped_topic(dlq_topic)
-    admin = admin_client(cfg.kafka)  # held: its futures fail if it is collected first
-    futures = admin.create_topics(
-        [NewTopic(target, 1, cfg.kafka.replication_factor, config=COMPACTED)]
-    )
-    for future in futures.values():
-        try:
-            future.result(timeout=30)
-        except Exception as exc:  # already there is fine
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise
-    producer = Producer(producer_config(cfg.kafka))
-    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    for seen in chosen:
-        note = {"dropped_at": now, "reason": reason, "key": (seen.key or b"").decode()}
-        producer.produce(target, key=record_id(seen).encode(), value=json.dumps(note).encode())
-    if producer.flush(30):
-        raise click.ClickException("the drops were not acknowledged; run it again")
+    try:
+        target = drop_records(cfg, dlq_topic, chosen, reason=reason, by=f"cli:{getpass.getuser()}")
+    except ActionError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"{len(chosen)} dropped (recorded on {target})")

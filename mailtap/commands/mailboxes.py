@@ -63,7 +63,7 @@ def _settings(cfg: MailtapConfig, source: str) -> Any:
     return cfg.section(source, getattr(import_optional(module_name), model))
 
 
-def _check(cfg: MailtapConfig, unit: WorkUnit) -> None:
+def check_mailbox(cfg: MailtapConfig, unit: WorkUnit) -> None:
     settings = _settings(cfg, unit.source)
     accounts = {a.name: a for a in settings.accounts}
     account = accounts.get(unit.account)
@@ -98,12 +98,26 @@ def mailboxes() -> None:
     """Add or remove mailbox folders of running sources; list them and their owners."""
 
 
+def change_mailbox(cfg: MailtapConfig, unit: WorkUnit, state: str | None) -> None:
+    """Add (``ADDED``), remove (``REMOVED``) or reset (None: the configuration decides) one
+    mailbox of the running sources, after checking its account is configured
+    (:class:`ConfigError` otherwise, nothing written)."""
+    check_mailbox(cfg, unit)
+    write_change(cfg.kafka, unit, state)
+
+
+def rewind_mailbox(cfg: MailtapConfig, unit: WorkUnit) -> None:
+    """Forget the cursor of a mailbox no source runs (:class:`ConfigError` while one does)."""
+    check_mailbox(cfg, unit)
+    require_stopped(cfg.kafka, unit)
+    forget_cursor(cfg.kafka, unit)
+
+
 def _change(config_path: str, source: str, account: str, folder: str, state: str | None) -> None:
     try:
         cfg = load_config(config_path)
         unit = WorkUnit(source, account, folder)
-        _check(cfg, unit)
-        write_change(cfg.kafka, unit, state)
+        change_mailbox(cfg, unit, state)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"{state or 'reset to the configuration'}: {unit}")
@@ -145,7 +159,7 @@ def add(
         cfg = load_config(config_path)
         units = read_mailbox_file(mailbox_file)
         for unit in units:
-            _check(cfg, unit)
+            check_mailbox(cfg, unit)
         for unit in units:
             write_change(cfg.kafka, unit, ADDED)
     except ConfigError as exc:
@@ -218,9 +232,7 @@ def rewind(source: str, account: str, folder: str, config_path: str) -> None:
     try:
         cfg = load_config(config_path)
         unit = WorkUnit(source, account, folder)
-        _check(cfg, unit)
-        require_stopped(cfg.kafka, unit)
-        forget_cursor(cfg.kafka, unit)
+        rewind_mailbox(cfg, unit)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"cursor forgotten: {unit} (it starts as start: says when it runs again)")

@@ -27,6 +27,7 @@ COMPONENTS = {
     "ews-source": "mailtap.commands.ews:run_ews_source",
     "smtp-sink": "mailtap.commands.smtp:run_smtp_sink",
     "streams": "mailtap.commands.streams:run_streams",
+    "console": "mailtap.console.server:run_console",
 }
 
 

@@ -4,7 +4,8 @@ Everything comes from the cluster (and from the health endpoints given), so it w
 machine that reaches Kafka, whether or not a component runs there:
 
 * per mailbox: its cursor on the offsets topic and when it was written, the last event of the
-  window and how many (by ``observed_at``), and its records on the DLQ (source DLQ headers;
+  window and how many (by ``observed_at``; ``events_per_hour``: per hour of the window, by
+  record time), and its records on the DLQ (source DLQ headers;
   records dropped with ``mailtap dlq drop`` do not count);
 * per topic: the lag of the streams app's group and of the SMTP sink's group (``-``: that
   partition has no committed offset yet);
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -67,6 +69,11 @@ def collect(
     now_ms = int(time.time() * 1000)
     since_ms = now_ms - int(window_s * 1000)
     mailboxes: dict[str, dict[str, Any]] = {}
+    hours = max(1, math.ceil(window_s / 3600))
+
+    def hour_of(stamp_ms: float) -> int:
+        """Index of the hour bucket of the window (0 = the oldest), clamped into the window."""
+        return min(hours - 1, max(0, hours - 1 - int((now_ms - stamp_ms) // 3_600_000)))
 
     def box(name: str) -> dict[str, Any]:
         return mailboxes.setdefault(
@@ -76,6 +83,7 @@ def collect(
                 "cursor_written_at": None,
                 "last_event_at": None,
                 "events_in_window": 0,
+                "events_per_hour": [0] * hours,
                 "dlq_records": 0,
                 "owner": None,
                 "state": None,
@@ -112,6 +120,7 @@ def collect(
             mailbox_id(str(source.get("kind", "?")), event["account"], source.get("folder", "?"))
         )
         entry["events_in_window"] += 1
+        entry["events_per_hour"][hour_of(seen.timestamp_ms)] += 1
         observed = event.get("observed_at")
         if isinstance(observed, dt.datetime):
             stamp = observed.isoformat(timespec="seconds")
@@ -130,6 +139,7 @@ def collect(
         box(mailbox_id(kind, account, folder))["dlq_records"] += 1
 
     deliveries: Counter[str] = Counter()
+    deliveries_per_hour: dict[str, list[int]] = {}
     for seen in scan(kafka, topics.delivery, since_ms=since_ms):
         if seen.value is None:
             continue
@@ -139,6 +149,8 @@ def collect(
             deliveries["undecodable"] += 1
             continue
         deliveries[str(event["status"])] += 1
+        per_hour = deliveries_per_hour.setdefault(str(event["status"]), [0] * hours)
+        per_hour[hour_of(seen.timestamp_ms)] += 1
     accepted = deliveries["SENT"] + deliveries["BOUNCED"]
     health = {url: _health(url) for url in _health_urls(cfg, health_urls)}
     rows = mailbox_listing(cfg) if any(k in SOURCES for k in cfg.model_extra or {}) else []
@@ -153,6 +165,8 @@ def collect(
         "commands_dlq_records": commands_dlq,
         "lag": _lags(cfg),
         "deliveries_in_window": dict(sorted(deliveries.items())),
+        # Per status, one count per hour of the window, the oldest first (the console's chart).
+        "deliveries_per_hour": dict(sorted(deliveries_per_hour.items())),
         "bounce_rate": round(deliveries["BOUNCED"] / accepted, 4) if accepted else None,
         "health": health,
     }

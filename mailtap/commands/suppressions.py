@@ -24,6 +24,7 @@ from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_spec
 from connectors.smtp.errors import AddressError
 from connectors.smtp.suppression import REASONS, normalize, record
 from mailtap.commands.common import config_option
+from mailtap.commands.errors import ActionError, InvalidInput, NotAcknowledged
 from mailtap.commands.topicscan import scan
 
 
@@ -57,14 +58,37 @@ def _write(kafka: KafkaSettings, key: str, value: dict[str, Any] | None) -> None
     )
     producer.produce(topic, key=key.encode("utf-8"), value=encoded)
     if producer.flush(30):
-        raise click.ClickException(f"{topic} did not acknowledge the record; run it again")
+        raise NotAcknowledged(f"{topic} did not acknowledge the record; run it again")
 
 
-def _key(address: str) -> str:
+def suppression_key(address: str) -> str:
+    """The normalized address (the record key); :class:`InvalidInput` when it is not one."""
     try:
         return normalize(address)
     except AddressError as exc:
-        raise click.BadParameter(str(exc), param_hint="ADDRESS") from None
+        raise InvalidInput(str(exc)) from None
+
+
+def add_suppression(
+    kafka: KafkaSettings, address: str, *, reason: str, note: str | None, by: str
+) -> str:
+    """Suppress ``address`` (``reason`` one of :data:`REASONS`); returns its key."""
+    if reason.upper() not in REASONS:
+        raise InvalidInput(f"unknown reason {reason!r}; expected one of {', '.join(REASONS)}")
+    key = suppression_key(address)
+    value = record(
+        address, reason=reason.upper(), now=dt.datetime.now(dt.UTC), detail=note, source=by
+    )
+    _write(kafka, key, value)
+    return key
+
+
+def remove_suppression(kafka: KafkaSettings, address: str) -> tuple[str, bool]:
+    """Send to ``address`` again; returns its key and whether it was suppressed."""
+    key = suppression_key(address)
+    was = read_list(kafka).get(key)
+    _write(kafka, key, None)
+    return key, bool(was and was.get("suppressed"))
 
 
 @click.group()
@@ -108,15 +132,14 @@ def list_(config_path: str, show_all: bool, as_json: bool) -> None:
 def add(config_path: str, address: str, reason: str, note: str | None) -> None:
     """Stop sending to ADDRESS."""
     cfg = load_config(config_path)
-    key = _key(address)
-    value = record(
-        address,
-        reason=reason.upper(),
-        now=dt.datetime.now(dt.UTC),
-        detail=note,
-        source=f"cli:{getpass.getuser()}",
-    )
-    _write(cfg.kafka, key, value)
+    try:
+        key = add_suppression(
+            cfg.kafka, address, reason=reason, note=note, by=f"cli:{getpass.getuser()}"
+        )
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), param_hint="ADDRESS") from None
+    except ActionError as exc:
+        raise click.ClickException(str(exc)) from None
     click.echo(f"suppressed {key} ({reason.upper()})")
 
 
@@ -126,8 +149,10 @@ def add(config_path: str, address: str, reason: str, note: str | None) -> None:
 def remove(config_path: str, address: str) -> None:
     """Send to ADDRESS again (its soft-bounce count is forgotten too)."""
     cfg = load_config(config_path)
-    key = _key(address)
-    was = read_list(cfg.kafka).get(key)
-    _write(cfg.kafka, key, None)
-    state = "was suppressed" if was and was.get("suppressed") else "was not suppressed"
-    click.echo(f"removed {key} ({state})")
+    try:
+        key, was = remove_suppression(cfg.kafka, address)
+    except InvalidInput as exc:
+        raise click.BadParameter(str(exc), param_hint="ADDRESS") from None
+    except ActionError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"removed {key} ({'was suppressed' if was else 'was not suppressed'})")

@@ -70,7 +70,7 @@ def test_config_points_at_an_existing_cluster_from_the_environment(podman, image
         "config",
         "check",
     )
-    assert "valid for imap-source, streams, smtp-sink" in check.stdout
+    assert "valid for imap-source, streams, smtp-sink, console" in check.stdout
 
 
 #: Printed by ``podman exec`` in a running container: the settings mailtap resolved there.

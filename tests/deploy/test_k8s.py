@@ -117,8 +117,16 @@ def local_manifests(
             container["image"] = image
             inline = deploy.deployment_env(doc, deploy.secret_keys_example())
             local = {**inline, **env, "MAILTAP__HEALTH__PORT": str(ports[component])}
+            if component == "console":  # its /healthz is on its own port
+                local["MAILTAP__CONSOLE__PORT"] = str(ports[component])
+                local["MAILTAP__CONSOLE__HOST"] = "127.0.0.1"
             container["env"] = [{"name": k, "value": v} for k, v in local.items()]
             container.pop("envFrom", None)  # read into env above: no Secret objects in podman
+            for volume in pod["volumes"]:  # the console's tokens: the example file, as a ConfigMap
+                if volume.get("secret", {}).get("secretName") == CONSOLE_TOKENS:
+                    volume.pop("secret")
+                    volume["configMap"] = {"name": CONSOLE_TOKENS}  # + suffix below
+                    docs.append(secret_as_configmap(CONSOLE_TOKENS + suffix))
             secrets = {v["name"] for v in pod["volumes"] if "secret" in v}
             pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in secrets]
             container["volumeMounts"] = [
@@ -132,6 +140,21 @@ def local_manifests(
             container.pop("ports")  # host network: no port mappings (podman refuses them)
         docs.append(doc)
     return docs
+
+
+CONSOLE_TOKENS = "mailtap-console-tokens"
+
+
+def secret_as_configmap(name: str) -> dict:
+    """The console's tokens Secret as podman can mount it: a ConfigMap of the example file."""
+    example = deploy.ROOT / "deploy" / "k8s" / "overlays" / "example"
+    text = (example / "console-tokens.yaml.example").read_text()
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name},
+        "data": {"tokens.yaml": text},
+    }
 
 
 @pytest.mark.timeout(600)
@@ -201,9 +224,9 @@ def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: 
         assert all(healthz(p)[0] == 200 for p in ports.values())
     finally:
         podman.run("kube", "play", "--down", str(play), check=False, timeout=120)
-        for configmap in deploy.k8s_kind("ConfigMap"):
-            name = configmap["metadata"]["name"] + suffix
-            podman.run("volume", "rm", "--force", name, check=False)
+        names = [c["metadata"]["name"] for c in deploy.k8s_kind("ConfigMap")]
+        for name in [*names, CONSOLE_TOKENS]:
+            podman.run("volume", "rm", "--force", name + suffix, check=False)
 
 
 def pod_logs(podman) -> str:

@@ -62,6 +62,9 @@ def topic_specs(
         # One partition: small, read whole by every source instance, changes kept in order
         # (connectors.core.source.ownership.catalog).
         TopicSpec(t.mailboxes, 1, COMPACTED),
+        # One partition: the console's audit trail in the order the actions happened; keyed by
+        # action id, compacted (the final record of an action replaces its intent record).
+        TopicSpec(t.audit, 1, COMPACTED),
     ]
     specs += [TopicSpec(f"{t.retry_prefix}.{tier}", n, DELETED) for tier in retry_tiers]
     return specs

@@ -39,6 +39,7 @@ def test_compose_runs_every_long_running_component() -> None:
         "ews-source",
         "streams",
         "smtp-sink",
+        "console",
     }
 
 
@@ -154,7 +155,7 @@ def test_compose_broker_and_registry_only_in_the_local_kafka_profile() -> None:
     assert services["kafka"]["profiles"] == ["local-kafka"]
     assert services["schema-registry"]["profiles"] == ["local-kafka"]
     assert all("depends_on" not in s for s in SERVICES.values())
-    assert {n for n, s in SERVICES.items() if "profiles" in s} == {"ews-source"}
+    assert {n for n, s in SERVICES.items() if "profiles" in s} == {"ews-source", "console"}
 
 
 def test_compose_config_alone_names_its_components(tmp_path: Path) -> None:
@@ -165,7 +166,7 @@ def test_compose_config_alone_names_its_components(tmp_path: Path) -> None:
         env=dict(deploy.COMPOSE_REQUIRED),
     )
     assert result.exit_code == 0, result.output
-    assert "valid for imap-source, streams, smtp-sink" in result.output
+    assert "valid for imap-source, streams, smtp-sink, console" in result.output
 
 
 def test_k8s_one_deployment_per_component() -> None:
