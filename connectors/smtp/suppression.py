@@ -216,7 +216,9 @@ class SuppressionTable:
 
     def start(self, timeout: float = CATCH_UP_TIMEOUT_S) -> None:
         consumer = Consumer(
-            consumer_config(self.kafka, f"mailtap-suppressions-{uuid.uuid4().hex[:12]}")
+            consumer_config(
+                self.kafka, self.kafka.qualify(f"mailtap-suppressions-{uuid.uuid4().hex[:12]}")
+            )
         )
         self._consumer = consumer
         self._stop.clear()  # a sink started again after close() follows the topic again
