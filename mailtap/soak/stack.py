@@ -16,13 +16,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mailtap.dev import dovecot, kafka, process, registry
+from mailtap.dev.errors import ServiceStartError
 from mailtap.dev.tcp_proxy import TcpProxy
 
 HOST = "127.0.0.1"
+#: How long a broker restart may take in all (several start-up waits) before the fault fails.
+KAFKA_RESTART_PATIENCE_S = 600.0
 
 
 @dataclass
@@ -114,8 +118,21 @@ class Stack:
     def kill_kafka(self) -> None:
         _kill_group(self.kafka_pid)
 
-    def restart_kafka(self) -> None:
-        self._start_kafka(wait=True)
+    def restart_kafka(self, patience_s: float = KAFKA_RESTART_PATIENCE_S) -> None:
+        """Start the broker again and wait until it answers. Its log recovery after a kill -9
+        can outlast one start-up wait on a loaded machine: a broker still starting is waited
+        for again, one that died is started again, until ``patience_s`` runs out."""
+        deadline = time.monotonic() + patience_s
+        self._start_kafka(wait=False)
+        while True:
+            try:
+                kafka.wait_ready(self.kafka_layout, self.kafka_pid, self.bootstrap)
+                return
+            except ServiceStartError:
+                if time.monotonic() > deadline:
+                    raise
+                if not process.is_alive(self.kafka_pid):
+                    self._start_kafka(wait=False)
 
     def stop_registry(self) -> None:
         _kill_group(self.registry_pid)

@@ -52,6 +52,8 @@ VIOLATIONS = [
     ("connectors/core/kafka/log.py", "import connectors.core.source.records", "connectors.core.kafka.log -> connectors.core.source.records"),
     # mail/ imports nothing from kafka/
     ("connectors/core/mail/charsets.py", "import connectors.core.kafka.log", "connectors.core.mail.charsets -> connectors.core.kafka.log"),
+    # the soak's verifier shares no code with the writers it checks
+    ("mailtap/soak/verifier.py", "import connectors.core.errors", "mailtap.soak.verifier -> connectors.core.errors"),
     # a cycle behind an import in a function is still a cycle
     ("connectors/core/errors.py", "def _later() -> None:\n    import connectors.core.config", ".errors -> .config"),
 ]  # fmt: skip
@@ -74,7 +76,7 @@ def test_each_contract_breaks_when_its_rule_is_broken(tmp_path: Path) -> None:
 
     report = done.stdout
     assert done.returncode == 1, report + done.stderr
-    assert "0 kept, 5 broken" in report
+    assert "0 kept, 6 broken" in report
     missing = [shown for _, _, shown in VIOLATIONS if shown not in report]
     assert missing == [], report
     assert "connectors.fax" in report
