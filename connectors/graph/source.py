@@ -1,0 +1,144 @@
+"""The Microsoft Graph source: one :class:`~connectors.graph.worker.GraphFolderWorker` thread per
+owned (account, folder), on the shared runtime (:mod:`connectors.core.source.runtime`).
+
+The folders of a mailbox share one :class:`~connectors.graph.mailbox.GraphMailbox` (its HTTP
+client, its 4-request budget and ``Retry-After`` pause, which keys each folder holds), so the
+work units are placed by account: with ``graph.group`` a mailbox's folders run on one instance.
+
+Usage (``mailtap run graph-source -c CONFIG`` does this)::
+
+    source = GraphSource.from_config(load_config(path))
+    source.start()
+    ...
+    source.stop()
+
+Tests crash the process at a point of a batch with ``MAILTAP_TEST_CRASH_AT``
+(:mod:`connectors.core.faults`), as for the other sources.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from connectors.core import faults
+from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.open import open_configured
+from connectors.core.config import MailtapConfig
+from connectors.core.kafka.transactions import TransactionalSourceWriter
+from connectors.core.mail import ParseLimits, parse_mail
+from connectors.core.metrics import SourceMetrics
+from connectors.core.source.location import SourceLocation
+from connectors.core.source.ownership.group import by_account
+from connectors.core.source.runtime import FolderRun, FolderSourceRuntime
+from connectors.core.source.worker import Writer
+from connectors.graph.auth import TokenSource
+from connectors.graph.client import GraphClient
+from connectors.graph.config import SECTION, GraphAccountSettings, GraphSourceSettings
+from connectors.graph.gate import MailboxGate
+from connectors.graph.mailbox import GraphMailbox
+from connectors.graph.records import GraphRecordBuilder
+from connectors.graph.worker import SOURCE_KIND, GraphFolderWorker
+
+__all__ = ["TRANSACTIONAL_ID_PREFIX", "GraphSource"]
+
+TRANSACTIONAL_ID_PREFIX = "mailtap-graph"
+
+
+class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
+    source_kind = SOURCE_KIND
+    placement = staticmethod(by_account)
+
+    def __init__(
+        self,
+        cfg: MailtapConfig,
+        settings: GraphSourceSettings,
+        *,
+        metrics: SourceMetrics | None = None,
+        serve_health: bool = True,
+    ) -> None:
+        super().__init__(cfg, settings, metrics=metrics, serve_health=serve_health)
+        self._claim_check = open_configured(cfg.claim_check)
+        self._limits = ParseLimits(**settings.limits.overrides())
+        self._tokens = TokenSource(settings)
+        self._mailboxes: dict[str, GraphMailbox] = {}
+        self._mailboxes_lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls, cfg: MailtapConfig, **kwargs: Any) -> GraphSource:
+        return cls(cfg, cfg.section(SECTION, GraphSourceSettings), **kwargs)
+
+    def mailbox(self, account: GraphAccountSettings) -> GraphMailbox:
+        """The shared state of ``account``'s mailbox (made on first use)."""
+        with self._mailboxes_lock:
+            box = self._mailboxes.get(account.name)
+            if box is None or box.folders != account.folders:
+                settings = self.settings
+                gate = MailboxGate(settings.max_concurrent_requests)
+                box = GraphMailbox(
+                    account.name,
+                    account.folders,
+                    lambda: GraphClient(
+                        settings, account.user, self._tokens, gate, self.stop_event
+                    ),
+                )
+                self._mailboxes[account.name] = box
+            return box
+
+    def _worker(
+        self, account: GraphAccountSettings, folder: str, stop: threading.Event
+    ) -> GraphFolderWorker:
+        kafka = self.cfg.kafka
+        parser = functools.partial(parse_mail, limits=self._limits, claim_check=self._claim_check)
+        builder = GraphRecordBuilder(
+            account=account.name,
+            folder=folder,
+            parser=parser,
+            serde=AvroSerde.shared("MailEvent", kafka),
+            events_topic=kafka.topics.events,
+            dlq_topic=kafka.topics.dlq,
+            max_record_bytes=self.settings.max_record_bytes,
+            claim_check=self._claim_check,
+        )
+        crash = faults.CrashPoints.from_env()
+
+        def writer_factory(txn_id: str) -> Writer:
+            if crash.point == "in_transaction":
+                return faults.CrashingWriter(kafka, txn_id, crash=crash)
+            return TransactionalSourceWriter(kafka, txn_id)
+
+        return GraphFolderWorker(
+            account=account,
+            folder=folder,
+            settings=self.settings,
+            builder=builder,
+            mailbox=self.mailbox(account),
+            metrics=self.metrics,
+            stop=stop,
+            writer_factory=writer_factory,
+            read_offsets=self.offset_reads,
+            transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
+                TRANSACTIONAL_ID_PREFIX
+            ),
+            before_commit=lambda: crash.reached("before_write"),
+        )
+
+    def wake(self, account: str, folder: str | None = None) -> int:
+        """A change notification for ``account`` (one folder, or all): start a delta round now.
+        Returns the number of workers woken (0: not owned here)."""
+        woken = 0
+        for worker in self.workers:
+            if worker.account.name == account and folder in (None, worker.folder, worker.folder_id):
+                worker.wake.set()
+                woken += 1
+        return woken
+
+    def _ended(self, runs: Sequence[FolderRun[GraphFolderWorker]]) -> None:
+        running = {run.worker.account.name for run in self._runs.values()}
+        with self._mailboxes_lock:
+            for name in {run.worker.account.name for run in runs} - running:
+                box = self._mailboxes.pop(name, None)
+                if box is not None:
+                    box.close()

@@ -1,0 +1,389 @@
+"""One mail folder of one Graph mailbox: delta rounds, published exactly once into Kafka.
+
+Lifecycle (one thread per (account, folder); the loop is the source contract's,
+:class:`~connectors.core.source.worker.FolderWorker`)::
+
+    _session()
+      CONNECTING     resolve the folder's id (404: MAILBOX_GONE; 401/403: ACCESS_DENIED)
+      cursor         read_committed, right after init_transactions (a new writer)
+      loop until stop:
+        BACKFILLING  the first round (no delta link yet): page by page, ``nextLink`` in the cursor
+                     (``start: latest`` publishes nothing already there before the start)
+        SYNCING      a round from the delta link: the changes since the last round
+        RESYNCING    the delta token died (410, syncStateNotFound): a fresh round compared
+                     with the cursor's items: only new or changed messages are published, the
+                     ones gone get the tombstone check; no new key, no duplicate event
+        WAITING      until a notification wakes the folder up or ``sweep_interval_seconds``
+
+Each delta page is one Kafka transaction: its events, DLQ records, tombstones and the new
+cursor (the next link, or the delta link at the end of a round). A crash anywhere repeats the
+page from the committed cursor: its changes are compared with the cursor's items again, so a
+message whose event was committed is not published twice, and one whose event was not is.
+
+What a delta entry becomes:
+
+=================================================  ==============================================
+a message this folder never published               ``ADDED``; ``UPDATED`` when another watched
+                                                    folder holds its key (a move, a copy)
+a published message whose read/flag/categories      ``UPDATED``
+differ from what was published
+the same state again (delta repeats changes)        nothing
+``@removed``, or missing from a resync round        tombstone, when no watched folder holds the key
+=================================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from connectors.core.kafka.errors import FencedError
+from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail.event import ChangeKindSymbol
+from connectors.core.mail.identity import message_id_of_key
+from connectors.core.metrics import SourceMetrics
+from connectors.core.source.backoff import Backoff
+from connectors.core.source.location import SourceLocation
+from connectors.core.source.state import StateMachine
+from connectors.core.source.worker import FolderWorker, Writer
+from connectors.graph.config import GraphAccountSettings, GraphSourceSettings
+from connectors.graph.cursor import GraphCursor, Tracked, id_digest
+from connectors.graph.delta import DeltaPage, MessageState
+from connectors.graph.errors import AccessDenied, ConnectionLost, MailboxNotFound, SyncStateGone
+from connectors.graph.mailbox import GraphMailbox
+from connectors.graph.records import BuiltMessage, GraphRecordBuilder
+
+log = logging.getLogger(__name__)
+
+SOURCE_KIND = "graph"
+
+
+class WorkerState(enum.Enum):
+    DISCONNECTED = "DISCONNECTED"
+    CONNECTING = "CONNECTING"
+    BACKFILLING = "BACKFILLING"
+    SYNCING = "SYNCING"
+    RESYNCING = "RESYNCING"
+    WAITING = "WAITING"
+    ACCESS_DENIED = "ACCESS_DENIED"
+    MAILBOX_GONE = "MAILBOX_GONE"
+    BACKOFF = "BACKOFF"
+    STOPPED = "STOPPED"
+
+
+S = WorkerState
+
+#: The sweep and the round repeat forever: logged at DEBUG.
+ROUTINE = frozenset({(S.WAITING, S.SYNCING), (S.SYNCING, S.WAITING)})
+
+
+class GraphFolderWorker(FolderWorker[WorkerState]):
+    """Publishes one folder of one Graph mailbox. ``run()`` is the thread body."""
+
+    connection_lost = ConnectionLost
+
+    def __init__(
+        self,
+        *,
+        account: GraphAccountSettings,
+        folder: str,
+        settings: GraphSourceSettings,
+        builder: GraphRecordBuilder,
+        mailbox: GraphMailbox,
+        metrics: SourceMetrics,
+        stop: threading.Event,
+        writer_factory: Callable[[str], Writer],
+        read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]],
+        transactional_id: str,
+        before_commit: Callable[[], None] | None = None,
+    ) -> None:
+        where = SourceLocation(SOURCE_KIND, account.name, folder)
+        super().__init__(
+            where=where,
+            machine=StateMachine(
+                where,
+                S.DISCONNECTED,
+                routine=ROUTINE,
+                caught_up_from=S.BACKFILLING,
+                on_change=self._state_changed,
+                logger=log,
+            ),
+            states=WorkerState,
+            backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
+            metrics=metrics,
+            stop=stop,
+            writer_factory=writer_factory,
+            read_offsets=read_offsets,
+            transactional_id=transactional_id,
+        )
+        self.account = account
+        self.folder = folder
+        self.settings = settings
+        self.builder = builder
+        self.mailbox = mailbox
+        self._before_commit = before_commit or (lambda: None)
+        #: Set by a change notification (or interrupt()): start a delta round now.
+        self.wake = threading.Event()
+        self.cursor: GraphCursor | None = None
+        self.folder_id: str | None = None
+        self.events_published = 0
+        self.tombstones_published = 0
+        self.resyncs = 0
+        # $value downloads of one page run side by side, within the mailbox's request budget.
+        self._fetchers = ThreadPoolExecutor(
+            settings.max_concurrent_requests, thread_name_prefix=f"graph-{account.name}-{folder}"
+        )
+
+    @property
+    def state(self) -> WorkerState:
+        return self.machine.state
+
+    def _to(self, new: WorkerState, reason: str = "") -> None:
+        self.machine.to(new, reason)
+
+    # --- the source contract's hooks ----------------------------------------------------------
+
+    def _on_new_writer(self) -> None:
+        self.cursor = None  # read again after init_transactions settled our transactions
+
+    def _connecting(self) -> bool:
+        return self.machine.state is S.CONNECTING
+
+    def _drop_connection(self) -> None:
+        """The HTTP client is the mailbox's (shared); nothing of this folder to drop."""
+
+    def _waiting_state(self, exc: Exception) -> WorkerState:
+        if isinstance(exc, MailboxNotFound):
+            return S.MAILBOX_GONE
+        if isinstance(exc, AccessDenied):
+            return S.ACCESS_DENIED
+        return S.BACKOFF
+
+    def _close(self) -> None:
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
+        self.mailbox.forget(self.folder)
+
+    def interrupt(self) -> None:
+        """From another thread, after ``stop`` is set: end the wait at once."""
+        self.wake.set()
+
+    # --- one session --------------------------------------------------------------------------
+
+    def _session(self) -> None:
+        self._to(S.CONNECTING)
+        self.folder_id = self.mailbox.resolve(self.folder)
+        self.metrics.connects.labels(*self._labels).inc()
+        if self.cursor is None:
+            self.cursor = self._load_cursor()
+        self.mailbox.holds(self.folder, self.cursor.keys())
+        while not self.stop.is_set():
+            self.wake.clear()
+            mails = self._round()
+            self.metrics.synced(*self._labels, mails=mails)
+            self.backoff.reset()
+            self._to(S.WAITING)
+            self.wake.wait(self.settings.sweep_interval_seconds)
+
+    def _load_cursor(self) -> GraphCursor:
+        stored = self._read_offsets().get(self._partition_key)
+        if stored:
+            return GraphCursor.from_offset(stored)
+        if self.account.start == "latest":
+            return GraphCursor(latest_from=dt.datetime.now(dt.UTC).isoformat())
+        return GraphCursor()
+
+    def _round(self) -> int:
+        """One delta round; a dead delta token turns it into a resync."""
+        assert self.cursor is not None
+        try:
+            if self.cursor.live:
+                self._to(S.SYNCING)
+                return self._pages(self.cursor.delta_link or "")
+            if self.cursor.resyncing:  # a resync interrupted by a crash: again from scratch
+                self._to(S.RESYNCING)
+                return self._pages(self._first_url())
+            self._to(S.BACKFILLING)
+            return self._pages(self.cursor.next_link or self._first_url())
+        except SyncStateGone as exc:
+            self.resyncs += 1
+            log.warning(
+                "graph %s/%s: the delta token is gone (%s); resynchronising the folder",
+                self.account.name,
+                self.folder,
+                exc,
+            )
+            self.cursor = self.cursor.restarted()
+            self._to(S.RESYNCING)
+            return self._pages(self._first_url())
+
+    def _first_url(self) -> str:
+        since = self.account.start_since
+        instant = None if since is None else f"{since.isoformat()}T00:00:00Z"
+        return self.mailbox.client.delta_start(self.folder, instant)
+
+    # --- pages ----------------------------------------------------------------------------------
+
+    def _pages(self, url: str) -> int:
+        """Follow a round to its delta link, one transaction per page. A resync round (see
+        :attr:`GraphCursor.resyncing`) is a fresh listing compared with the cursor's items:
+        what it lacks left the folder while the token was dead."""
+        assert self.cursor is not None
+        resync = self.cursor.resyncing
+        listed: set[str] = set()
+        published = 0
+        while True:
+            if self.stop.is_set():
+                return published  # the committed cursor resumes the round
+            page = self.mailbox.client.delta_page(url)
+            listed.update(id_digest(e.message_id) for e in page.entries if not e.removed)
+            published += self._apply(page, resync=resync)
+            if page.next_link is None:
+                break
+            url = page.next_link
+        if resync:
+            published += self._gone_after_resync(listed)
+        return published
+
+    def _apply(self, page: DeltaPage, *, resync: bool) -> int:
+        """One page as one transaction: events for what changed, tombstones for what left."""
+        assert self.cursor is not None
+        latest_from = self.cursor.latest_from if not self.cursor.live and not resync else None
+        wanted: list[tuple[MessageState, ChangeKindSymbol | None]] = []
+        seen: list[tuple[str, Tracked]] = []
+        removed: list[tuple[str, str]] = []  # (message id, key published)
+        for entry in page.entries:
+            tracked = self.cursor.tracked(entry.message_id)
+            if entry.removed:
+                if tracked is not None:
+                    removed.append((entry.message_id, tracked.key))
+            elif tracked is not None:
+                if tracked.state == entry.state_digest:
+                    continue  # the same change again: one event
+                if tracked.published:
+                    wanted.append((entry, "UPDATED"))
+                else:
+                    seen.append((entry.message_id, Tracked(entry.state_digest, "")))
+            elif latest_from is not None and _received_before(entry, latest_from):
+                seen.append((entry.message_id, Tracked(entry.state_digest, "")))
+            else:
+                wanted.append((entry, None))  # ADDED, or UPDATED when held elsewhere
+        with self.builder.staged_blobs() as blobs:
+            built = self._build(wanted, blobs)
+            seen += [(b.message_id, Tracked(state.state_digest, b.key or "")) for b, state in built]
+            tombstones = self._departures(removed)
+            cursor = self.cursor.advanced(
+                delta_link=page.delta_link,
+                # A resync keeps no next link: interrupted, it starts again (cursor.resyncing).
+                next_link=page.next_link if not self.cursor.live and not resync else None,
+                seen=seen,
+                gone=[message_id for message_id, _ in removed],
+            )
+            if blobs is not None:
+                blobs.commit()
+            self._commit_page([b for b, _ in built], cursor, tombstones)
+        return len(built)
+
+    def _build(
+        self,
+        wanted: Sequence[tuple[MessageState, ChangeKindSymbol | None]],
+        blobs: Any,
+    ) -> list[tuple[BuiltMessage, MessageState]]:
+        client = self.mailbox.client
+        mimes = list(self._fetchers.map(lambda w: client.mime(w[0].message_id), wanted))
+        built: list[tuple[BuiltMessage, MessageState]] = []
+        for (entry, change), mime in zip(wanted, mimes, strict=True):
+            if mime is None:
+                continue  # deleted since the page was read: its @removed comes next round
+            kind: ChangeKindSymbol | Callable[[str], ChangeKindSymbol] = change or self._new_kind
+            built.append((self.builder.build(entry, mime, blobs, kind), entry))
+        return built
+
+    def _new_kind(self, key: str) -> ChangeKindSymbol:
+        return "UPDATED" if self.mailbox.held_elsewhere(self.folder, key) else "ADDED"
+
+    # --- what left the folder -------------------------------------------------------------------
+
+    def _gone_after_resync(self, listed: set[str]) -> int:
+        """After a resync round: the cursor's messages the listing lacks left the folder while
+        the token was dead; one more transaction with their tombstones (when due)."""
+        assert self.cursor is not None
+        missing = [(d, t) for d, t in self.cursor.items.items() if d not in listed]
+        if not missing:
+            return 0
+        tombstones = self._departures([("", t.key) for _, t in missing])
+        self._commit_page([], self.cursor.without(d for d, _ in missing), tombstones)
+        return len(tombstones)
+
+    def _departures(self, removed: Sequence[tuple[str, str]]) -> list[SourceRecord]:
+        """Tombstones for the published keys that no watched folder holds any more."""
+        assert self.cursor is not None
+        leaving = {key for _, key in removed if key}
+        tombstones: list[SourceRecord] = []
+        remaining = self.cursor.without(id_digest(mid) for mid, _ in removed if mid)
+        for key in sorted(leaving):
+            if remaining.holds_key(key) or self.mailbox.held_elsewhere(self.folder, key):
+                continue  # another copy here, or in another watched folder's cursor
+            if self._in_watched_folder(key):
+                self.mailbox.moved(key)
+                continue
+            log.info(
+                "graph %s/%s: %s is in no watched folder any more: tombstone",
+                self.account.name,
+                self.folder,
+                key,
+            )
+            tombstones.append(self.builder.tombstone(key))
+        return tombstones
+
+    def _in_watched_folder(self, key: str) -> bool:
+        """Whether Graph shows the mail of ``key`` in a watched folder (it moved there and that
+        folder's worker has not seen it yet). Content-fingerprint keys have no Message-ID to ask
+        by: the cursors decide alone."""
+        message_id = message_id_of_key(key)
+        if message_id is None:
+            return False
+        watched = self.mailbox.watched_ids()
+        return any(
+            parent in watched and parent != self.folder_id
+            for _, parent in self.mailbox.client.holders(f"<{message_id}>")
+        )
+
+    # --- writing --------------------------------------------------------------------------------
+
+    def _commit_page(
+        self,
+        built: Sequence[BuiltMessage],
+        cursor: GraphCursor,
+        tombstones: Sequence[SourceRecord],
+    ) -> None:
+        records = [r for b in built for r in b.records] + list(tombstones)
+        self._before_commit()
+        try:
+            self._write(records, cursor.to_offset())
+        except FencedError:
+            raise
+        except Exception:
+            # Whether it committed is unknown: a new writer's init_transactions settles it, and
+            # run() reads the cursor back after that.
+            self._discard_writer()
+            raise
+        self.cursor = cursor
+        self.mailbox.holds(self.folder, cursor.keys())
+        events = sum(1 for b in built if b.key is not None) + len(tombstones)
+        self.events_published += events
+        self.tombstones_published += len(tombstones)
+        if events:
+            self.metrics.events_produced.labels(*self._labels).inc(events)
+        dlq = sum(1 for b in built if b.dlq or b.key is None)
+        if dlq:
+            self.metrics.dlq_records.labels(*self._labels).inc(dlq)
+
+
+def _received_before(entry: MessageState, instant: str) -> bool:
+    """``start: latest``: a message received before the first start is not published."""
+    return entry.received is None or entry.received < dt.datetime.fromisoformat(instant)
