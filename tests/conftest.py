@@ -7,6 +7,8 @@
   ``.doveadm()``, ``.received_messages()``.
 - ``unique``: a short random suffix for topic names, group ids and mailbox users.
 - ``imap_account``: a fresh Dovecot account of the session's services, used by no other test.
+- ``graph_server``: a fresh Microsoft Graph test server (tests/graph_server) per test, with one
+  mailbox and one app registration (``tests.graph_server.fixture``).
 - ``s3_server``: S3Proxy (an S3-compatible server, `mailtap.dev.s3proxy`), started on first use;
   ``s3_bucket`` makes a fresh bucket on it and gives its ``claim_check.s3`` settings.
 
@@ -33,6 +35,7 @@ import pytest
 from connectors.core.config import S3Settings
 from mailtap.dev import Account, DevServices, down, process, s3proxy, up
 from mailtap.dev.process import group_members
+from tests.graph_server.fixture import graph_server as graph_server
 from tests.support.leftovers import keep as keep_past_session
 from tests.support.leftovers import pytest_sessionfinish as pytest_sessionfinish
 from tests.support.leftovers import pytest_sessionstart as pytest_sessionstart

@@ -1,0 +1,15 @@
+"""A protocol-faithful Microsoft Graph (mail) test server; see ``server.py`` and README.md."""
+
+from .mailbox import GraphStore, Mailbox, MailFolder, Message
+from .server import DEFAULT_TENANT, GraphError, GraphTestServer, RequestRecord
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "GraphError",
+    "GraphStore",
+    "GraphTestServer",
+    "MailFolder",
+    "Mailbox",
+    "Message",
+    "RequestRecord",
+]
