@@ -45,7 +45,7 @@ from connectors.graph.gate import MailboxGate
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GraphClient", "Holder"]
+__all__ = ["GraphClient"]
 
 #: Without a Retry-After, a throttled call waits this long (Graph always sends one for 429).
 DEFAULT_RETRY_AFTER_S = 2.0
@@ -54,8 +54,6 @@ MAX_RETRY_AFTER_S = 300.0
 THROTTLED = frozenset({429, 503, 504})
 SYNC_STATE_CODES = frozenset({"syncStateNotFound", "resyncRequired", "SyncStateNotFound"})
 IMMUTABLE_IDS = 'IdType="ImmutableId"'
-
-Holder = tuple[str, str]  # (message id, parentFolderId)
 
 
 class GraphClient:
@@ -115,22 +113,15 @@ class GraphClient:
         response = self._request("GET", url, None, missing_ok=True)
         return None if response is None else response.content
 
-    def holders(self, internet_message_id: str) -> list[Holder]:
-        """Where the mailbox holds messages with this Message-ID: (id, parentFolderId) each."""
-        literal = internet_message_id.replace("'", "''")  # OData string literal quoting
-        params: Mapping[str, str] | None = {
-            "$filter": f"internetMessageId eq '{literal}'",
-            "$select": "id,parentFolderId",
-        }
-        url: str | None = f"{self._root}/messages"
-        found: list[Holder] = []
-        while url:
-            body = self._json("GET", url, params)
-            params = None  # the nextLink carries them
-            for entry in body.get("value") or []:
-                found.append((str(entry.get("id")), str(entry.get("parentFolderId"))))
-            url = body.get("@odata.nextLink")
-        return found
+    def parent_folder(self, message_id: str) -> str | None:
+        """The folder a message is in now (its ``parentFolderId``), or None when it is gone.
+        An immutable id stays the same across moves (outlook-immutable-id)."""
+        url = f"{self._root}/messages/{quote(message_id, safe='')}"
+        response = self._request("GET", url, {"$select": "parentFolderId"}, missing_ok=True)
+        if response is None:
+            return None
+        parent = response.json().get("parentFolderId")
+        return parent if isinstance(parent, str) else None
 
     # --- one request ----------------------------------------------------------------------------
 

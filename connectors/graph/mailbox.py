@@ -8,8 +8,8 @@ order. This is what lets them agree without another request:
 - the arriving folder publishes ``UPDATED`` (not ``ADDED``) for a key another watched folder
   holds, or one that just left a watched folder for another (``moved_keys``);
 - the departing folder publishes a tombstone only when no watched folder holds the key: not in
-  another worker's cursor, and not in a watched folder according to Graph
-  (``/messages?$filter=internetMessageId eq ...``: the arrival may not be synced yet).
+  another worker's cursor, and not in a watched folder according to Graph (``GET
+  /messages/{immutable id}``: its ``parentFolderId``, as the arrival may not be synced yet).
 
 All folders of a mailbox run in one process (the work units are placed by account), so this
 in-memory view covers every watched folder. After a restart it is rebuilt from the cursors.

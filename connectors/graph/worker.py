@@ -40,12 +40,11 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 from connectors.core.kafka.errors import FencedError
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail.event import ChangeKindSymbol
-from connectors.core.mail.identity import message_id_of_key
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 from connectors.core.source.location import SourceLocation
@@ -80,6 +79,14 @@ S = WorkerState
 
 #: The sweep and the round repeat forever: logged at DEBUG.
 ROUTINE = frozenset({(S.WAITING, S.SYNCING), (S.SYNCING, S.WAITING)})
+
+
+class Departure(NamedTuple):
+    """A message that left the folder: its ``items`` digest, the key published ("" = none)."""
+
+    digest: str
+    key: str
+    message_id: str | None = None
 
 
 class GraphFolderWorker(FolderWorker[WorkerState]):
@@ -255,12 +262,14 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
         latest_from = self.cursor.latest_from if not self.cursor.live and not resync else None
         wanted: list[tuple[MessageState, ChangeKindSymbol | None]] = []
         seen: list[tuple[str, Tracked]] = []
-        removed: list[tuple[str, str]] = []  # (message id, key published)
+        removed: list[Departure] = []
         for entry in page.entries:
             tracked = self.cursor.tracked(entry.message_id)
             if entry.removed:
                 if tracked is not None:
-                    removed.append((entry.message_id, tracked.key))
+                    removed.append(
+                        Departure(id_digest(entry.message_id), tracked.key, entry.message_id)
+                    )
             elif tracked is not None:
                 if tracked.state == entry.state_digest:
                     continue  # the same change again: one event
@@ -281,7 +290,7 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
                 # A resync keeps no next link: interrupted, it starts again (cursor.resyncing).
                 next_link=page.next_link if not self.cursor.live and not resync else None,
                 seen=seen,
-                gone=[message_id for message_id, _ in removed],
+                gone=[d.message_id for d in removed if d.message_id],
             )
             if blobs is not None:
                 blobs.commit()
@@ -315,20 +324,25 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
         missing = [(d, t) for d, t in self.cursor.items.items() if d not in listed]
         if not missing:
             return 0
-        tombstones = self._departures([("", t.key) for _, t in missing])
+        tombstones = self._departures([Departure(d, t.key) for d, t in missing])
         self._commit_page([], self.cursor.without(d for d, _ in missing), tombstones)
         return len(tombstones)
 
-    def _departures(self, removed: Sequence[tuple[str, str]]) -> list[SourceRecord]:
-        """Tombstones for the published keys that no watched folder holds any more."""
+    def _departures(self, removed: Sequence[Departure]) -> list[SourceRecord]:
+        """Tombstones for the published keys of ``removed`` that no watched folder holds any
+        more. Without a message id (gone while the delta token was dead: a resync knows only
+        the digest) only the cursors can say where it is."""
         assert self.cursor is not None
-        leaving = {key for _, key in removed if key}
         tombstones: list[SourceRecord] = []
-        remaining = self.cursor.without(id_digest(mid) for mid, _ in removed if mid)
-        for key in sorted(leaving):
+        remaining = self.cursor.without(d.digest for d in removed)
+        decided: set[str] = set()
+        for _, key, message_id in removed:
+            if not key or key in decided:
+                continue
+            decided.add(key)
             if remaining.holds_key(key) or self.mailbox.held_elsewhere(self.folder, key):
                 continue  # another copy here, or in another watched folder's cursor
-            if self._in_watched_folder(key):
+            if message_id is not None and self._moved_to_watched(message_id):
                 self.mailbox.moved(key)
                 continue
             log.info(
@@ -340,17 +354,13 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
             tombstones.append(self.builder.tombstone(key))
         return tombstones
 
-    def _in_watched_folder(self, key: str) -> bool:
-        """Whether Graph shows the mail of ``key`` in a watched folder (it moved there and that
-        folder's worker has not seen it yet). Content-fingerprint keys have no Message-ID to ask
-        by: the cursors decide alone."""
-        message_id = message_id_of_key(key)
-        if message_id is None:
-            return False
-        watched = self.mailbox.watched_ids()
-        return any(
-            parent in watched and parent != self.folder_id
-            for _, parent in self.mailbox.client.holders(f"<{message_id}>")
+    def _moved_to_watched(self, message_id: str) -> bool:
+        """Whether the message is now in another watched folder (moved there; that folder's
+        worker may not have seen it yet). An immutable id survives a move, so Graph answers
+        with its new ``parentFolderId``; 404 means deleted."""
+        parent = self.mailbox.client.parent_folder(message_id)
+        return (
+            parent is not None and parent != self.folder_id and parent in self.mailbox.watched_ids()
         )
 
     # --- writing --------------------------------------------------------------------------------
