@@ -33,7 +33,6 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import jwt
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
@@ -272,6 +271,10 @@ class TokenIssuer:
         )
 
     def _verify_assertion(self, app: AppRegistration, assertion: str, aud: str) -> None:
+        # PyJWT comes with msal (the 'graph' extra); imported here so that a test session
+        # without it still collects (tests/conftest.py imports the fixture module).
+        import jwt
+
         try:
             header = jwt.get_unverified_header(assertion)
         except jwt.PyJWTError as e:

@@ -48,6 +48,8 @@ class SyncState:
     round_end: int
     #: deltatoken only: the entries of the last page of the round that produced it (replays).
     last_round: tuple[str, ...] = ()
+    #: The ``changeType`` option of the initial request (created / updated / deleted), if any.
+    change_type: str | None = None
 
 
 @dataclass
@@ -83,6 +85,7 @@ class DeltaTracker:
         token: str | None,
         select: tuple[str, ...] | None,
         page_size: int,
+        change_type: str | None = None,
     ) -> DeltaPage:
         """One page of a round; ``token`` is a skip or delta token, or None (a new round).
 
@@ -91,19 +94,25 @@ class DeltaTracker:
         address = mailbox.address.lower()
         if token is None:
             entries = tuple(m.immutable_id for m in self.store.messages_in(mailbox, folder))
-            round_end, state_select = self.store.last_sequence, select
+            round_end, state_select, state_change = self.store.last_sequence, select, change_type
         else:
             state = self._states[token]
             if token in self._expired:
                 raise SyncStateGone(self._expired[token], state)
             if (state.address, state.folder_id) != (address, folder.folder_id):
                 raise KeyError(token)
-            state_select = state.select
+            state_select, state_change = state.select, state.change_type
             if state.pending is not None:
                 entries, round_end = state.pending, state.round_end
             else:
                 round_end = self.store.last_sequence
                 entries = tuple(self.store.changes_since(folder, state.watermark))
+                if state_change is not None:
+                    entries = tuple(
+                        e
+                        for e in entries
+                        if self._kind(mailbox, folder, e, state.watermark) == state_change
+                    )
                 if (address, folder.folder_id) in self._replay:
                     self._replay.discard((address, folder.folder_id))
                     fresh = tuple(e for e in entries if e not in state.last_round)
@@ -111,11 +120,26 @@ class DeltaTracker:
         size = max(1, min(page_size, MAX_PAGE_SIZE))
         head, rest = list(entries[:size]), entries[size:]
         if rest:
-            skip = SyncState(address, folder.folder_id, state_select, 0, rest, round_end)
+            skip = SyncState(
+                address,
+                folder.folder_id,
+                state_select,
+                0,
+                rest,
+                round_end,
+                change_type=state_change,
+            )
             return DeltaPage(head, self._issue(skip), None)
         # A replay repeats the round's last page: enough for a client to see a duplicate.
         delta = SyncState(
-            address, folder.folder_id, state_select, round_end, None, round_end, tuple(head)
+            address,
+            folder.folder_id,
+            state_select,
+            round_end,
+            None,
+            round_end,
+            tuple(head),
+            change_type=state_change,
         )
         return DeltaPage(head, None, self._issue(delta))
 
@@ -135,6 +159,14 @@ class DeltaTracker:
             self._expired[token] = code
             count += 1
         return count
+
+    @staticmethod
+    def _kind(mailbox: Mailbox, folder: MailFolder, immutable_id: str, watermark: int) -> str:
+        """created / updated / deleted, relative to the folder at ``watermark``."""
+        message = mailbox.messages.get(immutable_id)
+        if message is None or message.folder_id != folder.folder_id:
+            return "deleted"
+        return "created" if folder.arrivals.get(immutable_id, 0) > watermark else "updated"
 
     def select_of(self, token: str) -> tuple[str, ...] | None:
         """The ``$select`` a token carries (Graph encodes query options into its links)."""

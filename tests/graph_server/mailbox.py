@@ -94,6 +94,8 @@ class MailFolder:
     log: list[tuple[int, str]] = field(default_factory=list)
     #: immutable id -> the default id a message had here before it left (for ``@removed``).
     departed: dict[str, str] = field(default_factory=dict)
+    #: immutable id -> the log sequence of its (latest) arrival here (delta's ``changeType``).
+    arrivals: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -318,7 +320,10 @@ class GraphStore:
         self, mailbox: Mailbox, folder_id: str, immutable_id: str, change: str, notify: bool
     ) -> None:
         self.last_sequence = next(self._sequence)
-        mailbox.folders[folder_id].log.append((self.last_sequence, immutable_id))
+        folder = mailbox.folders[folder_id]
+        folder.log.append((self.last_sequence, immutable_id))
+        if change == "created":
+            folder.arrivals[immutable_id] = self.last_sequence
         if notify:
             for listener in self.listeners:
                 listener(mailbox, folder_id, immutable_id, change)  # type: ignore[operator]

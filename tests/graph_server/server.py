@@ -24,7 +24,8 @@ Every call needs ``Authorization: Bearer`` (401 ``InvalidAuthenticationToken`` o
 Throttling (https://learn.microsoft.com/en-us/graph/throttling,
 https://learn.microsoft.com/en-us/graph/throttling-limits#outlook-service-limits): more than
 ``mailbox_concurrency`` (4) requests of one app in flight on one mailbox get ``429`` with
-``Retry-After`` and ``ApplicationThrottled`` / "MailboxConcurrency".
+``Retry-After`` and ``ApplicationThrottled`` / "MailboxConcurrency"; so do requests past
+``mailbox_request_limit`` (10,000) in ``mailbox_request_window`` (10 minutes).
 
 Fault switches (thread-safe, callable while clients are connected): ``fail_requests`` (429 /
 503 / 504 with ``Retry-After``), ``expire_delta_tokens`` (``syncStateNotFound`` or
@@ -44,12 +45,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import tempfile
 import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -80,6 +82,9 @@ log = logging.getLogger(__name__)
 DEFAULT_TENANT = "0f4a4b2c-5d6e-4f70-8a91-b2c3d4e5f607"
 #: Outlook's limit: "4 concurrent requests" per app per mailbox (throttling-limits).
 MAILBOX_CONCURRENCY = 4
+#: "10,000 API requests in a 10 minute period" per app per mailbox (throttling-limits).
+MAILBOX_REQUEST_LIMIT = 10_000
+MAILBOX_REQUEST_WINDOW = 600.0
 
 
 @dataclass
@@ -141,6 +146,8 @@ class GraphTestServer:
         port: int = 0,
         token_lifetime: float = 3599.0,
         mailbox_concurrency: int = MAILBOX_CONCURRENCY,
+        mailbox_request_limit: int = MAILBOX_REQUEST_LIMIT,
+        mailbox_request_window: float = MAILBOX_REQUEST_WINDOW,
         state_dir: Path | None = None,
         event_hubs_bootstrap: str | None = None,
         webhook_ca_files: tuple[Path, ...] = (),
@@ -162,6 +169,9 @@ class GraphTestServer:
         self._port = port
         self._failures: list[_Failure] = []
         self._in_flight: Counter[tuple[str, str]] = Counter()
+        self._recent: dict[tuple[str, str], deque[float]] = {}
+        self.mailbox_request_limit = mailbox_request_limit
+        self.mailbox_request_window = mailbox_request_window
         self._slow_seconds = 0.0
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if state_dir is None:
@@ -574,6 +584,7 @@ class GraphTestServer:
             if mailbox is not None:
                 slot = (principal.client_id, mailbox.address.lower())
                 with self.store.cond:
+                    self._count_request(slot)
                     if self._in_flight[slot] >= self.mailbox_concurrency:
                         slot = None
                         raise GraphError(
@@ -616,6 +627,25 @@ class GraphTestServer:
             )
             self.store.cond.notify_all()
         return response
+
+    def _count_request(self, slot: tuple[str, str]) -> None:
+        """Outlook's rate limit: ``mailbox_request_limit`` (10,000) requests per app and
+        mailbox in ``mailbox_request_window`` (10 minutes); over it, 429 until the oldest
+        request leaves the window. Throttled requests count too ("Microsoft Graph continues
+        to log resource usage while a client is being throttled", throttling)."""
+        now = time.monotonic()
+        recent = self._recent.setdefault(slot, deque())
+        while recent and recent[0] <= now - self.mailbox_request_window:
+            recent.popleft()
+        recent.append(now)
+        if len(recent) > self.mailbox_request_limit:
+            wait = recent[-self.mailbox_request_limit] + self.mailbox_request_window - now
+            raise GraphError(
+                429,
+                "ApplicationThrottled",
+                "Application is over its request limit for this mailbox.",
+                {"Retry-After": str(max(1, math.ceil(wait)))},
+            )
 
     def _principal(self, request: web.Request) -> Principal:
         header = request.headers.get("Authorization", "")
@@ -754,12 +784,15 @@ class GraphTestServer:
         self, request: web.Request, mailbox: Mailbox, ref: str, immutable: bool
     ) -> web.Response:
         query = request.query
-        unsupported = sorted(set(query) - {"$select", "$skiptoken", "$deltatoken"})
+        unsupported = sorted(set(query) - {"$select", "$skiptoken", "$deltatoken", "changeType"})
         if unsupported:
             raise GraphError(
                 400, "BadRequest", f"The test server does not model these options: {unsupported}."
             )
         select = _select(query.get("$select"))
+        change_type = query.get("changeType")
+        if change_type not in (None, "created", "updated", "deleted"):
+            raise GraphError(400, "BadRequest", f"Invalid changeType '{change_type}'.")
         token = query.get("$skiptoken") or query.get("$deltatoken")
         page_size = _max_page_size(request) or DEFAULT_PAGE_SIZE
         with self.store.cond:
@@ -770,6 +803,7 @@ class GraphTestServer:
                     folder,
                     token=token,
                     select=select if token is None else None,
+                    change_type=change_type if token is None else None,
                     page_size=page_size,
                 )
             except SyncStateGone as gone:

@@ -304,3 +304,56 @@ def test_revoked_access_and_deleted_mailbox(
     assert gone.json()["error"]["code"] == "MailboxNotEnabledForRESTAPI"
     unknown = client.get(f"{graph_server.graph_url}/users/nobody@example.com/mailFolders")
     assert unknown.status_code == 404
+
+
+def test_bench_baseline_counts_what_it_paged(graph_server: GraphTestServer) -> None:
+    """The baseline helper of `mailtap bench graph` reads every message and its MIME once."""
+    import asyncio
+
+    from tests.graph_server.bench import raw_delta_paging, raw_delta_paging_async, seed
+
+    seed(graph_server, USER, 25, size=1000)
+    token = app_token(graph_server)
+    figures = raw_delta_paging(graph_server, token, USER, page_size=10, mime=True)
+    assert (figures.messages, figures.pages, figures.removed) == (25, 3, 0)
+    assert figures.mime_bytes == sum(len(m.mime) for m in graph_server.messages(USER))
+    _, delta_link = asyncio.run(raw_delta_paging_async(graph_server, token, USER, mime=False))
+    graph_server.delete_message(USER, graph_server.messages(USER)[0].immutable_id)
+    after, _ = asyncio.run(raw_delta_paging_async(graph_server, token, USER, delta_link=delta_link))
+    assert (after.messages, after.removed, after.mime_bytes) == (0, 1, 0)
+
+
+@pytest.mark.parametrize("change_type", ["created", "updated", "deleted"])
+def test_change_type_option_filters_later_rounds(
+    graph_server: GraphTestServer, client: requests.Session, change_type: str
+) -> None:
+    """delta-query-messages, example 2: the first round returns every message; later rounds
+    only the changes of the chosen type."""
+    updated, deleted = (graph_server.add_message(USER, mime(n)) for n in range(2))
+    entries, delta_link, _ = delta_round(
+        client, start_url(graph_server) + f"?changeType={change_type}"
+    )
+    assert len(entries) == 2
+    graph_server.update_message(USER, updated.immutable_id, is_read=True)
+    graph_server.move_message(USER, deleted.immutable_id, "archive")
+    created = graph_server.add_message(USER, mime(5))
+    expected = {"created": created, "updated": updated, "deleted": deleted}[change_type]
+    assert [e["id"] for e in delta_round(client, delta_link)[0]] == [expected.immutable_id]
+
+
+def test_request_rate_limit_per_app_and_mailbox() -> None:
+    from tests.graph_server.fixture import running_server
+
+    with running_server(mailbox_request_limit=3, mailbox_request_window=30.0) as graph:
+        session = trusting_session(graph)
+        session.headers["Authorization"] = f"Bearer {app_token(graph)}"
+        url = f"{graph.graph_url}/users/{USER}/mailFolders"
+        assert [session.get(url).status_code for _ in range(3)] == [200, 200, 200]
+        throttled = session.get(url)
+        assert throttled.status_code == 429
+        assert throttled.json()["error"]["code"] == "ApplicationThrottled"
+        assert 1 <= int(throttled.headers["Retry-After"]) <= 30
+        graph.add_mailbox("other@example.com")  # another mailbox has its own budget
+        assert (
+            session.get(f"{graph.graph_url}/users/other@example.com/mailFolders").status_code == 200
+        )
