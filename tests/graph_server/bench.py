@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 
 import aiohttp
 
+from .fixture import GraphEndpoint
 from .server import GraphTestServer
 
 #: The properties a mail event needs (what the source is expected to $select).
@@ -48,7 +49,7 @@ class DeltaPagingFigures:
 
 
 async def raw_delta_paging_async(
-    server: GraphTestServer,
+    server: GraphEndpoint,
     token: str,
     user: str,
     folder: str = "inbox",
@@ -100,7 +101,7 @@ async def raw_delta_paging_async(
 
 
 def raw_delta_paging(
-    server: GraphTestServer, token: str, user: str, folder: str = "inbox", **options: object
+    server: GraphEndpoint, token: str, user: str, folder: str = "inbox", **options: object
 ) -> DeltaPagingFigures:
     """``raw_delta_paging_async`` for synchronous callers (a benchmark's main thread)."""
     figures, _ = asyncio.run(raw_delta_paging_async(server, token, user, folder, **options))  # type: ignore[arg-type]

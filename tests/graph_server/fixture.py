@@ -11,12 +11,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import pytest
 import requests
 
 from .server import GraphTestServer
+
+
+class GraphEndpoint(Protocol):
+    """What a client needs of a server, in this process (``GraphTestServer``) or another
+    (``remote.RemoteGraphServer``)."""
+
+    @property
+    def authority(self) -> str: ...
+
+    @property
+    def graph_url(self) -> str: ...
+
+    @property
+    def ca_file(self) -> Path: ...
+
 
 USER = "user@example.com"
 CLIENT_ID = "11111111-2222-3333-4444-555555555555"
@@ -40,7 +56,7 @@ def graph_server() -> Iterator[GraphTestServer]:
         yield server
 
 
-def trusting_session(server: GraphTestServer) -> requests.Session:
+def trusting_session(server: GraphEndpoint) -> requests.Session:
     """A requests session that trusts the server's CA.
 
     ``trust_env=False`` because requests lets ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` win over
@@ -53,7 +69,7 @@ def trusting_session(server: GraphTestServer) -> requests.Session:
     return session
 
 
-def app_token(server: GraphTestServer) -> str:
+def app_token(server: GraphEndpoint) -> str:
     """An app-only access token for ``CLIENT_ID``, through MSAL as the connector gets one."""
     import msal
 

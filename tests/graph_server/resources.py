@@ -99,9 +99,25 @@ def removed_json(message_id: str) -> dict[str, Any]:
     }
 
 
-def folder_json(mailbox: Mailbox, folder: MailFolder) -> dict[str, Any]:
+#: Properties of ``microsoft.graph.mailFolder`` the server renders (``$select`` checks them).
+FOLDER_PROPERTIES = (
+    "id",
+    "displayName",
+    "parentFolderId",
+    "childFolderCount",
+    "unreadItemCount",
+    "totalItemCount",
+    "sizeInBytes",
+    "isHidden",
+)
+
+
+def folder_json(
+    mailbox: Mailbox, folder: MailFolder, select: Iterable[str] | None = None
+) -> dict[str, Any]:
+    """One mail folder; with ``select`` only those properties and ``id``."""
     messages = [m for m in mailbox.messages.values() if m.folder_id == folder.folder_id]
-    return {
+    full: dict[str, Any] = {
         "id": folder.folder_id,
         "displayName": folder.display_name,
         "parentFolderId": folder.parent_id,
@@ -113,6 +129,8 @@ def folder_json(mailbox: Mailbox, folder: MailFolder) -> dict[str, Any]:
         "sizeInBytes": sum(len(m.mime) for m in messages),
         "isHidden": False,
     }
+    wanted = FOLDER_PROPERTIES if select is None else ("id", *select)
+    return {name: full[name] for name in wanted}
 
 
 def error_json(code: str, message: str, client_request_id: str | None = None) -> dict[str, Any]:

@@ -60,13 +60,13 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from mailtap.dev.certs import KeyPair
-
 from .auth import Principal, TokenError, TokenIssuer
+from .control import ControlApi
 from .delivery import Delivery, NotificationDelivery
 from .delta import DEFAULT_PAGE_SIZE, DeltaTracker, SyncStateGone
 from .mailbox import GraphStore, Mailbox, MailFolder, Message
 from .resources import (
+    FOLDER_PROPERTIES,
     MESSAGE_PROPERTIES,
     error_json,
     folder_json,
@@ -75,7 +75,7 @@ from .resources import (
 )
 from .sendmail import Bounce, SendMail, SentMail
 from .subscriptions import ChangeNotifications, Subscription
-from .tls import server_tls
+from .tls import CertificatePair, server_tls
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,11 @@ class GraphTestServer:
         self.delivery.on_delivery = self._notify_waiters
         self.notifications = ChangeNotifications(self, self.delivery)
         self.mail_submission = SendMail(self)
-        self._extensions: list[ServerExtension] = [self.notifications, self.mail_submission]
+        self._extensions: list[ServerExtension] = [
+            self.notifications,
+            self.mail_submission,
+            ControlApi(self),
+        ]
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -384,10 +388,10 @@ class GraphTestServer:
         with self.store.cond:
             return [r.path for r in self.requests]
 
-    def issue_webhook_certificate(self, folder: Path) -> KeyPair:
+    def issue_webhook_certificate(self, folder: Path) -> CertificatePair:
         """A server certificate for 127.0.0.1/localhost signed by this server's CA, which the
         notification sender trusts: for a test's HTTPS webhook endpoint."""
-        return self._tls.ca.issue(folder, "localhost", hosts=["localhost", "127.0.0.1"])
+        return self._tls.issue(folder)
 
     # -- sendMail (test side) --------------------------------------------------------------------
 
@@ -732,9 +736,9 @@ class GraphTestServer:
             raise GraphError(400, "BadRequest", f"Resource not found for the segment '{path}'.")
         immutable = _prefers_immutable(request)
         if names == ["mailfolders"]:
-            response = self._list_folders(mailbox)
+            response = self._list_folders(mailbox, _folder_select(request))
         elif len(names) == 2 and names[0] == "mailfolders":
-            response = self._get_folder(mailbox, rest[1])
+            response = self._get_folder(mailbox, rest[1], _folder_select(request))
         elif len(names) == 4 and names[0] == "mailfolders" and names[2:] == ["messages", "delta"]:
             response = self._delta(request, mailbox, rest[1], immutable)
         elif names[:1] == ["messages"] and len(names) in (2, 3):
@@ -760,21 +764,23 @@ class GraphTestServer:
             )
         return folder
 
-    def _list_folders(self, mailbox: Mailbox) -> web.Response:
+    def _list_folders(self, mailbox: Mailbox, select: tuple[str, ...] | None) -> web.Response:
         with self.store.cond:
             root = mailbox.folder("msgfolderroot")
             assert root is not None
             value = [
-                folder_json(mailbox, f)
+                folder_json(mailbox, f, select)
                 for f in mailbox.folders.values()
                 if f.parent_id == root.folder_id
             ]
         context = f"{self.graph_url}/$metadata#users('{mailbox.address}')/mailFolders"
         return web.json_response({"@odata.context": context, "value": value})
 
-    def _get_folder(self, mailbox: Mailbox, ref: str) -> web.Response:
+    def _get_folder(
+        self, mailbox: Mailbox, ref: str, select: tuple[str, ...] | None
+    ) -> web.Response:
         with self.store.cond:
-            body = folder_json(mailbox, self._folder(mailbox, ref))
+            body = folder_json(mailbox, self._folder(mailbox, ref), select)
         context = f"{self.graph_url}/$metadata#users('{mailbox.address}')/mailFolders/$entity"
         return web.json_response({"@odata.context": context, **body})
 
@@ -918,6 +924,21 @@ def _max_page_size(request: web.Request) -> int | None:
                     400, "BadRequest", f"Invalid odata.maxpagesize '{size}'."
                 ) from None
     return None
+
+
+def _folder_select(request: web.Request) -> tuple[str, ...] | None:
+    value = request.query.get("$select")
+    if value is None:
+        return None
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    for name in names:
+        if name not in FOLDER_PROPERTIES:
+            raise GraphError(
+                400,
+                "RequestBroker--ParseUri",
+                f"Could not find a property named '{name}' on type 'microsoft.graph.mailFolder'.",
+            )
+    return names
 
 
 def _select(value: str | None) -> tuple[str, ...] | None:

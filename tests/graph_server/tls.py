@@ -1,9 +1,9 @@
 """HTTPS for the Graph test server: MSAL for Python accepts only an ``https`` authority
 (``msal.authority.canonicalize`` raises ValueError for anything else), so the server speaks TLS
-with a certificate for ``127.0.0.1`` and ``localhost`` from a private CA made with
-``cryptography`` (``mailtap.dev.certs``, the same CA code as the secured dev stack). Clients
-trust ``ca_file`` (MSAL: ``verify=ca_file``; requests: ``verify=``; aiohttp / ssl:
-``ssl.create_default_context(cafile=...)``).
+with a certificate for ``127.0.0.1`` and ``localhost`` from a private CA made by ``trustme``
+(on ``cryptography``; light to import, unlike ``mailtap.dev``, which matters for a server
+spawned as its own process). Clients trust ``ca_file`` (MSAL: ``http_client=`` a session
+with ``verify=ca_file``; aiohttp / ssl: ``ssl.create_default_context(cafile=...)``).
 """
 
 from __future__ import annotations
@@ -12,23 +12,41 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from mailtap.dev.certs import CertificateAuthority
+import trustme
+
+
+@dataclass(frozen=True)
+class CertificatePair:
+    """A certificate (with its chain) and its private key, as PEM files."""
+
+    certificate: Path
+    key: Path
 
 
 @dataclass(frozen=True)
 class ServerTls:
-    ca: CertificateAuthority
+    ca: trustme.CA
+    ca_file: Path
     context: ssl.SSLContext
 
-    @property
-    def ca_file(self) -> Path:
-        return self.ca.certificate
+    def issue(self, folder: Path) -> CertificatePair:
+        """A server certificate for 127.0.0.1 / localhost signed by this CA, under ``folder``."""
+        folder.mkdir(parents=True, exist_ok=True)
+        issued = self.ca.issue_cert("127.0.0.1", "localhost")
+        pair = CertificatePair(folder / "cert.pem", folder / "key.pem")
+        issued.cert_chain_pems[0].write_to_path(str(pair.certificate))
+        for extra in issued.cert_chain_pems[1:]:
+            extra.write_to_path(str(pair.certificate), append=True)
+        issued.private_key_pem.write_to_path(str(pair.key))
+        return pair
 
 
 def server_tls(folder: Path) -> ServerTls:
-    """A fresh CA and a server certificate under ``folder``; the server's SSL context."""
-    ca = CertificateAuthority.create(folder / "ca")
-    pair = ca.issue(folder / "graph", "localhost", hosts=["localhost", "127.0.0.1"])
+    """A fresh CA (its certificate in ``folder/ca.pem``) and the server's SSL context."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA(organization_name="mailtap graph test server")
+    ca_file = folder / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(pair.certificate, pair.key)
-    return ServerTls(ca, context)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(context)
+    return ServerTls(ca, ca_file, context)

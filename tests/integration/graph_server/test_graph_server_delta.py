@@ -357,3 +357,15 @@ def test_request_rate_limit_per_app_and_mailbox() -> None:
         assert (
             session.get(f"{graph.graph_url}/users/other@example.com/mailFolders").status_code == 200
         )
+
+
+def test_folder_select(graph_server: GraphTestServer, client: requests.Session) -> None:
+    url = f"{graph_server.graph_url}/users/{USER}/mailFolders/inbox"
+    body = client.get(url, params={"$select": "id"}).json()
+    assert set(body) == {"@odata.context", "id"}
+    assert body["id"] == graph_server.folder_id(USER, "inbox")
+    listed = client.get(
+        f"{graph_server.graph_url}/users/{USER}/mailFolders?$select=displayName"
+    ).json()
+    assert all(set(f) == {"id", "displayName"} for f in listed["value"])
+    assert client.get(url, params={"$select": "subject"}).status_code == 400
