@@ -123,12 +123,49 @@ class GraphClient:
         parent = response.json().get("parentFolderId")
         return parent if isinstance(parent, str) else None
 
+    # --- change notification subscriptions (wake-ups only) ---------------------------------------
+
+    def subscribe(
+        self, folder: str, notification_url: str, lifecycle_url: str, expires: str, state: str
+    ) -> tuple[str, str]:
+        """A subscription to the folder's message changes (created, updated, deleted), with
+        immutable ids in its notifications; returns (id, expirationDateTime)."""
+        body = self._json(
+            "POST",
+            f"{self.settings.api_base}/subscriptions",
+            None,
+            payload={
+                "changeType": "created,updated,deleted",
+                "notificationUrl": notification_url,
+                "lifecycleNotificationUrl": lifecycle_url,
+                "resource": f"users/{self.user}/mailFolders('{folder}')/messages",
+                "expirationDateTime": expires,
+                "clientState": state,
+            },
+        )
+        return str(body["id"]), str(body.get("expirationDateTime", expires))
+
+    def renew(self, subscription_id: str, expires: str) -> None:
+        """A new expiry for the subscription (a renewal also reauthorizes it). A subscription
+        that is gone raises MailboxNotFound (404): subscribe again."""
+        url = f"{self.settings.api_base}/subscriptions/{quote(subscription_id)}"
+        self._json("PATCH", url, None, payload={"expirationDateTime": expires})
+
+    def unsubscribe(self, subscription_id: str) -> None:
+        url = f"{self.settings.api_base}/subscriptions/{quote(subscription_id)}"
+        self._request("DELETE", url, None, missing_ok=True)
+
     # --- one request ----------------------------------------------------------------------------
 
     def _json(
-        self, method: str, url: str, params: Mapping[str, str] | None, prefer: str = IMMUTABLE_IDS
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, str] | None,
+        prefer: str = IMMUTABLE_IDS,
+        payload: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        response = self._request(method, url, params, prefer=prefer)
+        response = self._request(method, url, params, prefer=prefer, payload=payload)
         assert response is not None
         try:
             body = response.json()
@@ -146,6 +183,7 @@ class GraphClient:
         *,
         prefer: str = IMMUTABLE_IDS,
         missing_ok: bool = False,
+        payload: Mapping[str, Any] | None = None,
     ) -> httpx2.Response | None:
         refused_once = False
         retries = 0
@@ -153,7 +191,9 @@ class GraphClient:
             headers = {"Authorization": f"Bearer {self._tokens.token()}", "Prefer": prefer}
             with self.gate.slot(self._stop):
                 try:
-                    response = self._http.request(method, url, params=params, headers=headers)
+                    response = self._http.request(
+                        method, url, params=params, headers=headers, json=payload
+                    )
                 except httpx2.HTTPError as exc:
                     raise ConnectionLost(f"{method} {_path(url)}: {type(exc).__name__}") from None
             status = response.status_code

@@ -76,11 +76,49 @@ class GraphAccountSettings(StrictModel):
 
 class NotificationSettings(StrictModel):
     """How change notifications reach the source. They only wake a delta round up; the
-    periodic sweep runs anyway, so a lost notification delays mail by one sweep at most."""
+    periodic sweep runs anyway, so a lost notification delays mail by one sweep at most.
 
-    mode: Literal["none", "webhook", "eventhubs"] = Field(
-        default="none", description="none (delta polling only) | webhook | eventhubs"
+    ``webhook``: the source listens on ``listen_host:listen_port`` (HTTPS with
+    ``certificate_file`` + ``key_file``, or plain HTTP behind an ingress that terminates TLS)
+    and subscribes every folder with ``public_url`` + ``/notify`` (and ``/lifecycle``), the
+    address Graph reaches it at (https, as Graph requires).
+    """
+
+    mode: Literal["none", "webhook"] = Field(
+        default="none", description="none (delta polling only) | webhook"
     )
+    public_url: str | None = Field(
+        default=None, description="webhook: the https:// base URL Graph posts notifications to"
+    )
+    listen_host: str = Field(default="0.0.0.0", description="webhook: the listener's address")
+    listen_port: int = Field(default=8443, ge=0, le=65535, description="webhook: its port (0: any)")
+    certificate_file: Path | None = Field(
+        default=None, description="webhook: PEM certificate chain (HTTPS); unset: plain HTTP"
+    )
+    key_file: Path | None = Field(default=None, description="webhook: PEM private key")
+    client_state: SecretStr | None = Field(
+        default=None,
+        description="webhook: the secret Graph echoes in every notification (at most 128 "
+        "characters); notifications without it are ignored",
+    )
+    #: Outlook message subscriptions live at most 10,080 minutes (subscription resource type);
+    #: renewed at half their life, so a renewal that fails has days to succeed.
+    subscription_minutes: int = Field(
+        default=4_320, ge=5, le=10_080, description="webhook: subscription lifetime"
+    )
+
+    @model_validator(mode="after")
+    def _complete(self) -> NotificationSettings:
+        if self.mode == "none":
+            return self
+        if not self.public_url or not self.public_url.startswith("https://"):
+            raise ValueError("notifications mode webhook needs public_url: https://...")
+        secret = self.client_state.get_secret_value() if self.client_state else ""
+        if not 8 <= len(secret) <= 128:
+            raise ValueError("notifications mode webhook needs a client_state of 8-128 characters")
+        if (self.certificate_file is None) != (self.key_file is None):
+            raise ValueError("set both certificate_file and key_file for HTTPS, or neither")
+        return self
 
 
 class GraphSourceSettings(SourceSettings):

@@ -19,6 +19,7 @@ Tests crash the process at a point of a batch with ``MAILTAP_TEST_CRASH_AT``
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +33,7 @@ from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import by_account
-from connectors.core.source.runtime import FolderRun, FolderSourceRuntime
+from connectors.core.source.runtime import STOP_JOIN_S, FolderRun, FolderSourceRuntime
 from connectors.core.source.worker import Writer
 from connectors.graph.auth import TokenSource
 from connectors.graph.client import GraphClient
@@ -40,7 +41,10 @@ from connectors.graph.config import SECTION, GraphAccountSettings, GraphSourceSe
 from connectors.graph.gate import MailboxGate
 from connectors.graph.mailbox import GraphMailbox
 from connectors.graph.records import GraphRecordBuilder
+from connectors.graph.webhook import WebhookListener
 from connectors.graph.worker import SOURCE_KIND, GraphFolderWorker
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TRANSACTIONAL_ID_PREFIX", "GraphSource"]
 
@@ -65,6 +69,31 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
         self._tokens = TokenSource(settings)
         self._mailboxes: dict[str, GraphMailbox] = {}
         self._mailboxes_lock = threading.Lock()
+        self.webhook: WebhookListener | None = None
+        if settings.notifications.mode == "webhook":
+            self.webhook = WebhookListener(
+                settings.notifications, self._notified, self._notified_lifecycle
+            )
+
+    def start(self) -> None:
+        if self.webhook is not None:
+            self.webhook.start()  # before the first subscription: Graph validates it at once
+        super().start()
+
+    def stop(self, timeout: float = STOP_JOIN_S) -> None:
+        super().stop(timeout)
+        if self.webhook is not None:
+            self.webhook.stop()
+
+    def _notified(self, subscription_id: str) -> None:
+        self._notified_lifecycle(subscription_id, None)
+
+    def _notified_lifecycle(self, subscription_id: str, event: str | None) -> None:
+        for worker in self.workers:
+            if worker.subscription_id == subscription_id:
+                worker.notified(event)
+                return
+        log.debug("graph: a notification for a subscription not run here, ignored")
 
     @classmethod
     def from_config(cls, cfg: MailtapConfig, **kwargs: Any) -> GraphSource:
@@ -124,16 +153,6 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
             ),
             before_commit=lambda: crash.reached("before_write"),
         )
-
-    def wake(self, account: str, folder: str | None = None) -> int:
-        """A change notification for ``account`` (one folder, or all): start a delta round now.
-        Returns the number of workers woken (0: not owned here)."""
-        woken = 0
-        for worker in self.workers:
-            if worker.account.name == account and folder in (None, worker.folder, worker.folder_id):
-                worker.wake.set()
-                woken += 1
-        return woken
 
     def _ended(self, runs: Sequence[FolderRun[GraphFolderWorker]]) -> None:
         running = {run.worker.account.name for run in self._runs.values()}

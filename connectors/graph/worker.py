@@ -34,10 +34,12 @@ the same state again (delta repeats changes)        nothing
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import enum
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -53,13 +55,22 @@ from connectors.core.source.worker import FolderWorker, Writer
 from connectors.graph.config import GraphAccountSettings, GraphSourceSettings
 from connectors.graph.cursor import GraphCursor, Tracked, id_digest
 from connectors.graph.delta import DeltaPage, MessageState
-from connectors.graph.errors import AccessDenied, ConnectionLost, MailboxNotFound, SyncStateGone
+from connectors.graph.errors import (
+    AccessDenied,
+    ConnectionLost,
+    GraphProtocolError,
+    MailboxNotFound,
+    SyncStateGone,
+)
 from connectors.graph.mailbox import GraphMailbox
 from connectors.graph.records import BuiltMessage, GraphRecordBuilder
 
 log = logging.getLogger(__name__)
 
 SOURCE_KIND = "graph"
+#: After a failed subscribe or renewal, the next try waits this long (each try makes Graph
+#: validate the endpoint again); the sweep keeps the folder current meanwhile.
+SUBSCRIBE_RETRY_S = 60.0
 
 
 class WorkerState(enum.Enum):
@@ -141,6 +152,12 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
         self.events_published = 0
         self.tombstones_published = 0
         self.resyncs = 0
+        #: The change-notification subscription of this folder (webhook mode), its expiry, and
+        #: what a lifecycle notification asked for ("reauthorize", "removed").
+        self.subscription_id: str | None = None
+        self._subscription_expires = dt.datetime.min.replace(tzinfo=dt.UTC)
+        self._lifecycle: str | None = None
+        self._subscribe_after = 0.0
         # $value downloads of one page run side by side, within the mailbox's request budget.
         self._fetchers = ThreadPoolExecutor(
             settings.max_concurrent_requests, thread_name_prefix=f"graph-{account.name}-{folder}"
@@ -174,6 +191,22 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
     def _close(self) -> None:
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         self.mailbox.forget(self.folder)
+        subscription, self.subscription_id = self.subscription_id, None
+        if subscription is not None and not self.fenced:
+            # Best effort: a subscription left behind only expires (its notifications for an
+            # id nobody knows are ignored).
+            with contextlib.suppress(Exception):
+                self.mailbox.client.unsubscribe(subscription)
+
+    def notified(self, lifecycle: str | None = None) -> None:
+        """From the webhook's thread: a change notification (or a lifecycle one) for this
+        folder's subscription: a delta round now, and what the lifecycle event asks for."""
+        if lifecycle == "subscriptionRemoved":
+            self._lifecycle = "removed"
+        elif lifecycle == "reauthorizationRequired":
+            self._lifecycle = "reauthorize"
+        # "missed" and every change: the delta round below finds what happened.
+        self.wake.set()
 
     def interrupt(self) -> None:
         """From another thread, after ``stop`` is set: end the wait at once."""
@@ -190,11 +223,58 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
         self.mailbox.holds(self.folder, self.cursor.keys())
         while not self.stop.is_set():
             self.wake.clear()
+            self._keep_subscription()
             mails = self._round()
             self.metrics.synced(*self._labels, mails=mails)
             self.backoff.reset()
             self._to(S.WAITING)
             self.wake.wait(self.settings.sweep_interval_seconds)
+
+    def _keep_subscription(self) -> None:
+        """Webhook mode: a subscription on this folder, renewed at half its life, renewed at
+        once after ``reauthorizationRequired``, created again after ``subscriptionRemoved``.
+        A failure is logged and tried again later: notifications are wake-ups, the sweep runs
+        without them."""
+        notes = self.settings.notifications
+        if notes.mode != "webhook" or time.monotonic() < self._subscribe_after:
+            return
+        assert notes.public_url is not None and notes.client_state is not None
+        client = self.mailbox.client
+        now = dt.datetime.now(dt.UTC)
+        life = dt.timedelta(minutes=notes.subscription_minutes)
+        expires = (now + life).isoformat().replace("+00:00", "Z")
+        lifecycle, self._lifecycle = self._lifecycle, None
+        try:
+            if lifecycle == "removed":
+                self.subscription_id = None
+            if self.subscription_id is None:
+                base = notes.public_url.rstrip("/")
+                self.subscription_id, _ = client.subscribe(
+                    self.folder,
+                    f"{base}/notify",
+                    f"{base}/lifecycle",
+                    expires,
+                    notes.client_state.get_secret_value(),
+                )
+                self._subscription_expires = now + life
+                log.info("graph %s/%s: subscribed to changes", self.account.name, self.folder)
+            elif lifecycle == "reauthorize" or self._subscription_expires - now < life / 2:
+                client.renew(self.subscription_id, expires)
+                self._subscription_expires = now + life
+        except MailboxNotFound:
+            self.subscription_id = None  # expired or removed: subscribe at the next round
+            self._lifecycle = None
+            self.wake.set()
+        except (ConnectionLost, GraphProtocolError) as exc:
+            log.warning(
+                "graph %s/%s: subscription failed (%s); polling every %.0fs meanwhile",
+                self.account.name,
+                self.folder,
+                exc,
+                self.settings.sweep_interval_seconds,
+            )
+            self._lifecycle = lifecycle
+            self._subscribe_after = time.monotonic() + SUBSCRIBE_RETRY_S
 
     def _load_cursor(self) -> GraphCursor:
         stored = self._read_offsets().get(self._partition_key)
