@@ -281,7 +281,10 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
         if stored:
             return GraphCursor.from_offset(stored)
         if self.account.start == "latest":
-            return GraphCursor(latest_from=dt.datetime.now(dt.UTC).isoformat())
+            # receivedDateTime has whole seconds: mail of the start's second is published
+            # (rather once too often than a gap).
+            now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+            return GraphCursor(latest_from=now.isoformat())
         return GraphCursor()
 
     def _round(self) -> int:

@@ -218,6 +218,11 @@ def _idle_rss(graph: Any, kafka: KafkaSettings, work: Path, mailboxes: int) -> d
 
 
 def bench_graph(*, messages: int, samples: int, idle: int) -> dict[str, Any]:
+    # The console script's sys.path starts at the venv's bin/: the checkout holding this
+    # (editable) install has the test server next to mailtap/.
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "tests" / "graph_server").is_dir() and str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
     try:
         from tests.graph_server.fixture import running_server
     except ImportError:

@@ -203,3 +203,24 @@ def test_revoked_access_and_a_deleted_mailbox_are_states_in_health(
 
 def health_states(src: GraphSource) -> list[str]:
     return sorted(src.metrics.health(3600)[1]["states"].values())
+
+
+def test_start_latest_publishes_only_mail_received_after_the_first_start(
+    graph_server: GraphTestServer, kafka: KafkaSettings, tmp_path: Path
+) -> None:
+    for n in range(3):
+        graph_server.add_message(USER, mime(n))
+    cfg = config_from_dict(
+        source_config(kafka, graph_server, tmp_path / "claims", account={"start": "latest"})
+    )
+    src = GraphSource.from_config(cfg, serve_health=False)
+    src.start()
+    try:
+        assert graph_server.wait_until(
+            lambda: bool(src.workers) and src.workers[0].state.value == "WAITING", WAIT_S
+        )
+        graph_server.add_message(USER, mime(3))
+        assert graph_server.wait_until(lambda: published(src) == 1, WAIT_S)
+    finally:
+        src.stop()
+    assert [k for k, _ in read_events(kafka)] == [imap_key(mime(3))]
