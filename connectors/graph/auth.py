@@ -119,7 +119,8 @@ class TokenSource:
         """Graph refused the current token (401): forget the cached access tokens."""
         with self._lock:
             cache = self._app.token_cache
-            for entry in cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN):
+            # A list first: search() is a generator over the dict remove_at() changes.
+            for entry in list(cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN)):
                 cache.remove_at(entry)
 
 

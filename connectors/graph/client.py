@@ -44,6 +44,10 @@ from connectors.graph.errors import (
 from connectors.graph.gate import MailboxGate
 
 log = logging.getLogger(__name__)
+# httpx2 logs every URL at INFO (a delta link's token included) and httpcore2 the headers at
+# DEBUG; this module logs what matters itself, without the query.
+logging.getLogger("httpx2").setLevel(logging.WARNING)
+logging.getLogger("httpcore2").setLevel(logging.INFO)
 
 __all__ = ["GraphClient"]
 

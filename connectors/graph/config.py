@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.core.config import StrictModel
+from connectors.core.config import KafkaSettings, StrictModel
 from connectors.core.source.settings import (
     START_DESCRIPTION,
     SourceSettings,
@@ -82,10 +82,16 @@ class NotificationSettings(StrictModel):
     ``certificate_file`` + ``key_file``, or plain HTTP behind an ingress that terminates TLS)
     and subscribes every folder with ``public_url`` + ``/notify`` (and ``/lifecycle``), the
     address Graph reaches it at (https, as Graph requires).
+
+    ``eventhubs``: every folder is subscribed with ``event_hub_url``
+    (``EventHub:https://<namespace>.servicebus.windows.net/eventhubname/<hub>?tenantId=<domain>``)
+    and the source reads the hub through the Kafka protocol, connecting with ``event_hubs``
+    (a ``kafka``-like block: ``bootstrap_servers: <namespace>.servicebus.windows.net:9093``,
+    SASL_SSL PLAIN with user ``$ConnectionString``).
     """
 
-    mode: Literal["none", "webhook"] = Field(
-        default="none", description="none (delta polling only) | webhook"
+    mode: Literal["none", "webhook", "eventhubs"] = Field(
+        default="none", description="none (delta polling only) | webhook | eventhubs"
     )
     public_url: str | None = Field(
         default=None, description="webhook: the https:// base URL Graph posts notifications to"
@@ -101,6 +107,12 @@ class NotificationSettings(StrictModel):
         description="webhook: the secret Graph echoes in every notification (at most 128 "
         "characters); notifications without it are ignored",
     )
+    event_hub_url: str | None = Field(
+        default=None, description="eventhubs: the EventHub:https://... notificationUrl"
+    )
+    event_hubs: KafkaSettings | None = Field(
+        default=None, description="eventhubs: the namespace's Kafka endpoint and credentials"
+    )
     #: Outlook message subscriptions live at most 10,080 minutes (subscription resource type);
     #: renewed at half their life, so a renewal that fails has days to succeed.
     subscription_minutes: int = Field(
@@ -111,14 +123,42 @@ class NotificationSettings(StrictModel):
     def _complete(self) -> NotificationSettings:
         if self.mode == "none":
             return self
-        if not self.public_url or not self.public_url.startswith("https://"):
-            raise ValueError("notifications mode webhook needs public_url: https://...")
         secret = self.client_state.get_secret_value() if self.client_state else ""
         if not 8 <= len(secret) <= 128:
-            raise ValueError("notifications mode webhook needs a client_state of 8-128 characters")
+            raise ValueError(
+                f"notifications mode {self.mode} needs a client_state of 8-128 characters"
+            )
+        if self.mode == "eventhubs":
+            if self.event_hubs is None or self.event_hub_name is None:
+                raise ValueError(
+                    "notifications mode eventhubs needs event_hubs (the namespace's Kafka "
+                    "endpoint) and event_hub_url: EventHub:https://<namespace>.servicebus."
+                    "windows.net/eventhubname/<hub>?tenantId=<domain>"
+                )
+            return self
+        if not self.public_url or not self.public_url.startswith("https://"):
+            raise ValueError("notifications mode webhook needs public_url: https://...")
         if (self.certificate_file is None) != (self.key_file is None):
             raise ValueError("set both certificate_file and key_file for HTTPS, or neither")
         return self
+
+    @property
+    def event_hub_name(self) -> str | None:
+        """The hub (the Kafka topic) of ``event_hub_url``."""
+        url = self.event_hub_url or ""
+        if not url.startswith("EventHub:https://"):
+            return None
+        segments = urlsplit(url.removeprefix("EventHub:")).path.strip("/").split("/")
+        return segments[1] if len(segments) == 2 and segments[0] == "eventhubname" else None
+
+    def notification_urls(self) -> tuple[str, str]:
+        """(notificationUrl, lifecycleNotificationUrl) of a subscription."""
+        if self.mode == "eventhubs":
+            assert self.event_hub_url is not None
+            return self.event_hub_url, self.event_hub_url
+        assert self.public_url is not None
+        base = self.public_url.rstrip("/")
+        return f"{base}/notify", f"{base}/lifecycle"
 
 
 class GraphSourceSettings(SourceSettings):

@@ -38,7 +38,9 @@ from connectors.core.source.worker import Writer
 from connectors.graph.auth import TokenSource
 from connectors.graph.client import GraphClient
 from connectors.graph.config import SECTION, GraphAccountSettings, GraphSourceSettings
+from connectors.graph.eventhubs import EventHubReader
 from connectors.graph.gate import MailboxGate
+from connectors.graph.inbox import NotificationInbox
 from connectors.graph.mailbox import GraphMailbox
 from connectors.graph.records import GraphRecordBuilder
 from connectors.graph.webhook import WebhookListener
@@ -69,21 +71,33 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
         self._tokens = TokenSource(settings)
         self._mailboxes: dict[str, GraphMailbox] = {}
         self._mailboxes_lock = threading.Lock()
+        notes = settings.notifications
         self.webhook: WebhookListener | None = None
-        if settings.notifications.mode == "webhook":
-            self.webhook = WebhookListener(
-                settings.notifications, self._notified, self._notified_lifecycle
+        self.event_hub: EventHubReader | None = None
+        if notes.mode != "none":
+            assert notes.client_state is not None
+            inbox = NotificationInbox(
+                notes.client_state.get_secret_value(), self._notified, self._notified_lifecycle
             )
+            if notes.mode == "webhook":
+                self.webhook = WebhookListener(notes, inbox)
+            else:
+                self.event_hub = EventHubReader(notes, inbox)
 
     def start(self) -> None:
+        # Before the first subscription: Graph validates the endpoint at once.
         if self.webhook is not None:
-            self.webhook.start()  # before the first subscription: Graph validates it at once
+            self.webhook.start()
+        if self.event_hub is not None:
+            self.event_hub.start()
         super().start()
 
     def stop(self, timeout: float = STOP_JOIN_S) -> None:
         super().stop(timeout)
         if self.webhook is not None:
             self.webhook.stop()
+        if self.event_hub is not None:
+            self.event_hub.stop()
 
     def _notified(self, subscription_id: str) -> None:
         self._notified_lifecycle(subscription_id, None)

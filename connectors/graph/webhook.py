@@ -13,28 +13,20 @@ What it answers (learn.microsoft.com/graph/change-notifications-delivery-webhook
 - ``POST /lifecycle`` with ``{"value": [{"subscriptionId", "clientState", "lifecycleEvent"}]}``
   (learn.microsoft.com/graph/change-notifications-lifecycle-events): ``reauthorizationRequired``,
   ``subscriptionRemoved`` and ``missed`` are handed to ``on_lifecycle``.
-
-Wire sample (a change notification collection)::
-
-    {"value": [{"subscriptionId": "7f105c7d-2dc5-4530-97cd-4e7ae6534c07",
-                "clientState": "secretClientValue", "changeType": "created",
-                "resource": "Users/{id}/Messages/{id}", "tenantId": "...",
-                "resourceData": {"@odata.type": "#Microsoft.Graph.Message", "id": "AAk..."}}]}
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import ssl
 import threading
-from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from connectors.graph.config import NotificationSettings
+from connectors.graph.inbox import NotificationInbox
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +37,10 @@ MAX_BODY_BYTES = 1_000_000
 
 
 class WebhookListener:
-    """The HTTP(S) listener; ``on_change(subscription_id)`` and
-    ``on_lifecycle(subscription_id, event)`` must not block (they set events)."""
+    """The HTTP(S) listener; what a collection means is the inbox's."""
 
-    def __init__(
-        self,
-        settings: NotificationSettings,
-        on_change: Callable[[str], None],
-        on_lifecycle: Callable[[str, str], None],
-    ) -> None:
-        assert settings.client_state is not None
-        self._state = settings.client_state.get_secret_value().encode()
-        self._on_change = on_change
-        self._on_lifecycle = on_lifecycle
-        #: Notifications ignored because their clientState was not ours.
-        self.rejected = 0
+    def __init__(self, settings: NotificationSettings, inbox: NotificationInbox) -> None:
+        self.inbox = inbox
         self._httpd = ThreadingHTTPServer((settings.listen_host, settings.listen_port), _Handler)
         self._httpd.daemon_threads = True
         self._httpd.listener = self  # type: ignore[attr-defined]
@@ -84,24 +65,6 @@ class WebhookListener:
         self._httpd.server_close()
         self._thread.join(10)
 
-    def collection(self, path: str, body: Any) -> None:
-        """One notification collection posted to ``path`` (``/notify`` or ``/lifecycle``)."""
-        entries = body.get("value") if isinstance(body, dict) else None
-        for entry in entries if isinstance(entries, list) else []:
-            if not isinstance(entry, dict):
-                continue
-            state = str(entry.get("clientState") or "").encode()
-            if not hmac.compare_digest(state, self._state):
-                self.rejected += 1
-                log.warning("graph webhook: a notification with a wrong clientState, ignored")
-                continue
-            subscription_id = str(entry.get("subscriptionId") or "")
-            event = entry.get("lifecycleEvent")
-            if event:
-                self._on_lifecycle(subscription_id, str(event))
-            else:
-                self._on_change(subscription_id)
-
 
 class _Handler(BaseHTTPRequestHandler):
     server: ThreadingHTTPServer
@@ -123,7 +86,7 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError:
             self._answer(400, b"")
             return
-        listener.collection(parts.path, parsed)
+        listener.inbox.collection(parsed)
         self._answer(202, b"")
 
     def _answer(self, status: int, body: bytes, content_type: str = "text/plain") -> None:

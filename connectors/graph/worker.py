@@ -231,14 +231,14 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
             self.wake.wait(self.settings.sweep_interval_seconds)
 
     def _keep_subscription(self) -> None:
-        """Webhook mode: a subscription on this folder, renewed at half its life, renewed at
+        """With notifications: a subscription on this folder, renewed at half its life, renewed at
         once after ``reauthorizationRequired``, created again after ``subscriptionRemoved``.
         A failure is logged and tried again later: notifications are wake-ups, the sweep runs
         without them."""
         notes = self.settings.notifications
-        if notes.mode != "webhook" or time.monotonic() < self._subscribe_after:
+        if notes.mode == "none" or time.monotonic() < self._subscribe_after:
             return
-        assert notes.public_url is not None and notes.client_state is not None
+        assert notes.client_state is not None
         client = self.mailbox.client
         now = dt.datetime.now(dt.UTC)
         life = dt.timedelta(minutes=notes.subscription_minutes)
@@ -248,11 +248,11 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
             if lifecycle == "removed":
                 self.subscription_id = None
             if self.subscription_id is None:
-                base = notes.public_url.rstrip("/")
+                notify, lifecycle_url = notes.notification_urls()
                 self.subscription_id, _ = client.subscribe(
                     self.folder,
-                    f"{base}/notify",
-                    f"{base}/lifecycle",
+                    notify,
+                    lifecycle_url,
                     expires,
                     notes.client_state.get_secret_value(),
                 )
@@ -368,10 +368,10 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
             built = self._build(wanted, blobs)
             seen += [(b.message_id, Tracked(state.state_digest, b.key or "")) for b, state in built]
             tombstones = self._departures(removed)
+            delta_link, next_link = self._links_after(page, resync=resync)
             cursor = self.cursor.advanced(
-                delta_link=page.delta_link,
-                # A resync keeps no next link: interrupted, it starts again (cursor.resyncing).
-                next_link=page.next_link if not self.cursor.live and not resync else None,
+                delta_link=delta_link,
+                next_link=next_link,
                 seen=seen,
                 gone=[d.message_id for d in removed if d.message_id],
             )
@@ -379,6 +379,18 @@ class GraphFolderWorker(FolderWorker[WorkerState]):
                 blobs.commit()
             self._commit_page([b for b, _ in built], cursor, tombstones)
         return len(built)
+
+    def _links_after(self, page: DeltaPage, *, resync: bool) -> tuple[str | None, str | None]:
+        """The cursor's (delta link, next link) once ``page`` is committed. In the middle of a
+        round from a delta link, that link stays: after a crash the round is read again from
+        its start (what was committed compares equal with the items: nothing twice). A first
+        round keeps its next link; a resync none (interrupted, it starts again)."""
+        assert self.cursor is not None
+        if page.delta_link is not None:
+            return page.delta_link, None
+        if self.cursor.live:
+            return self.cursor.delta_link, None
+        return None, None if resync else page.next_link
 
     def _build(
         self,

@@ -4,16 +4,19 @@ of truth; the sweep delivers what a lost notification did not announce."""
 from __future__ import annotations
 
 import socket
+import ssl
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors.core.config import KafkaSettings, config_from_dict
 from connectors.graph.source import GraphSource
 from tests.graph_server import GraphTestServer
+from tests.graph_server.fixture import running_server
 from tests.integration.graph.graph_kafka import USER, imap_key, mime, read_events, source_config
 
 WAIT_S = 60.0
@@ -120,8 +123,9 @@ def test_a_notification_with_a_wrong_client_state_is_ignored(
         ]
     }
     url = f"https://127.0.0.1:{slow_sweep.webhook.port}/notify"
-    answer = httpx2.post(url, json=forged, verify=str(graph_server.ca_file))
-    assert answer.status_code == 202 and slow_sweep.webhook.rejected == 1
+    trust = ssl.create_default_context(cafile=str(graph_server.ca_file))
+    answer = httpx2.post(url, json=forged, verify=trust)
+    assert answer.status_code == 202 and slow_sweep.webhook.inbox.rejected == 1
     assert not graph_server.wait_until(lambda: published(slow_sweep) > 0, 3)
 
 
@@ -139,4 +143,45 @@ def test_dropped_notifications_the_sweep_still_delivers_the_mail(
     finally:
         src.stop()
     assert len(graph_server.dropped_notifications) >= 2
+    assert sorted(k for k, _ in read_events(kafka)) == sorted(imap_key(mime(n)) for n in range(2))
+
+
+def test_notifications_through_event_hubs_wake_the_folder_up(
+    services: Any, kafka: KafkaSettings, tmp_path: Path, unique: str
+) -> None:
+    """Graph writes notifications to an event hub; the source reads it as a Kafka topic (the
+    session's broker stands for the Event Hubs namespace, as the test server models it)."""
+    hub = f"graph-notifications-{unique}"
+    admin = AdminClient({"bootstrap.servers": services.kafka.bootstrap_servers})
+    for future in admin.create_topics([NewTopic(hub, 1, 1)]).values():
+        future.result(30)
+    with running_server(event_hubs_bootstrap=services.kafka.bootstrap_servers) as graph:
+        notifications = {
+            "mode": "eventhubs",
+            "event_hub_url": f"EventHub:https://ns.servicebus.windows.net/eventhubname/{hub}"
+            "?tenantId=contoso.com",
+            "event_hubs": {"bootstrap_servers": services.kafka.bootstrap_servers},
+            "client_state": CLIENT_STATE,
+        }
+        raw = source_config(
+            kafka,
+            graph,
+            tmp_path / "claims",
+            sweep_interval_seconds=120.0,
+            notifications=notifications,
+        )
+        src = GraphSource.from_config(config_from_dict(raw), serve_health=False)
+        src.start()
+        try:
+            assert src.event_hub is not None
+            assert graph.wait_until(
+                lambda: waiting(src) and src.event_hub.assigned.is_set(), WAIT_S
+            )
+            for n in range(2):
+                graph.add_message(USER, mime(n))
+            # The sweep is 120 s away: only a notification read from the hub gets them here.
+            assert graph.wait_until(lambda: published(src) == 2, 30)
+        finally:
+            src.stop()
+        assert graph.subscriptions(USER) == []
     assert sorted(k for k, _ in read_events(kafka)) == sorted(imap_key(mime(n)) for n in range(2))

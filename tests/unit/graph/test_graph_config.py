@@ -54,3 +54,31 @@ def test_a_misconfiguration_fails_with_a_sentence(extra: dict[str, Any], sentenc
     with pytest.raises(ValidationError) as failed:
         settings(**extra)
     assert sentence in str(failed.value)
+
+
+def test_notification_modes_need_their_endpoint_and_a_client_state() -> None:
+    hub = "EventHub:https://ns.servicebus.windows.net/eventhubname/mail-hub?tenantId=contoso.com"
+    ok = settings(
+        client_secret="s",
+        notifications={
+            "mode": "eventhubs",
+            "event_hub_url": hub,
+            "event_hubs": {"bootstrap_servers": "ns.servicebus.windows.net:9093"},
+            "client_state": "12345678",
+        },
+    )
+    assert ok.notifications.event_hub_name == "mail-hub"
+    assert ok.notifications.notification_urls() == (hub, hub)
+    hook = settings(
+        client_secret="s",
+        notifications={"mode": "webhook", "public_url": "https://x/", "client_state": "12345678"},
+    )
+    assert hook.notifications.notification_urls() == ("https://x/notify", "https://x/lifecycle")
+    for notifications, sentence in (
+        ({"mode": "webhook", "client_state": "12345678"}, "needs public_url"),
+        ({"mode": "webhook", "public_url": "https://x"}, "client_state of 8-128"),
+        ({"mode": "eventhubs", "client_state": "12345678", "event_hub_url": hub}, "event_hubs"),
+    ):
+        with pytest.raises(ValidationError) as failed:
+            settings(client_secret="s", notifications=notifications)
+        assert sentence in str(failed.value)
