@@ -18,7 +18,7 @@ in-memory view covers every watched folder. After a restart it is rebuilt from t
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from connectors.graph.client import GraphClient
 
@@ -31,17 +31,16 @@ MAX_MOVED_KEYS = 10_000
 class GraphMailbox:
     """One mailbox's shared state; thread-safe."""
 
-    def __init__(
-        self, account: str, folders: Sequence[str], client_factory: Callable[[], GraphClient]
-    ) -> None:
+    def __init__(self, account: str, client_factory: Callable[[], GraphClient]) -> None:
         self.account = account
-        self.folders = tuple(folders)
         self._client_factory = client_factory
         self._client: GraphClient | None = None
         self._lock = threading.Lock()
         self._folder_ids: dict[str, str] = {}
         self._keys: dict[str, set[str]] = {}
         self._moved: dict[str, None] = {}
+        #: The folders of this mailbox that have a worker here (configured or added at runtime).
+        self._watched: set[str] = set()
 
     @property
     def client(self) -> GraphClient:
@@ -69,9 +68,16 @@ class GraphMailbox:
             self._folder_ids[folder] = folder_id
         return folder_id
 
+    def watch(self, folder: str) -> None:
+        """A worker for ``folder`` of this mailbox runs here from now on."""
+        with self._lock:
+            self._watched.add(folder)
+
     def watched_ids(self) -> frozenset[str]:
         """The ids of every watched folder of the mailbox (resolved on first use)."""
-        return frozenset(self.resolve(folder) for folder in self.folders)
+        with self._lock:
+            folders = sorted(self._watched)
+        return frozenset(self.resolve(folder) for folder in folders)
 
     # --- keys per folder ------------------------------------------------------------------
 
@@ -97,5 +103,7 @@ class GraphMailbox:
                 del self._moved[next(iter(self._moved))]
 
     def forget(self, folder: str) -> None:
+        """The worker of ``folder`` ended."""
         with self._lock:
             self._keys.pop(folder, None)
+            self._watched.discard(folder)

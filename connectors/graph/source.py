@@ -69,7 +69,7 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
         self._claim_check = open_configured(cfg.claim_check)
         self._limits = ParseLimits(**settings.limits.overrides())
         self._tokens = TokenSource(settings)
-        self._mailboxes: dict[str, GraphMailbox] = {}
+        self._mailboxes: dict[str, tuple[GraphAccountSettings, GraphMailbox]] = {}
         self._mailboxes_lock = threading.Lock()
         notes = settings.notifications
         self.webhook: WebhookListener | None = None
@@ -114,20 +114,21 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
         return cls(cfg, cfg.section(SECTION, GraphSourceSettings), **kwargs)
 
     def mailbox(self, account: GraphAccountSettings) -> GraphMailbox:
-        """The shared state of ``account``'s mailbox (made on first use)."""
+        """The shared state of ``account``'s mailbox (made on first use, and again when the
+        account's settings changed: a reload restarts its workers first)."""
         with self._mailboxes_lock:
-            box = self._mailboxes.get(account.name)
-            if box is None or box.folders != account.folders:
-                settings = self.settings
-                gate = MailboxGate(settings.max_concurrent_requests)
-                box = GraphMailbox(
-                    account.name,
-                    account.folders,
-                    lambda: GraphClient(
-                        settings, account.user, self._tokens, gate, self.stop_event
-                    ),
-                )
-                self._mailboxes[account.name] = box
+            known = self._mailboxes.get(account.name)
+            if known is not None and known[0] == account:
+                return known[1]
+            if known is not None:
+                known[1].close()
+            settings = self.settings
+            gate = MailboxGate(settings.max_concurrent_requests)
+            box = GraphMailbox(
+                account.name,
+                lambda: GraphClient(settings, account.user, self._tokens, gate, self.stop_event),
+            )
+            self._mailboxes[account.name] = (account, box)
             return box
 
     def _worker(
@@ -152,12 +153,14 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
                 return faults.CrashingWriter(kafka, txn_id, crash=crash)
             return TransactionalSourceWriter(kafka, txn_id)
 
+        mailbox = self.mailbox(account)
+        mailbox.watch(folder)
         return GraphFolderWorker(
             account=account,
             folder=folder,
             settings=self.settings,
             builder=builder,
-            mailbox=self.mailbox(account),
+            mailbox=mailbox,
             metrics=self.metrics,
             stop=stop,
             writer_factory=writer_factory,
@@ -172,6 +175,6 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
         running = {run.worker.account.name for run in self._runs.values()}
         with self._mailboxes_lock:
             for name in {run.worker.account.name for run in runs} - running:
-                box = self._mailboxes.pop(name, None)
-                if box is not None:
-                    box.close()
+                known = self._mailboxes.pop(name, None)
+                if known is not None:
+                    known[1].close()
