@@ -50,6 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "mailtap.commands.mailboxes:mailboxes",
         "Add or remove mailbox folders of running sources; list them and their owners.",
     ),
+    "soak": (
+        "mailtap.commands.soak:soak",
+        "The fleet under random faults for N minutes, judged by an independent verifier.",
+    ),
     "suppressions": (
         "mailtap.commands.suppressions:suppressions",
         "List, add and remove addresses on the suppression list.",

@@ -240,7 +240,7 @@ def read_records(
     consumer = Consumer(
         consumer_config(
             kafka,
-            group_id=f"mailtap-trace-{uuid.uuid4().hex[:8]}",
+            group_id=kafka.qualify(f"mailtap-trace-{uuid.uuid4().hex[:8]}"),
             isolation_level="read_committed",
             enable_partition_eof=True,
         )

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+from aiokafka.errors import IllegalStateError
 from faust.transport.drivers import aiokafka as aiokafka_driver
 
 from connectors.core import tracing
@@ -372,7 +373,20 @@ class StreamsWorker:
             uncommitted = [tp for tp in streams if not committed[tp]]
             earliest = await consumer.earliest_offsets(*uncommitted) if uncommitted else {}
             for tp in streams:
-                await consumer.seek(tp, committed[tp] or earliest[tp])
+                # The awaits above yield to the consumer: a rebalance that began meanwhile may
+                # have revoked ``tp``, and aiokafka's seek of an unassigned partition raises
+                # IllegalStateError, which crashed the worker (found by `mailtap soak`, seed 4:
+                # the second worker joining). The next generation settles and re-seeks itself.
+                if self.app.rebalancing or self.app.consumer_generation_id != generation:
+                    log.info(
+                        "generation %s: rebalancing again, re-seek left to the next", generation
+                    )
+                    return
+                try:
+                    await consumer.seek(tp, committed[tp] or earliest[tp])
+                except IllegalStateError:
+                    log.info("generation %s: %s revoked while re-seeking", generation, tp)
+                    return
         self._reseeked_generation = generation
         log.info(
             "generation %s settled: re-read from %s",

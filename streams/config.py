@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from connectors.core.config import StrictModel
+from connectors.core.config import NamespacedModel, StrictModel
 
 #: What a mail must prove before a workflow runs (:mod:`streams.auth`).
 AuthPolicy = Literal["none", "trusted-ar", "dkim-aligned", "dmarc-pass"]
@@ -227,7 +227,9 @@ class WorkflowSettings(StrictModel):
         return _read_legacy_require(data)
 
 
-class StreamsSettings(StrictModel):
+class StreamsSettings(NamespacedModel):
+    NAMESPACED = ("app_id",)
+
     app_id: str = Field(
         default="mailtap-streams",
         description="faust app id: the consumer group and the prefix of the changelog topics",

@@ -34,7 +34,7 @@ import types
 from collections.abc import Mapping
 from itertools import pairwise
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 import yaml
@@ -45,10 +45,12 @@ from pydantic import (
     PrivateAttr,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from connectors.core import namespace as ns
 from connectors.core.config_errors import closest, describe, env_sources, missing_section
 from connectors.core.errors import ConfigError
 
@@ -79,8 +81,46 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class NamespacedModel(StrictModel):
+    """A settings model whose default names derive from ``kafka.namespace``
+    (:mod:`connectors.core.namespace`).
+
+    The fields named in :attr:`NAMESPACED` that the file leaves unset get their default inside
+    the namespace (``prod.mailtap-smtp-sink``); a value the file sets is kept as written.
+    :attr:`namespace` is there for names derived later (a group's work topic).
+    """
+
+    #: The fields whose default is qualified with the namespace.
+    NAMESPACED: ClassVar[tuple[str, ...]] = ()
+    _namespace: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _namespaced_defaults(cls, data: Any, info: ValidationInfo) -> Any:
+        namespace = ns.from_context(info.context)
+        if namespace is None or not isinstance(data, dict):
+            return data
+        defaults = {
+            name: ns.qualify(
+                namespace, cls.model_fields[name].get_default(call_default_factory=True)
+            )
+            for name in cls.NAMESPACED
+            if name not in data
+        }
+        return {**data, **defaults}
+
+    @model_validator(mode="after")
+    def _keep_namespace(self, info: ValidationInfo) -> Any:
+        self._namespace = ns.from_context(info.context)
+        return self
+
+    @property
+    def namespace(self) -> str | None:
+        return self._namespace
+
+
 class TopicNames(StrictModel):
-    """Topic names; defaults as in DESIGN.md."""
+    """Topic names; defaults as in DESIGN.md, inside ``kafka.namespace`` when it is set."""
 
     events: str = Field(
         default="mail.events", description="MailEvents, compacted, key = message identity"
@@ -132,6 +172,14 @@ class KafkaSettings(StrictModel):
     """How to reach the Kafka cluster (and optionally a Schema Registry)."""
 
     bootstrap_servers: str = Field(description="host:port[,host:port...] of the brokers")
+    namespace: str | None = Field(
+        default=None,
+        description="this deployment's part of a shared cluster: every topic, consumer group, "
+        "streams app id and transactional id mailtap names by default starts with "
+        "'<namespace>.' (prod.mail.events, prod.mailtap-smtp-sink), so deployments with the same "
+        "account names stay apart and each can be granted prefixed ACLs on '<namespace>.'; "
+        "names set explicitly are used as written",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", description="SASL_SSL in production; certificates are always verified"
     )
@@ -181,6 +229,34 @@ class KafkaSettings(StrictModel):
     tracing: TracingSettings = Field(
         default=TracingSettings(), description="trace context propagation (off by default)"
     )
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_a_name(cls, value: str | None) -> str | None:
+        return None if value is None else ns.check(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _topics_in_namespace(cls, data: Any) -> Any:
+        """Default topic names inside the namespace; the ones the file names stay as written."""
+        if not isinstance(data, dict) or not isinstance(data.get("namespace"), str):
+            return data
+        namespace = ns.check(data["namespace"])
+        given = data.get("topics") or {}
+        if isinstance(given, TopicNames):
+            given = given.model_dump(exclude_unset=True)
+        if not isinstance(given, dict):
+            return data
+        defaults = {
+            name: ns.qualify(namespace, field.get_default())
+            for name, field in TopicNames.model_fields.items()
+        }
+        return {**data, "topics": {**defaults, **given}}
+
+    def qualify(self, name: str) -> str:
+        """A name mailtap makes up (a group id, a transactional-id prefix) inside this
+        deployment's namespace: ``prod.mailtap-imap-index``."""
+        return ns.qualify(self.namespace, name)
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -381,7 +457,7 @@ class MailtapConfig(StrictModel):
         # The section as merged, its environment values still text: typed by this model.
         raw = typed_env_values(self._env_sections.get(name, raw), model)
         try:
-            return model.model_validate(raw)
+            return model.model_validate(raw, context={ns.CONTEXT_KEY: self.kafka.namespace})
         except ValidationError as exc:
             raise ConfigError(
                 describe(exc, prefix=name, where=self._where(), model=model, env=self._env_sources)

@@ -31,6 +31,11 @@ class TokenEndpointUnavailable(MailtapError, ConnectionError):
     """The OAuth2 token endpoint could not be reached or failed (5xx): transient."""
 
 
+class RegistryUnavailable(MailtapError, ConnectionError):
+    """The schema registry could not be reached (or failed, 5xx) while decoding a record:
+    transient. The record is not bad: decode it again later, never skip it as undecodable."""
+
+
 class Disposition(enum.Enum):
     """What to do about a failure."""
 

@@ -153,6 +153,7 @@ class EwsSourceSettings(SourceSettings):
     """The whole ``ews`` section."""
 
     ACCOUNTS_KEY = "accounts"
+    SOURCE_KIND = "ews"
 
     # Not Field(min_length=1): pydantic would then echo the whole accounts list, passwords
     # included, in the error of an invalid account; the emptiness check is below.

@@ -12,9 +12,8 @@ Usage (``mailtap run ews-source -c CONFIG`` does this)::
     ...                     # until SIGTERM
     source.stop()
 
-Tests can crash the process at a point of a batch with ``MAILTAP_TEST_CRASH_AT``
-(:mod:`connectors.core.faults`): ``before_write:N`` exits (code 137) before the N-th batch is
-written, ``in_transaction:N`` after its records are on the broker and before the commit.
+Every batch passes the checkpoints of :mod:`connectors.core.checkpoints` (``before_write``,
+``in_transaction``), where the kill -9 tests crash the process.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from connectors.core import faults
+from connectors.core import checkpoints
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
@@ -38,7 +37,6 @@ from connectors.core.metrics import HealthServer, SourceMetrics
 from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import WorkUnit, by_folder
 from connectors.core.source.ownership.wiring import Sharing, start_sharing
-from connectors.core.source.worker import Writer
 from connectors.ews.config import SECTION, EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import EwsConnection
 from connectors.ews.records import EwsRecordBuilder
@@ -47,8 +45,6 @@ from connectors.ews.worker import SOURCE_KIND, EwsFolderWorker
 log = logging.getLogger(__name__)
 
 TRANSACTIONAL_ID_PREFIX = "mailtap-ews"
-CRASH_ENV = faults.ENV
-CRASH_EXIT_CODE = faults.EXIT_CODE
 #: How long stop() waits for a worker. An interrupted stream read returns at once; a GetItem or a
 #: Kafka commit in flight finishes first (request_timeout_seconds bounds the former).
 STOP_JOIN_S = 10.0
@@ -107,13 +103,6 @@ class EwsSource:
             max_record_bytes=self.settings.max_record_bytes,
             claim_check=self._claim_check,
         )
-        crash = faults.CrashPoints.from_env()
-
-        def writer_factory(txn_id: str) -> Writer:
-            if crash.point == "in_transaction":
-                return faults.CrashingWriter(kafka, txn_id, crash=crash)
-            return TransactionalSourceWriter(kafka, txn_id)
-
         return EwsFolderWorker(
             account=account,
             folder=folder,
@@ -121,13 +110,13 @@ class EwsSource:
             builder=builder,
             metrics=self.metrics,
             stop=stop,
-            writer_factory=writer_factory,
+            writer_factory=functools.partial(TransactionalSourceWriter, kafka),
             read_offsets=self._offset_reads,
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
             transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
-                TRANSACTIONAL_ID_PREFIX
+                self.cfg.kafka.qualify(TRANSACTIONAL_ID_PREFIX)
             ),
-            before_commit=lambda: crash.reached("before_write"),
+            before_commit=functools.partial(checkpoints.reached, "before_write"),
         )
 
     @property

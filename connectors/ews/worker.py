@@ -35,18 +35,16 @@ import contextlib
 import datetime as dt
 import enum
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Unpack
 
 from connectors.core.kafka.errors import FencedError
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail.identity import message_id_of_key
-from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 from connectors.core.source.location import SourceLocation
 from connectors.core.source.state import StateMachine
-from connectors.core.source.worker import FolderWorker, Writer
+from connectors.core.source.worker import FolderWorker, FolderWorkerRuntime
 from connectors.ews.config import EwsAccountSettings, EwsSourceSettings
 from connectors.ews.connection import Change, ChangeKind, EwsConnection, ItemRef
 from connectors.ews.cursor import EPOCH, EwsCursor, change_digest, item_digest
@@ -92,13 +90,9 @@ class EwsFolderWorker(FolderWorker[WorkerState]):
         folder: str,
         settings: EwsSourceSettings,
         builder: EwsRecordBuilder,
-        metrics: SourceMetrics,
-        stop: threading.Event,
-        writer_factory: Callable[[str], Writer],
-        read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]],
         connection_factory: Callable[[], EwsConnection],
-        transactional_id: str,
         before_commit: Callable[[], None] | None = None,
+        **runtime: Unpack[FolderWorkerRuntime],
     ) -> None:
         where = SourceLocation(SOURCE_KIND, account.name, folder)
         super().__init__(
@@ -108,11 +102,7 @@ class EwsFolderWorker(FolderWorker[WorkerState]):
             ),
             states=WorkerState,
             backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
-            metrics=metrics,
-            stop=stop,
-            writer_factory=writer_factory,
-            read_offsets=read_offsets,
-            transactional_id=transactional_id,
+            **runtime,
         )
         self.account = account
         self.folder = folder

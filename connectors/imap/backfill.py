@@ -20,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from connectors.core import checkpoints
 from connectors.core.claimcheck.local import make_durable
-from connectors.core.faults import CrashPoints
 from connectors.core.kafka.errors import TransactionAborted
 from connectors.imap.config import ImapSourceSettings
 from connectors.imap.connection import FetchedMail, ImapConnection
@@ -144,7 +144,6 @@ class Backfill:
         parsing: BatchParsing,
         index: AccountIndex,
         builder: RecordBuilder,
-        crash: CrashPoints,
         stop: threading.Event,
         cursor: Callable[[], Cursor | None],
         commit: Commit,
@@ -157,7 +156,6 @@ class Backfill:
         self.parsing = parsing
         self.index = index
         self.builder = builder
-        self._crash = crash
         self.stop = stop
         self._cursor = cursor
         self._commit = commit
@@ -251,7 +249,7 @@ class Backfill:
                     if not ready.done() or ready.cancelled() or ready.exception() is not None:
                         break
                     parts.append((self._queued.popleft(), ready.result()))
-            self._crash.reached("before_write")
+            checkpoints.reached("before_write")
             built = [
                 b
                 for part, parsed in parts

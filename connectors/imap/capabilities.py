@@ -10,12 +10,21 @@ faster, and each one it misses has a fallback (connectors/imap/README.md, "Serve
   catch-up does anyway, instead of the SELECT's VANISHED answer;
 - no MOVE (RFC 6851): ``after_commit: move:`` as COPY + \\Deleted + (UID) EXPUNGE.
 
-Pure: capability atoms and settings in, sentences out.
+:func:`fallbacks` is pure (capability atoms and settings in, sentences out);
+:class:`FallbackReport` says them for one folder, in the log and in ``/healthz``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
+
+from connectors.core.metrics import SourceMetrics
+from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
+
+__all__ = ["FallbackReport", "fallbacks"]
+
+log = logging.getLogger(__name__)
 
 
 def fallbacks(
@@ -51,3 +60,48 @@ def fallbacks(
     if moves and b"MOVE" not in caps:
         notes.append("no MOVE: after_commit moves are COPY + EXPUNGE")
     return tuple(notes)
+
+
+class FallbackReport:
+    """The fallbacks of one folder's server, said once per change (a new session on a server
+    that was upgraded, or failed over to another one, may have other extensions)."""
+
+    def __init__(
+        self,
+        *,
+        account: ImapAccountSettings,
+        folder: str,
+        settings: ImapSourceSettings,
+        metrics: SourceMetrics,
+        labels: tuple[str, str, str],
+    ) -> None:
+        self.account = account
+        self.folder = folder
+        self.settings = settings
+        self.metrics = metrics
+        self.labels = labels
+        #: The server's missing extensions and their fallbacks, as last said in the log.
+        self.notes: tuple[str, ...] = ()
+
+    def say(self, capabilities: Collection[bytes]) -> None:
+        """Log the server's missing extensions and what the source does instead, once (again
+        only if they change), and show them in /healthz."""
+        notes = fallbacks(
+            capabilities,
+            mode=self.account.mode,
+            poll_interval=self.settings.poll_interval_seconds,
+            catchup_interval=self.settings.catchup_poll_seconds,
+            moves=self.account.after_commit.startswith("move:"),
+        )
+        if notes == self.notes:
+            return
+        self.notes = notes
+        self.metrics.set_fallbacks(*self.labels, notes)
+        if notes:
+            log.warning(
+                "imap %s/%s: the server %s: %s",
+                self.account.name,
+                self.folder,
+                self.account.host,
+                "; ".join(notes),
+            )

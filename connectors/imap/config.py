@@ -137,6 +137,7 @@ class ImapSourceSettings(SourceSettings):
     """The whole ``imap`` section."""
 
     ACCOUNTS_KEY = "imap.accounts"
+    SOURCE_KIND = "imap"
 
     # Non-empty is checked in _unique_names: a min_length here makes pydantic add a second error
     # whose "input" is the whole account list, and the core's message would quote the passwords.

@@ -1,9 +1,12 @@
-"""The IMAP wire, behind our own small interface. The ONLY module that imports imapclient
-(with fetchparse.py, its FETCH parser).
+"""The IMAP wire, behind our own small interface: :class:`ImapConnection`. Only it and its
+parts import or call imapclient: :mod:`~connectors.imap.session` (TLS, login),
+:mod:`~connectors.imap.idle` (IDLE), :mod:`~connectors.imap.search` (SEARCH, ESEARCH),
+:mod:`~connectors.imap.fetchparse` (the FETCH parser) and :mod:`~connectors.imap.wire` (the
+library's errors as ours).
 
 Everything above this module speaks in :class:`FolderStatus`, :class:`FetchedMail` and
-:class:`IdleOutcome`, and sees three kinds of failure: :class:`ConnectionLost` (retry),
-``AuthenticationError`` (permanent, back off to the cap) and :class:`ImapProtocolError`.
+:class:`~connectors.imap.idle.IdleOutcome`, and sees three kinds of failure: :class:`ConnectionLost`
+(retry), ``AuthenticationError`` (permanent, back off to the cap) and :class:`ImapProtocolError`.
 
 Wire sample (what :meth:`ImapConnection.fetch` asks for)::
 
@@ -13,11 +16,9 @@ Wire sample (what :meth:`ImapConnection.fetch` asks for)::
 
 Pitfalls handled here (PITFALLS.md, imapclient 4.1):
 
-- every read has a timeout (``SocketTimeout``), or a cut network blocks ``idle_done()`` forever
-  (imapclient #449);
-- ``idle_check()`` swallows EOF and returns ``[]`` at once (#565): an early empty answer is checked
-  with a NOOP after ``idle_done()``, and errors of ``idle_done()`` (``IMAPClientAbortError`` or a
-  plain ``OSError``) mean a dead connection;
+- every read has a timeout (``SocketTimeout``, :mod:`~connectors.imap.session`), or a cut
+  network blocks ``idle_done()`` forever (imapclient #449); IDLE's own pitfalls are handled in
+  :mod:`~connectors.imap.idle`;
 - ``fetch()``/``search()`` reject range strings: we search for UIDs and fetch lists of them.
 """
 
@@ -28,35 +29,26 @@ import datetime as dt
 import functools
 import logging
 import ssl
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from imapclient import IMAPClient, SocketTimeout
+from imapclient import IMAPClient
 from imapclient import exceptions as imap_exc
-from imapclient.imapclient import _normalise_search_criteria
 
 from connectors.imap.config import ImapAccountSettings
-from connectors.imap.errors import (
-    AuthenticationError,
-    ConfigError,
-    ConnectionLost,
-    FolderMissing,
-    ImapProtocolError,
-)
+from connectors.imap.errors import ConnectionLost, FolderMissing, ImapProtocolError
 from connectors.imap.fetchparse import FetchResponse, parse_fetch
+from connectors.imap.idle import IdleOutcome, classify_untagged, idle_until
 from connectors.imap.qresync import QresyncRequest, parse_vanished
-from connectors.imap.uidset import UidSet, parse_esearch
+from connectors.imap.search import message_ids_in, search
+from connectors.imap.session import log_in, open_client
+from connectors.imap.uidset import UidSet
+from connectors.imap.wire import text, wire
 
 log = logging.getLogger(__name__)
 
 SEEN = "\\Seen"
-
-#: An idle_check() that returns nothing before this fraction of its timeout did not time out:
-#: imapclient swallowed an EOF or socket error (#565).
-_EARLY_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -88,51 +80,6 @@ class FlagState:
     modseq: int | None
 
 
-@dataclass(frozen=True)
-class IdleOutcome:
-    """What the server pushed during one IDLE period. ``activity`` is False on a quiet timeout."""
-
-    new_mail: bool = False
-    expunged: bool = False
-    flags_changed: bool = False
-    other: bool = False
-
-    @property
-    def activity(self) -> bool:
-        return self.new_mail or self.expunged or self.flags_changed or self.other
-
-
-@contextlib.contextmanager
-def _wire(operation: str) -> Iterator[None]:
-    """Translate imapclient/imaplib/socket errors into ours, keeping the cause chain."""
-    try:
-        yield
-    except imap_exc.LoginError as exc:
-        raise AuthenticationError(f"{operation}: login refused: {exc}") from exc
-    except imap_exc.IMAPClientAbortError as exc:
-        raise ConnectionLost(f"{operation}: connection aborted: {exc}") from exc
-    except (OSError, EOFError) as exc:  # socket.timeout, ssl.SSLError, resets, broken pipes
-        raise ConnectionLost(f"{operation}: {type(exc).__name__}: {exc}") from exc
-    except imap_exc.IMAPClientError as exc:
-        raise ImapProtocolError(f"{operation}: {exc}") from exc
-
-
-def _uidvalidity_code(response: tuple[Any, ...]) -> bool:
-    """``* OK [UIDVALIDITY n] ...`` (RFC 3501 7.1): a server may announce a new UIDVALIDITY.
-
-    >>> _uidvalidity_code((b"OK", b"[UIDVALIDITY 1700000000] UIDs valid"))
-    True
-    >>> _uidvalidity_code((b"OK", b"Still here"))
-    False
-    """
-    text = response[1] if len(response) > 1 else b""
-    return isinstance(text, bytes) and text.upper().startswith(b"[UIDVALIDITY ")
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
 def _modseq(item: dict[bytes, Any]) -> int | None:
     value = item.get(b"MODSEQ")
     if isinstance(value, tuple) and value:
@@ -153,35 +100,6 @@ def _stdlib_tz(value: Any) -> dt.datetime | None:
 def _timezone(offset: dt.timedelta) -> dt.timezone:
     """One ``datetime.timezone`` per UTC offset (a mailbox has a handful), not one per mail."""
     return dt.timezone(offset)
-
-
-def _read_token(path: Path) -> str:
-    """The bearer token in ``path`` as it is now (a refresher may have rewritten it)."""
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise AuthenticationError(f"cannot read oauth2_access_token_file {path}: {exc}") from exc
-    if not token:
-        raise AuthenticationError(f"oauth2_access_token_file {path} is empty")
-    return token
-
-
-#: Message-IDs asked for in one SEARCH (``OR`` of ``HEADER Message-ID`` keys).
-SEARCH_OR_CHUNK = 25
-
-
-def _any_message_id(message_ids: Sequence[str]) -> list[str]:
-    """SEARCH criteria matching any of ``message_ids``: ``OR k1 OR k2 k3`` (RFC 3501 6.4.4).
-
-    >>> _any_message_id(["a@x", "b@x", "c@x"])
-    ['OR', 'HEADER', 'Message-ID', 'a@x', 'OR', 'HEADER', 'Message-ID', 'b@x', 'HEADER', 'Message-ID', 'c@x']
-    """
-    criteria: list[str] = []
-    for i, message_id in enumerate(message_ids):
-        if i < len(message_ids) - 1:
-            criteria.append("OR")
-        criteria += ["HEADER", "Message-ID", message_id]
-    return criteria
 
 
 class ImapConnection:
@@ -206,12 +124,6 @@ class ImapConnection:
 
     # --- lifecycle ---------------------------------------------------------------------------
 
-    def _tls_context(self) -> ssl.SSLContext:
-        if self._ssl_context is not None:
-            return self._ssl_context
-        # Verification on, hostname checked: create_default_context() does both.
-        return ssl.create_default_context(cafile=self.account.ca_file)
-
     @property
     def client(self) -> IMAPClient:
         if self._client is None:
@@ -219,63 +131,15 @@ class ImapConnection:
         return self._client
 
     def connect(self) -> None:
-        a = self.account
-        timeout = SocketTimeout(connect=self._connect_timeout, read=self._read_timeout)
-        with _wire("connect"):
-            client = IMAPClient(
-                a.host,
-                port=a.effective_port,
-                ssl=a.security == "ssl",
-                ssl_context=self._tls_context() if a.security == "ssl" else None,
-                timeout=timeout,
-            )
-        # tz-aware INTERNALDATE instead of naive local time.
-        client.normalise_times = False
-        if not logging.getLogger("imapclient.imaplib").isEnabledFor(logging.DEBUG):
-            # imapclient sets imaplib's debug level to 5 to route it into logging, so imaplib
-            # formats a repr of every response line (a whole mail) and of every FETCH result,
-            # even when nobody logs it: ~30% of the FETCH time. Off unless that logger is on.
-            client._imap.debug = 0
-        self._client = client
-        if a.security == "starttls":
-            with _wire("capability"):
-                caps = client.capabilities()
-            if b"STARTTLS" not in caps:
-                self.close()
-                # Never fall back to plaintext (DESIGN.md, security rules).
-                raise ConfigError(
-                    f"imap account {a.name}: {a.host} does not offer STARTTLS; "
-                    f"use security: ssl or fix the server"
-                )
-            with _wire("starttls"):
-                client.starttls(self._tls_context())
+        self._client = open_client(
+            self.account,
+            connect_timeout=self._connect_timeout,
+            read_timeout=self._read_timeout,
+            ssl_context=self._ssl_context,
+        )
 
     def login(self) -> None:
-        a = self.account
-        fetched: str | None = None
-        with _wire("login"):
-            try:
-                if a.oauth2 is not None:
-                    # Imported here: requests/oauthlib cost ~0.1 s of every start, and only
-                    # accounts with a client-credentials grant use them.
-                    from connectors.core.oauth2 import client_credentials
-
-                    fetched = client_credentials(a.oauth2).token()
-                    self.client.oauth2_login(a.username, fetched)
-                elif a.oauth2_access_token_file is not None:
-                    self.client.oauth2_login(a.username, _read_token(a.oauth2_access_token_file))
-                elif a.oauth2_access_token is not None:
-                    self.client.oauth2_login(a.username, a.oauth2_access_token.get_secret_value())
-                elif a.password is not None:
-                    self.client.login(a.username, a.password.get_secret_value())
-            except imap_exc.IMAPClientAbortError:
-                raise
-            except imap_exc.IMAPClientError as exc:
-                # A NO to LOGIN/AUTHENTICATE: the credentials are wrong or the account locked.
-                if fetched is not None and a.oauth2 is not None:
-                    client_credentials(a.oauth2).refused(fetched)  # revoked: fetch anew next time
-                raise AuthenticationError(f"login as {a.username} refused: {exc}") from exc
-            self._capabilities = frozenset(self.client.capabilities())
+        self._capabilities = log_in(self.client, self.account)
 
     def enable_condstore(self, qresync: bool = False) -> bool:
         """ENABLE CONDSTORE when offered (RFC 7162), or QRESYNC (which implies it) when
@@ -286,12 +150,12 @@ class ImapConnection:
         """
         self.condstore = self.qresync = False
         if qresync and b"QRESYNC" in self._capabilities:
-            with _wire("enable"):
+            with wire("enable"):
                 enabled = self.client.enable("QRESYNC")
             # ENABLE answers with what it enabled (RFC 5161); a refusal leaves CONDSTORE.
             self.condstore = self.qresync = b"QRESYNC" in [e.upper() for e in enabled]
         if not self.condstore and b"CONDSTORE" in self._capabilities:
-            with _wire("enable"):
+            with wire("enable"):
                 self.client.enable("CONDSTORE")
             self.condstore = True
         return self.condstore
@@ -336,7 +200,7 @@ class ImapConnection:
         if use_qresync:
             assert qresync is not None
             try:
-                with _wire(f"select {folder} (qresync)"):
+                with wire(f"select {folder} (qresync)"):
                     info = self._select_qresync(folder, readonly, qresync)
             except ImapProtocolError as exc:
                 # A refused parameter must not refuse the folder: a plain SELECT decides that,
@@ -345,7 +209,7 @@ class ImapConnection:
                 use_qresync = False
         try:
             if info is None:
-                with _wire(f"select {folder}"):
+                with wire(f"select {folder}"):
                     info = self.client.select_folder(folder, readonly=readonly)
         except ImapProtocolError as exc:
             if not self.folder_exists(folder):
@@ -396,7 +260,7 @@ class ImapConnection:
         )
         if typ != "OK":
             imap.state = "AUTH"
-            raise imap_exc.IMAPClientError(f"select failed: {_text(data[-1] or b'')}")
+            raise imap_exc.IMAPClientError(f"select failed: {text(data[-1] or b'')}")
         imap.state = "SELECTED"
         info: dict[bytes, Any] = client._process_select_response(imap.untagged_responses)
         # The FETCH and VANISHED lines must not stay behind: the next UID FETCH takes every
@@ -410,7 +274,7 @@ class ImapConnection:
         what = [b"UIDVALIDITY", b"UIDNEXT", b"MESSAGES"]
         if self.condstore:
             what.append(b"HIGHESTMODSEQ")
-        with _wire(f"status {folder}"):
+        with wire(f"status {folder}"):
             info = self.client.folder_status(folder, what)
         hms = info.get(b"HIGHESTMODSEQ")
         return FolderStatus(
@@ -421,80 +285,50 @@ class ImapConnection:
         )
 
     def folder_exists(self, folder: str) -> bool:
-        with _wire(f"list {folder}"):
+        with wire(f"list {folder}"):
             return bool(self.client.folder_exists(folder))
 
     def create_folder(self, folder: str) -> None:
-        with _wire(f"create {folder}"):
+        with wire(f"create {folder}"):
             if not self.client.folder_exists(folder):
                 self.client.create_folder(folder)
 
     # --- search ------------------------------------------------------------------------------
 
     def search(self, criteria: list[Any]) -> UidSet:
-        """The UIDs matching ``criteria``, as ranges.
-
-        With ESEARCH (RFC 4731) the server sends the ranges themselves
-        (``UID SEARCH RETURN (ALL) ...``), so a folder of any size costs a few bytes here;
-        without it, the plain SEARCH answer is compacted.
-        """
-        if b"ESEARCH" not in self._capabilities:
-            return UidSet.from_uids(self.client.search(criteria))
-        args = [b"RETURN", b"(ALL)", *_normalise_search_criteria(criteria, None)]
-        # imapclient has no ESEARCH: its raw command, with the untagged ESEARCH answer.
-        lines = self.client._raw_command_untagged(b"SEARCH", args, response_name="ESEARCH")
-        try:
-            return parse_esearch(lines)
-        except ValueError as exc:
-            raise ImapProtocolError(f"search {criteria!r}: {exc}") from exc
+        """The UIDs matching ``criteria``, as ranges (:func:`connectors.imap.search.search`)."""
+        return search(self.client, criteria, esearch=b"ESEARCH" in self._capabilities)
 
     def uids_from(self, first_uid: int) -> UidSet:
         """UIDs >= first_uid, ascending. ("N:*" always matches the highest UID, so filter.)"""
-        with _wire("search uid"):
+        with wire("search uid"):
             return self.search(["UID", f"{max(first_uid, 1)}:*"]).from_uid(first_uid)
 
     def uids_larger(self, first_uid: int, last_uid: int, size: int) -> UidSet:
         """UIDs in ``first_uid..last_uid`` of mails over ``size`` bytes (SEARCH LARGER)."""
-        with _wire("search larger"):
+        with wire("search larger"):
             found = self.search(["UID", f"{first_uid}:{last_uid}", "LARGER", str(size)])
         return found.between(first_uid, last_uid)
 
     def all_uids(self) -> UidSet:
-        with _wire("search all"):
+        with wire("search all"):
             return self.search(["ALL"])
 
     def uids_since(self, day: dt.date) -> UidSet:
-        with _wire("search since"):
+        with wire("search since"):
             return self.search(["SINCE", day])
 
     def uids_changed_since(self, modseq: int) -> UidSet:
         """UIDs whose MODSEQ is greater than ``modseq`` (RFC 7162 SEARCH MODSEQ)."""
-        with _wire("search modseq"):
+        with wire("search modseq"):
             return self.search(["MODSEQ", str(modseq + 1)])
 
     def message_ids_in(self, folder: str, message_ids: Sequence[str]) -> set[str]:
-        """Which of ``message_ids`` another folder holds (``SEARCH HEADER Message-ID``, read-only),
-        for the expunge-vs-move decision.
-
-        One EXAMINE for all of them, then one SEARCH per ``SEARCH_OR_CHUNK`` ids joined by OR:
-        a mass delete (nothing found) costs a round trip per chunk; a chunk with a hit is asked
-        again id by id, to know which ones. Leaves ``folder`` selected read-only: the caller
-        re-selects its own folder.
-        """
-        found: set[str] = set()
-        if not message_ids:
-            return found
-        with _wire(f"examine {folder}"):
-            if not self.client.folder_exists(folder):
-                return found
-            self.client.select_folder(folder, readonly=True)
-        for start in range(0, len(message_ids), SEARCH_OR_CHUNK):
-            chunk = message_ids[start : start + SEARCH_OR_CHUNK]
-            with _wire(f"search {folder}"):
-                if len(chunk) > 1 and not self.search(_any_message_id(chunk)):
-                    continue
-                found.update(m for m in chunk if self.search(_any_message_id([m])))
-        return found
+        """Which of ``message_ids`` another folder holds, for the expunge-vs-move decision
+        (:func:`connectors.imap.search.message_ids_in`). Leaves ``folder`` selected read-only:
+        the caller re-selects its own folder."""
+        esearch = b"ESEARCH" in self._capabilities
+        return message_ids_in(self.client, folder, message_ids, esearch=esearch)
 
     # --- fetch -------------------------------------------------------------------------------
 
@@ -520,7 +354,7 @@ class ImapConnection:
     def sizes(self, uids: Sequence[int]) -> dict[int, int]:
         if not uids:
             return {}
-        with _wire("fetch size"):
+        with wire("fetch size"):
             found = self._uid_fetch(uids, ["RFC822.SIZE"])
         return {uid: int(item.get(b"RFC822.SIZE", 0)) for uid, item in found.items()}
 
@@ -531,7 +365,7 @@ class ImapConnection:
         items = ["BODY.PEEK[]", "FLAGS", "INTERNALDATE"]
         if self.condstore:
             items.append("MODSEQ")
-        with _wire("fetch"):
+        with wire("fetch"):
             found = self._uid_fetch(uids, items)
         mails = []
         for uid in sorted(found):
@@ -544,7 +378,7 @@ class ImapConnection:
                 FetchedMail(
                     uid=uid,
                     raw=bytes(raw),
-                    flags=tuple(_text(f) for f in item.get(b"FLAGS", ())),
+                    flags=tuple(text(f) for f in item.get(b"FLAGS", ())),
                     internal_date=_stdlib_tz(internal),
                     modseq=_modseq(item),
                 )
@@ -555,11 +389,11 @@ class ImapConnection:
         if not uids:
             return []
         items = [b"FLAGS", b"MODSEQ"] if self.condstore else [b"FLAGS"]
-        with _wire("fetch flags"):
+        with wire("fetch flags"):
             found = self.client.fetch(list(uids), items)
         return [
             FlagState(
-                uid, tuple(_text(f) for f in found[uid].get(b"FLAGS", ())), _modseq(found[uid])
+                uid, tuple(text(f) for f in found[uid].get(b"FLAGS", ())), _modseq(found[uid])
             )
             for uid in sorted(found)
         ]
@@ -571,7 +405,7 @@ class ImapConnection:
         short however many mails the window holds."""
         client = self.client
         imap = client._imap
-        with _wire("fetch flags"):
+        with wire("fetch flags"):
             # The same private imaplib calls as _uid_fetch (imapclient pinned <4.2).
             tag = imap._command("UID", "FETCH", f"{first_uid}:{last_uid}", "(FLAGS)")
             typ, data = imap._command_complete("FETCH", tag)
@@ -579,7 +413,7 @@ class ImapConnection:
             typ, data = imap._untagged_response(typ, data, "FETCH")
             found = parse_fetch(data, client.normalise_times)
         return [
-            (uid, tuple(_text(f) for f in found[uid].get(b"FLAGS", ())))
+            (uid, tuple(text(f) for f in found[uid].get(b"FLAGS", ())))
             for uid in sorted(found)
             if first_uid <= uid <= last_uid
         ]
@@ -589,65 +423,9 @@ class ImapConnection:
     def idle_until(
         self, deadline: float, should_stop: Callable[[], bool], slice_seconds: float
     ) -> IdleOutcome:
-        """IDLE (RFC 2177) until the server announces a change, ``deadline`` (monotonic time)
-        passes, or ``should_stop()``; then DONE. Returns what the server announced.
-
-        Raises ConnectionLost when the connection turns out dead: EOF, BYE, or a DONE that gets
-        no answer within the read timeout (a silent connection).
-        """
-        client = self.client
-        with _wire("idle"):
-            client.idle()
-        responses: list[tuple[Any, ...]] = []
-        suspicious = False
-        try:
-            while not should_stop():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                wait = min(slice_seconds, remaining)
-                started = time.monotonic()
-                with _wire("idle_check"):
-                    got = client.idle_check(timeout=wait)
-                if got:
-                    responses += got
-                    if self._classify(got).activity:
-                        break
-                    continue  # "* OK Still here" keep-alives
-                if time.monotonic() - started < wait * _EARLY_FRACTION:
-                    suspicious = True  # imapclient #565: an EOF or socket error was swallowed
-                    break
-        finally:
-            # DONE must always be sent; on a dead or silent connection this raises.
-            with _wire("idle_done"):
-                _, tail = client.idle_done()
-        responses += tail
-        outcome = self._classify(responses)
-        if suspicious and not outcome.activity:
-            self.noop()  # prove the connection alive, or raise ConnectionLost
-        return outcome
-
-    @staticmethod
-    def _classify(responses: Sequence[tuple[Any, ...]]) -> IdleOutcome:
-        new_mail = expunged = flags_changed = other = False
-        for response in responses:
-            kind = response[1] if len(response) > 1 and isinstance(response[0], int) else None
-            head = response[0] if response else None
-            if head == b"BYE":
-                raise ConnectionLost(f"server said BYE: {response[1:]!r}")
-            if kind == b"EXISTS":
-                new_mail = True
-            elif kind == b"EXPUNGE" or head == b"VANISHED":
-                expunged = True  # VANISHED: the expunge with QRESYNC enabled (RFC 7162 3.2.10)
-            elif kind == b"FETCH":
-                flags_changed = True
-            elif head == b"OK" and _uidvalidity_code(response):
-                other = True  # "* OK [UIDVALIDITY n]": the sync's STATUS compares it
-            elif kind == b"RECENT" or head == b"OK":
-                continue  # "* OK Still here" keep-alives and RECENT counters
-            else:
-                other = True  # anything unknown: a full re-sync is the safe answer
-        return IdleOutcome(new_mail, expunged, flags_changed, other)
+        """IDLE until the server announces a change, ``deadline`` (monotonic time) passes, or
+        ``should_stop()`` (:func:`connectors.imap.idle.idle_until`)."""
+        return idle_until(self.client, deadline, should_stop, slice_seconds, self.noop)
 
     def noop(self) -> IdleOutcome:
         """NOOP: what changed, as IDLE would say it. Dovecot answers a NOOP in a session whose
@@ -655,20 +433,20 @@ class ImapConnection:
         inconsistent, please relogin.`` and closes: that BYE is in the ConnectionLost."""
         client = self.client
         try:
-            with _wire("noop"):
+            with wire("noop"):
                 _, responses = client.noop()
         except ConnectionLost as exc:
             bye = client._imap.untagged_responses.get("BYE")
             if bye:
-                raise ConnectionLost(f"noop: server said BYE: {_text(bye[-1])}") from exc
+                raise ConnectionLost(f"noop: server said BYE: {text(bye[-1])}") from exc
             raise
-        return self._classify(responses)
+        return classify_untagged(responses)
 
     # --- side effects ------------------------------------------------------------------------
 
     def add_flags(self, uids: Sequence[int], flags: Sequence[str]) -> None:
         if uids:
-            with _wire("store"):
+            with wire("store"):
                 self.client.add_flags(list(uids), list(flags), silent=True)
 
     def move(self, uids: Sequence[int], folder: str) -> MovedTo | None:
@@ -683,7 +461,7 @@ class ImapConnection:
         # imaplib files response codes (also the tagged one) under their name; drop a stale one.
         codes = self.client._imap.untagged_responses
         codes.pop("COPYUID", None)
-        with _wire(f"move {folder}"):
+        with wire(f"move {folder}"):
             if b"MOVE" in self._capabilities:
                 self.client.move(list(uids), folder)
             else:

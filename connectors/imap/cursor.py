@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.imap.qresync import QresyncRequest
 
 SOURCE = "imap"
 
@@ -114,6 +115,13 @@ class Cursor:
 
     def advanced(self, last_uid: int, fresh: tuple[tuple[int, int], ...] = ()) -> Cursor:
         return replace(self, last_uid=max(self.last_uid, last_uid), fresh=self.fresh + fresh)
+
+    def qresync_request(self) -> QresyncRequest | None:
+        """The QRESYNC parameter of a SELECT from this cursor, when it knows up to which MODSEQ
+        every expunge is handled (``vanished_modseq``)."""
+        if self.vanished_modseq <= 0:
+            return None
+        return QresyncRequest(self.uidvalidity, self.vanished_modseq, self.last_uid)
 
 
 def _pair(value: Any) -> tuple[int, int] | None:

@@ -539,7 +539,9 @@ def _scan_events(
     """Read the whole events topic (read_committed, to the end) into ``latest`` for
     ``accounts``; returns the records read."""
     topic = kafka.topics.events
-    consumer = Consumer(consumer_config(kafka, group_id="mailtap-imap-index", **READ_TO_END))
+    consumer = Consumer(
+        consumer_config(kafka, group_id=kafka.qualify("mailtap-imap-index"), **READ_TO_END)
+    )
     records = 0
     try:
         partitions = topic_partitions(consumer, kafka, topic, 10)

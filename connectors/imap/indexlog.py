@@ -135,7 +135,7 @@ class IndexChangelog:
         """Create the topic when missing (compacted, :data:`INDEX_PARTITIONS`) and learn its
         partition count: an existing topic keeps its own."""
         topic = kafka.topics.imap_index
-        consumer = Consumer(consumer_config(kafka, group_id="mailtap-imap-index"))
+        consumer = Consumer(consumer_config(kafka, group_id=kafka.qualify("mailtap-imap-index")))
         try:
             meta = cluster_metadata(consumer, kafka, timeout, topic).topics.get(topic)
             if meta is None or meta.error is not None or not meta.partitions:
@@ -167,7 +167,9 @@ class IndexChangelog:
         marked: set[str] = set()
         wanted = {partition_of(a, self.partitions) for a in names}
         consumer = Consumer(
-            consumer_config(self.kafka, group_id="mailtap-imap-index", **READ_TO_END)
+            consumer_config(
+                self.kafka, group_id=self.kafka.qualify("mailtap-imap-index"), **READ_TO_END
+            )
         )
         try:
             starts = [TopicPartition(self.topic, p, 0) for p in sorted(wanted)]

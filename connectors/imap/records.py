@@ -18,15 +18,14 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Unpack
 
-from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.errors import ClaimCheckError
-from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore
+from connectors.core.claimcheck.store import ClaimCheckBatch
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail import ParsedMail
 from connectors.core.mail.event import MailEvent
-from connectors.core.source.records import MailRecordBuilder, Parser
+from connectors.core.source.records import MailRecordBuilder, MailRecordBuilderArgs
 from connectors.imap.connection import FetchedMail
 from connectors.imap.indexlog import ChangelogPartition
 
@@ -79,26 +78,10 @@ class RecordBuilder(MailRecordBuilder):
     def __init__(
         self,
         *,
-        account: str,
-        folder: str,
-        parser: Parser,
-        serde: AvroSerde,
-        events_topic: str,
-        dlq_topic: str,
-        max_record_bytes: int,
-        claim_check: ClaimCheckStore | None = None,
         index_changelog: ChangelogPartition | None = None,
+        **args: Unpack[MailRecordBuilderArgs],
     ) -> None:
-        super().__init__(
-            account=account,
-            folder=folder,
-            parser=parser,
-            serde=serde,
-            events_topic=events_topic,
-            dlq_topic=dlq_topic,
-            max_record_bytes=max_record_bytes,
-            claim_check=claim_check,
-        )
+        super().__init__(**args)
         #: Each event goes with its key index record, in the same transaction (indexlog.py);
         #: None: no changelog (builders of unit tests).
         self._changelog = index_changelog

@@ -12,8 +12,8 @@ cursor; the worker's next SELECT finishes it. A crash after the action and befor
 confirmation finds the moved mails gone: they are looked up in the target folder from the
 UIDNEXT it had before the move (``PendingSideEffect.target_uidnext``).
 
-Crash points for tests: ``after_commit`` (committed, not done: MOVING) and ``after_side_effect``
-(done, its confirmation not committed yet).
+Checkpoints (:mod:`connectors.core.checkpoints`): ``after_commit`` (committed, not done: MOVING)
+and ``after_side_effect`` (done, its confirmation not committed yet).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from connectors.core.faults import CrashPoints
+from connectors.core import checkpoints
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import SEEN, FetchedMail, ImapConnection
@@ -43,7 +43,6 @@ class SideEffects:
         folder: str,
         index: AccountIndex,
         builder: RecordBuilder,
-        crash: CrashPoints,
         cursor: Callable[[], Cursor | None],
         commit: Commit,
     ) -> None:
@@ -51,7 +50,6 @@ class SideEffects:
         self.folder = folder
         self.index = index
         self.builder = builder
-        self._crash = crash
         self._cursor = cursor
         self._commit = commit
 
@@ -106,7 +104,7 @@ class SideEffects:
                 status = conn.select(self.folder)
                 if status.uidvalidity != cursor.uidvalidity:
                     raise UidValidityChanged(f"UIDVALIDITY of {self.folder} changed")
-        self._crash.reached("after_side_effect")
+        checkpoints.reached("after_side_effect")
         self._commit(list(records.values()), replace(cursor, pending=None))
         return flagged
 

@@ -27,7 +27,6 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.claimcheck.store import ClaimCheckStore, close_store
 from connectors.core.config import KafkaSettings, MailtapConfig
-from connectors.core.faults import CrashingWriter, CrashPoints
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
 from connectors.core.kafka.topics import ensure_topics
 from connectors.core.kafka.transactions import TransactionalSourceWriter
@@ -65,7 +64,6 @@ class ImapSource:
         self.metrics = metrics or SourceMetrics()
         self.stop_event = threading.Event()
         self._health: HealthServer | None = None
-        self._crash = CrashPoints.from_env()
         self._claim_check: ClaimCheckStore | None = None
         self._pool: ParsePool | None = None
         self._serde: AvroSerde | None = None
@@ -92,8 +90,6 @@ class ImapSource:
     # --- wiring ------------------------------------------------------------------------------
 
     def _writer(self, txn_id: str) -> Writer:
-        if self._crash.active:
-            return CrashingWriter(self.kafka, txn_id, crash=self._crash)
         return TransactionalSourceWriter(self.kafka, txn_id)
 
     def _read_offsets(self) -> Mapping[bytes, Mapping[str, Any]]:
@@ -170,9 +166,8 @@ class ImapSource:
                     connection_factory=functools.partial(self._connection, account),
                     transactional_id=SourceLocation(
                         SOURCE_KIND, account.name, folder
-                    ).transactional_id(TRANSACTIONAL_PREFIX),
+                    ).transactional_id(self.config.kafka.qualify(TRANSACTIONAL_PREFIX)),
                     watched_folders=account.folders,
-                    crash=self._crash,
                     parsing=MailboxParsing(self._pool, spec) if self._pool else None,
                 )
             )

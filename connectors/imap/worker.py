@@ -19,28 +19,24 @@ this thread)::
          on a reconnect with QRESYNC (RFC 7162) the SELECT's VANISHED answer replaces the listing
       every batch = one Kafka transaction: its events + DLQ records + the new cursor.
 
-Crash points for tests (:mod:`connectors.core.faults`): besides the shared ``before_write`` and
-``in_transaction``, ``after_commit`` (committed, the side effect not done yet: state MOVING) and
+Checkpoints (:mod:`connectors.core.checkpoints`, where the kill -9 tests crash): besides the
+shared ``before_write`` and ``in_transaction``, ``after_commit`` (committed, the side effect not done yet: state MOVING) and
 ``after_side_effect`` (side effect done, its confirmation MOVED not committed yet).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Unpack
 
+from connectors.core import checkpoints
 from connectors.core.claimcheck.store import ClaimCheckBatch
-from connectors.core.faults import CrashPoints
 from connectors.core.kafka.transactions import SourceRecord
-from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 from connectors.core.source.location import SourceLocation
-from connectors.core.source.worker import FolderWorker, Writer
+from connectors.core.source.worker import FolderWorker, FolderWorkerRuntime
 from connectors.imap.backfill import (
     Backfill,
     BatchParsing,
@@ -48,7 +44,8 @@ from connectors.imap.backfill import (
     advanced,
     fetch_groups,
 )
-from connectors.imap.capabilities import fallbacks
+from connectors.imap.batches import FolderBatches
+from connectors.imap.capabilities import FallbackReport
 from connectors.imap.config import ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import FetchedMail, ImapConnection
 from connectors.imap.cursor import (
@@ -64,18 +61,16 @@ from connectors.imap.errors import (
 from connectors.imap.expunges import ExpungeTracker
 from connectors.imap.flagchanges import FlagChanges
 from connectors.imap.index import AccountIndex
-from connectors.imap.qresync import QresyncRequest
-from connectors.imap.records import BuiltMail, ChangeKind, RecordBuilder
+from connectors.imap.missingfolder import MissingFolder
+from connectors.imap.records import RecordBuilder
 from connectors.imap.sideeffects import SideEffects
 from connectors.imap.state import StateMachine, WorkerState
+from connectors.imap.waiting import ChangeWait
 
 log = logging.getLogger(__name__)
 
 S = WorkerState
 SOURCE_KIND = "imap"
-#: Length of one idle_check() slice: bounds how long a stop request waits, and how fast an
-#: imapclient #565 early return (EOF swallowed) is noticed.
-IDLE_SLICE_S = 1.0
 
 
 class MailboxWorker(FolderWorker[WorkerState]):
@@ -92,53 +87,66 @@ class MailboxWorker(FolderWorker[WorkerState]):
         settings: ImapSourceSettings,
         builder: RecordBuilder,
         index: AccountIndex,
-        metrics: SourceMetrics,
-        stop: threading.Event,
-        writer_factory: Callable[[str], Writer],
-        read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]],
         connection_factory: Callable[[], ImapConnection],
-        transactional_id: str,
         watched_folders: Sequence[str],
-        crash: CrashPoints | None = None,
         parsing: BatchParsing | None = None,
+        **runtime: Unpack[FolderWorkerRuntime],
     ) -> None:
         super().__init__(
             where=SourceLocation(SOURCE_KIND, account.name, folder),
             machine=StateMachine(account.name, folder, on_change=self._state_changed),
             states=WorkerState,
             backoff=Backoff(settings.backoff_initial_seconds, settings.backoff_cap_seconds),
-            metrics=metrics,
-            stop=stop,
-            writer_factory=writer_factory,
-            read_offsets=read_offsets,
-            transactional_id=transactional_id,
+            **runtime,
         )
+        metrics, stop = self.metrics, self.stop
         self.account = account
         self.folder = folder
         self.settings = settings
         self.builder = builder
         self.index = index
         self._connection_factory = connection_factory
-        self._crash = crash or CrashPoints(None)
         self._parsing = parsing
         self.cursor: Cursor | None = None
         self._changed_by_us = False
         self._conn: ImapConnection | None = None
         self._reload_cursor = True
-        self._last_catchup = 0.0
         #: False when the last sync may have left something unpublished (see ``_session``).
         self._settled = False
-        #: The folder was found missing and said so; cleared once it exists again.
-        self._missing_reported = False
-        #: The server's missing extensions and their fallbacks, as last said in the log.
-        self._fallbacks: tuple[str, ...] = ()
+        self.fallbacks = FallbackReport(
+            account=account, folder=folder, settings=settings, metrics=metrics, labels=self._labels
+        )
+        self.missing = MissingFolder(
+            account=account,
+            folder=folder,
+            cap_seconds=settings.backoff_cap_seconds,
+            stop=stop,
+            backing_off=self._backing_off,
+        )
+        self.waits = ChangeWait(
+            account=account,
+            folder=folder,
+            settings=settings,
+            index=index,
+            machine=self.machine,
+            stop=stop,
+        )
+        self.batches = FolderBatches(
+            folder=folder,
+            index=index,
+            builder=builder,
+            metrics=metrics,
+            labels=self._labels,
+            cursor=lambda: self.cursor,
+            commit=self._commit,
+        )
         self.flag_changes = FlagChanges(
             batch_size=settings.batch_size,
             builder=builder,
             cursor=lambda: self.cursor,
             set_cursor=self._set_cursor,
-            build_all=self._build_all,
-            commit_batch=self._commit_batch,
+            build_all=self.batches.build_all,
+            commit_batch=self.batches.commit,
             commit=self._commit,
         )
         self.expunges = ExpungeTracker(
@@ -158,7 +166,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
             folder=folder,
             index=index,
             builder=builder,
-            crash=self._crash,
             cursor=lambda: self.cursor,
             commit=self._commit,
         )
@@ -170,11 +177,10 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 parsing=parsing,
                 index=index,
                 builder=builder,
-                crash=self._crash,
                 stop=stop,
                 cursor=lambda: self.cursor,
                 commit=self._commit,
-                count=self._count,
+                count=self.batches.count,
                 committed=self.flag_changes.remember,
             )
             if parsing is not None
@@ -217,20 +223,17 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self.machine.to(S.AUTHENTICATING)
         conn.login()
         conn.enable_condstore(qresync=self.settings.qresync == "auto")
-        self._say_fallbacks(conn)
+        self.fallbacks.say(conn.capabilities)
         self.machine.to(S.SELECTING)
         try:
             self._select(conn)
         except FolderMissing as exc:
-            self._await_folder(conn, exc)
+            if self.missing.wait_for(conn, exc):
+                self._drop_connection()
             return  # it exists again: a new session selects it
-        if self._missing_reported:
-            self._missing_reported = False
-            log.info(
-                "imap %s/%s: the folder exists again; reading it", self.account.name, self.folder
-            )
+        self.missing.selected()
         full = True
-        self._last_catchup = time.monotonic()
+        self.waits.caught_up()
         round_mails = 0  # of the syncs since the last IDLE: what the metric calls the last sync
         while not self.stop.is_set():
             self.machine.to(S.SYNCING)
@@ -246,53 +249,7 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 full = False
                 continue
             round_mails = 0
-            full = self._wait(conn)
-
-    def _say_fallbacks(self, conn: ImapConnection) -> None:
-        """Log the server's missing extensions and what the source does instead, once (again
-        only if they change), and show them in /healthz (connectors/imap/capabilities.py)."""
-        notes = fallbacks(
-            conn.capabilities,
-            mode=self.account.mode,
-            poll_interval=self.settings.poll_interval_seconds,
-            catchup_interval=self.settings.catchup_poll_seconds,
-            moves=self.account.after_commit.startswith("move:"),
-        )
-        if notes == self._fallbacks:
-            return
-        self._fallbacks = notes
-        self.metrics.set_fallbacks(*self._labels, notes)
-        if notes:
-            log.warning(
-                "imap %s/%s: the server %s: %s",
-                self.account.name,
-                self.folder,
-                self.account.host,
-                "; ".join(notes),
-            )
-
-    def _await_folder(self, conn: ImapConnection, missing: FolderMissing) -> None:
-        """The folder is gone (or was never created): say so once, then look for it at the
-        backoff cap's pace, on this connection, until it exists again or the source stops.
-        The account's other folders have their own workers and go on."""
-        cap = self.settings.backoff_cap_seconds
-        self.last_error = missing
-        self.machine.to(S.BACKOFF, f"{missing}; looking again every {cap:.0f}s")
-        if not self._missing_reported:
-            self._missing_reported = True
-            log.error(
-                "imap %s/%s: the folder does not exist on the server (deleted or renamed?). "
-                "Nothing is read from it until it exists again (checked every %.0f s); the "
-                "account's other folders go on. Create it again, or remove it from "
-                "imap.accounts[].folders.",
-                self.account.name,
-                self.folder,
-                cap,
-            )
-        while not self.stop.wait(cap):
-            if conn.folder_exists(self.folder):
-                self._drop_connection()
-                return
+            full = self.waits.wait(conn, flags_listed=self.flag_changes.listing)
 
     def _select(self, conn: ImapConnection) -> None:
         readonly = self.account.after_commit == "none"
@@ -300,7 +257,11 @@ class MailboxWorker(FolderWorker[WorkerState]):
             stored = self._read_offsets().get(self._partition_key)
             self.cursor = Cursor.from_json(dict(stored)) if stored else None
             self._reload_cursor = False
-        status = conn.select(self.folder, readonly=readonly, qresync=self._qresync_request())
+        status = conn.select(
+            self.folder,
+            readonly=readonly,
+            qresync=self.cursor.qresync_request() if self.cursor else None,
+        )
         # No MODSEQs (no CONDSTORE, or a NOMODSEQ folder): flag changes by the FLAGS listing.
         self.flag_changes.listing = status.highestmodseq is None
         self.expunges.vanished = None
@@ -344,45 +305,6 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 len(self.cursor.pending.uids),
             )
             self._changed_by_us |= self.side_effects.finish(conn, self.cursor.pending, {})
-
-    def _qresync_request(self) -> QresyncRequest | None:
-        """The QRESYNC parameter of this session's SELECT, when the cursor knows up to which
-        MODSEQ every expunge is handled (``vanished_modseq``)."""
-        cursor = self.cursor
-        if cursor is None or cursor.vanished_modseq <= 0:
-            return None
-        return QresyncRequest(cursor.uidvalidity, cursor.vanished_modseq, cursor.last_uid)
-
-    def _wait(self, conn: ImapConnection) -> bool:
-        """Wait for a change; returns True when the next sync must also look for expunges."""
-        now = time.monotonic()
-        catchup_due = self._last_catchup + self.settings.catchup_poll_seconds
-        if self.account.mode == "idle" and conn.supports_idle:
-            self.machine.to(S.IDLE)
-            # Dovecot tells an IDLE session neither a UIDVALIDITY change nor a deleted folder;
-            # it answers the next command with BYE. The light sync after this IDLE period
-            # (NOOP + STATUS) is that command.
-            period = min(self.settings.idle_renew_seconds, self.settings.uidvalidity_check_seconds)
-            deadline = min(now + period, catchup_due)
-            outcome = conn.idle_until(deadline, self._interrupted, IDLE_SLICE_S)
-            # Without MODSEQs a FETCH announced in IDLE is found by the flag listing.
-            expunged = (
-                outcome.expunged
-                or outcome.other
-                or (outcome.flags_changed and self.flag_changes.listing)
-            )
-        else:
-            self.machine.to(S.POLLING)
-            self.stop.wait(max(0.0, min(self.settings.poll_interval_seconds, catchup_due - now)))
-            expunged = False
-        if time.monotonic() >= catchup_due:
-            self._last_catchup = time.monotonic()
-            return True
-        return expunged
-
-    def _interrupted(self) -> bool:
-        """Leave IDLE: stopping, or another folder of the account waits for this one to sync."""
-        return self.stop.is_set() or self.index.rounds.wanted(self.folder)
 
     # --- sync -----------------------------------------------------------------------------------
 
@@ -481,57 +403,19 @@ class MailboxWorker(FolderWorker[WorkerState]):
         cursor: Cursor,
         blobs: ClaimCheckBatch | None,
     ) -> None:
-        built = self._build_all(
+        built = self.batches.build_all(
             fetched, lambda m: "RESCANNED" if m.uid < cursor.rescan_until else "ADDED", blobs
         )
         progress = advanced(cursor, group, fetched, hms)
         pending = self.side_effects.plan(conn, fetched)
         if pending is not None:
             progress = replace(progress, pending=pending)
-        self._commit_batch(built, progress, blobs)
+        self.batches.commit(built, progress, blobs)
         if pending is not None:
-            self._crash.reached("after_commit")
+            checkpoints.reached("after_commit")
             self._changed_by_us |= self.side_effects.finish(
                 conn, pending, {m.uid: m for m in fetched}
             )
-
-    def _build_all(
-        self,
-        mails: list[FetchedMail],
-        change: Callable[[FetchedMail], ChangeKind],
-        blobs: ClaimCheckBatch | None,
-    ) -> list[BuiltMail]:
-        assert self.cursor is not None
-        uidvalidity = self.cursor.uidvalidity
-
-        def change_for(
-            mail: FetchedMail, key: str, fingerprint: str | None
-        ) -> tuple[str, ChangeKind]:
-            kind = change(mail)
-            key, known = self.index.place(key, fingerprint, self.folder, uidvalidity, mail.uid)
-            if kind == "ADDED" and known:
-                return key, "UPDATED"  # published before, in another folder: a move or a copy
-            return key, kind
-
-        return self.builder.build_all(mails, uidvalidity, change_for, blobs)
-
-    def _commit_batch(
-        self, built: list[BuiltMail], cursor: Cursor, blobs: ClaimCheckBatch | None
-    ) -> None:
-        records = [r for b in built for r in b.records]
-        self._crash.reached("before_write")
-        # The batch's blobs become durable while its records go out, before the commit.
-        durable = functools.partial(_make_durable, blobs) if blobs is not None else None
-        self._commit(records, cursor, before_commit=durable)
-        self._count(built)
-
-    def _count(self, built: list[BuiltMail]) -> None:
-        events = sum(1 for b in built if b.key is not None)
-        dlq = sum(1 for b in built if b.dlq or b.key is None)
-        if events:
-            self.metrics.events_produced.labels(*self._labels).inc(events)
-        if dlq:
-            self.metrics.dlq_records.labels(*self._labels).inc(dlq)
 
     def _reselect(self, conn: ImapConnection) -> None:
         """SELECT this folder again after another was selected; the epoch must be the same."""
@@ -543,6 +427,10 @@ class MailboxWorker(FolderWorker[WorkerState]):
     def _set_cursor(self, cursor: Cursor) -> None:
         self.cursor = cursor
 
+    def _backing_off(self, error: Exception, reason: str) -> None:
+        self.last_error = error
+        self.machine.to(S.BACKOFF, reason)
+
     def _commit(
         self,
         records: Sequence[SourceRecord],
@@ -551,7 +439,3 @@ class MailboxWorker(FolderWorker[WorkerState]):
     ) -> None:
         self._write(records, cursor.to_json(), before_commit)
         self.cursor = cursor
-
-
-def _make_durable(blobs: ClaimCheckBatch) -> None:
-    blobs.commit()

@@ -32,7 +32,9 @@ from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
+from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
+from connectors.core.kafka.transactions import COMMIT_TIMEOUT_S
 from connectors.smtp import suppression
 from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.bounce import Bounce, parse_bounce
@@ -163,11 +165,14 @@ class BounceReader:
                 key=key.encode("utf-8"),
                 value=self.suppression_serde.encode(entry, suppressions_topic),
             )
+        # Bounded, as in the sink's recorder (confluent-kafka waits forever by default): a
+        # timeout ends the reader, and the process restarts with the batch uncommitted.
         self._producer.send_offsets_to_transaction(
             [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
             self._consumer.consumer_group_metadata(),
+            COMMIT_TIMEOUT_S,
         )
-        self._producer.commit_transaction()
+        self._producer.commit_transaction(COMMIT_TIMEOUT_S)
         self.published += len(events)
         self.suppressed += len(entries)
         if self.metrics is not None and events:
@@ -182,6 +187,11 @@ class BounceReader:
             return []
         try:
             mail = self.events_serde.decode(value, record.topic() or "")
+        except RegistryUnavailable:
+            # Not a bad record: skipping it would lose a DSN (no BOUNCED, no suppression).
+            # Raised before the batch's transaction, so its offsets stay uncommitted and the
+            # restarted reader reads it again (found by `mailtap soak`, registry-down faults).
+            raise
         except Exception as exc:
             log.warning("undecodable MailEvent at %s: %s", record.offset(), exc)
             return []

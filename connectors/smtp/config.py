@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from connectors.core.config import StrictModel
+from connectors.core.config import NamespacedModel, StrictModel
 from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -127,8 +127,10 @@ class SuppressionSettings(StrictModel):
         return parse_duration(self.soft_bounce_window)
 
 
-class SmtpSinkSettings(StrictModel):
+class SmtpSinkSettings(NamespacedModel):
     """Everything the sink needs besides Kafka (which comes from the ``kafka`` section)."""
+
+    NAMESPACED = ("group_id", "bounce_group_id", "state_topic")
 
     host: str = Field(description="relay host name; also the name checked in its certificate")
     port: int = Field(

@@ -26,6 +26,7 @@ from connectors.core import tracing
 from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import TopicNames
+from connectors.core.kafka.transactions import COMMIT_TIMEOUT_S
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for
@@ -35,6 +36,11 @@ from connectors.smtp.state import CommandState, StateStore
 
 #: Attempts to commit a transaction that failed with a retriable error.
 COMMIT_RETRIES = 5
+#: Every transactional call is bounded (confluent-kafka's default is to wait forever): found by
+#: `mailtap soak` (seed 25), a sink whose Kafka connections were reset mid-transaction waited in
+#: send_offsets_to_transaction for minutes while /healthz still said ok. A timeout raises,
+#: the transaction is aborted and the sink stops; its restart reports the intents UNKNOWN.
+TXN_CALL_TIMEOUT_S = COMMIT_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +134,7 @@ class DeliveryRecorder:
         try:
             write()
         except BaseException:
-            self.producer.abort_transaction()
+            self.producer.abort_transaction(TXN_CALL_TIMEOUT_S)
             raise
 
     def commit(
@@ -143,10 +149,11 @@ class DeliveryRecorder:
                 producer.send_offsets_to_transaction(
                     [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                     consumer.consumer_group_metadata() if consumer else None,
+                    TXN_CALL_TIMEOUT_S,
                 )
             for attempt in range(COMMIT_RETRIES):
                 try:
-                    producer.commit_transaction()
+                    producer.commit_transaction(TXN_CALL_TIMEOUT_S)
                     return
                 except KafkaException as exc:
                     if not exc.args[0].retriable() or attempt == COMMIT_RETRIES - 1:
@@ -155,7 +162,7 @@ class DeliveryRecorder:
             # Abort and stop: on restart the records are consumed again and any INTENT written
             # before is reported UNKNOWN (never silently lost, never silently duplicated).
             if exc.args[0].txn_requires_abort():
-                producer.abort_transaction()
+                producer.abort_transaction(TXN_CALL_TIMEOUT_S)
             raise
 
     def put_state(self, item: Work, state: CommandState) -> None:

@@ -48,7 +48,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
+from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.errors import StopRequested
 from connectors.core.kafka.readtoend import read_batches_to_end, topic_partitions
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SuppressionSettings
@@ -61,6 +63,8 @@ log = logging.getLogger(__name__)
 CATCH_UP_TIMEOUT_S = 120.0
 #: The background consumer's poll: an entry another team writes is honoured about this soon.
 POLL_TIMEOUT_S = 0.5
+#: How often a record is decoded again while the schema registry does not answer.
+REGISTRY_RETRY_S = 2.0
 REASONS = ("HARD_BOUNCE", "SOFT_BOUNCES", "COMPLAINT", "UNSUBSCRIBE", "MANUAL")
 
 
@@ -212,7 +216,9 @@ class SuppressionTable:
 
     def start(self, timeout: float = CATCH_UP_TIMEOUT_S) -> None:
         consumer = Consumer(
-            consumer_config(self.kafka, f"mailtap-suppressions-{uuid.uuid4().hex[:12]}")
+            consumer_config(
+                self.kafka, self.kafka.qualify(f"mailtap-suppressions-{uuid.uuid4().hex[:12]}")
+            )
         )
         self._consumer = consumer
         self._stop.clear()  # a sink started again after close() follows the topic again
@@ -244,7 +250,9 @@ class SuppressionTable:
                 continue
             value = msg.value()
             try:
-                entry = None if value is None else self._serde.decode(value, self.topic)
+                entry = None if value is None else self._decode(value)
+            except StopRequested:
+                return
             except Exception as exc:
                 # Another team's bad record must not stop the sink: skip it, say which.
                 log.warning(
@@ -257,6 +265,19 @@ class SuppressionTable:
                 continue
             self.put_local(key.decode("utf-8", "replace"), entry)
             self.applied += 1
+
+    def _decode(self, value: bytes) -> dict[str, Any]:
+        """Decode ``value``, waiting while the schema registry is unreachable: skipping the
+        record would forget a suppression, and the sink would mail a hard-bounced address
+        (found by `mailtap soak`: a sink started while the registry was down skipped every
+        record of mail.suppressions as undecodable)."""
+        while True:
+            try:
+                return self._serde.decode(value, self.topic)
+            except RegistryUnavailable as exc:
+                log.warning("reading %s waits for the schema registry: %s", self.topic, exc)
+                if self._stop.wait(REGISTRY_RETRY_S):
+                    raise StopRequested(f"stopped while waiting for the registry: {exc}") from exc
 
     def close(self) -> None:
         self._stop.set()

@@ -22,7 +22,7 @@ from imapclient import IMAPClient
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.flaglisting import FlagSnapshot, uid_windows
-from mailtap.bench.ingest import _say, _services
+from mailtap.bench.ingest import _account, _say, _services
 from mailtap.dev import DevServices
 
 RUNS = 5
@@ -77,16 +77,7 @@ def bench_flag_listing(mails: int) -> dict[str, Any]:
         wire = _wire_bytes(info, username, password, mails)
         figures["wire_bytes_per_listing"] = wire
         figures["wire_bytes_per_mail"] = round(wire / mails, 1)
-        account = ImapAccountSettings.model_validate(
-            {
-                "name": "bench",
-                "host": info.imap.host,
-                "port": info.imap.port,
-                "security": "plain",
-                "username": username,
-                "password": password,
-            }
-        )
+        account = ImapAccountSettings.model_validate(_account(info, username, password))
         conn = ImapConnection(account, connect_timeout=10, read_timeout=120)
         conn.connect()
         conn.login()

@@ -517,7 +517,12 @@ def _delete_topics(kafka: KafkaSettings, tag: str) -> None:
             log.warning("bench topic not deleted: %s", exc)
 
 
-def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
+def _round(
+    info: DevServices, mails: int, idle: bool, client: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One round; ``client``: ``kafka`` settings the source connects with instead of the
+    services' PLAINTEXT listener (a secured listener of the same broker: `mailtap.bench.tls_cost`);
+    topics and the arrival counter stay on ``info``'s bootstrap."""
     tag = uuid.uuid4().hex[:8]
     username, password = f"bench-{tag}@example.com", "bench"
     info.add_user(username, password)
@@ -554,7 +559,7 @@ def _round(info: DevServices, mails: int, idle: bool) -> dict[str, Any]:
     claims = Path(tempfile.mkdtemp(prefix="claims-", dir=os.environ.get(ENV_CLAIMS_DIR) or work))
     figures["claims_dir"] = str(claims.parent)
     config = {
-        "kafka": kafka.model_dump(mode="json", exclude_none=True),
+        "kafka": {**kafka.model_dump(mode="json", exclude_none=True), **(client or {})},
         "claim_check": {"url": claims.as_uri()},
         "health": {"port": 0},
         "imap": {

@@ -39,7 +39,7 @@ from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.index import AccountIndex
 from connectors.imap.qresync import QresyncRequest, vanished_candidates
-from mailtap.bench.ingest import _services
+from mailtap.bench.ingest import _account, _services
 from mailtap.dev import DevServices
 
 ACCOUNT = "bench"
@@ -77,16 +77,7 @@ def _populate(info: DevServices, username: str, password: str, tag: str, count: 
 
 
 def _connection(info: DevServices, username: str, password: str) -> ImapConnection:
-    account = ImapAccountSettings.model_validate(
-        {
-            "name": ACCOUNT,
-            "host": info.imap.host,
-            "port": info.imap.port,
-            "security": "plain",
-            "username": username,
-            "password": password,
-        }
-    )
+    account = ImapAccountSettings.model_validate(_account(info, username, password, ACCOUNT))
     conn = ImapConnection(account, connect_timeout=10, read_timeout=120)
     conn.connect()
     conn.login()

@@ -32,8 +32,9 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, config_from_dict
 from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.smtp.config import SmtpSinkSettings
+from connectors.smtp.lanes import PRODUCER_COMPRESSION
 from connectors.smtp.render import render
-from connectors.smtp.sink import PRODUCER_COMPRESSION, SmtpSink
+from connectors.smtp.sink import SmtpSink
 from connectors.smtp.topics import ensure_sink_topics
 from mailtap import dev
 from mailtap.bench import ingest

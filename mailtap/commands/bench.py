@@ -47,12 +47,29 @@ def bench() -> None:
     show_default=True,
     help="The IMAP server of the dev stack to read from (started next to the running Kafka).",
 )
-def ingest(as_json: bool, mails: int, rounds: int, warm_up: float, imap_server: str) -> None:
+@click.option(
+    "--secure",
+    type=click.Choice(["scram", "mtls", "oauthbearer"]),
+    default=None,
+    help="Also ingest over this secured listener of the same broker (SASL_SSL SCRAM-SHA-512, "
+    "mTLS, SASL_SSL OAUTHBEARER) and print its rate / the PLAINTEXT rate.",
+)
+def ingest(
+    as_json: bool, mails: int, rounds: int, warm_up: float, imap_server: str, secure: str | None
+) -> None:
     """IMAP -> Kafka: raw FETCH rate vs exactly-once ingest, new-mail latency, peak RSS."""
-    module = import_optional("mailtap.bench.ingest")
-    figures = module.bench_ingest(
-        json_out=as_json, mails=mails, rounds=rounds, warm_up_s=warm_up, imap_server=imap_server
-    )
+    if secure is not None:
+        figures = import_optional("mailtap.bench.tls_cost").bench_tls_cost(
+            as_json, mails, rounds, warm_up, imap_server, secure
+        )
+    else:
+        figures = import_optional("mailtap.bench.ingest").bench_ingest(
+            json_out=as_json,
+            mails=mails,
+            rounds=rounds,
+            warm_up_s=warm_up,
+            imap_server=imap_server,
+        )
     _emit(figures, as_json)
 
 

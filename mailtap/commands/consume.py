@@ -99,7 +99,7 @@ def consume(
     consumer = Consumer(
         consumer_config(
             cfg.kafka,
-            group_id=f"mailtap-consume-{uuid.uuid4().hex[:8]}",
+            group_id=cfg.kafka.qualify(f"mailtap-consume-{uuid.uuid4().hex[:8]}"),
             isolation_level="read_uncommitted" if uncommitted else "read_committed",
             enable_partition_eof=True,
         )

@@ -52,7 +52,9 @@ def scan(
     """Every committed record of ``topic`` (from ``since_ms`` when given) up to the current end."""
     consumer = Consumer(
         consumer_config(
-            kafka, group_id=f"mailtap-scan-{uuid.uuid4().hex[:8]}", enable_partition_eof=True
+            kafka,
+            group_id=kafka.qualify(f"mailtap-scan-{uuid.uuid4().hex[:8]}"),
+            enable_partition_eof=True,
         )
     )
     deadline = time.monotonic() + timeout
@@ -93,7 +95,9 @@ def group_lag(
         (tp.topic, tp.partition): tp.offset
         for tp in futures[group].result(timeout=30).topic_partitions or []
     }
-    consumer = Consumer(consumer_config(kafka, group_id=f"mailtap-lag-{uuid.uuid4().hex[:8]}"))
+    consumer = Consumer(
+        consumer_config(kafka, group_id=kafka.qualify(f"mailtap-lag-{uuid.uuid4().hex[:8]}"))
+    )
     lags: dict[str, dict[int, int | None]] = {}
     try:
         for topic in topics:

@@ -82,7 +82,10 @@ class Tracer:
         t = self.kafka.topics
         topics = [t.events, t.workflow, t.commands, t.delivery]
         consumer = Consumer(
-            consumer_config(self.kafka, group_id=f"mailtap-demo-trace-{uuid.uuid4().hex[:8]}")
+            consumer_config(
+                self.kafka,
+                group_id=self.kafka.qualify(f"mailtap-demo-trace-{uuid.uuid4().hex[:8]}"),
+            )
         )
         try:
             wanted = []

@@ -75,7 +75,7 @@ def test_manifests_pass_strict_schema_validation(version: str, tmp_path: Path) -
 def test_image_matches_the_manifests(podman, image) -> None:
     config = json.loads(podman.run("image", "inspect", image).stdout)[0]["Config"]
     assert config["User"] == deploy.dockerfile_user()
-    for deployment in deploy.k8s_kind("Deployment"):
+    for deployment in deploy.k8s_workloads():
         pod = deployment["spec"]["template"]["spec"]
         assert config["User"].split(":")[0] == str(pod["securityContext"]["runAsUser"])
         assert (
@@ -94,9 +94,15 @@ def local_manifests(
     probes left to the test (podman's conversion needs systemd)."""
     docs = []
     for doc in deploy.k8s_documents():
-        if doc["kind"] not in ("ConfigMap", "Deployment"):
+        if doc["kind"] not in ("ConfigMap", *deploy.WORKLOAD_KINDS):
             continue  # a Service or budget means nothing to podman
         doc = copy.deepcopy(doc)
+        if doc["kind"] == "StatefulSet":
+            # podman kube play has no StatefulSet; one replica of it is a Deployment's pod with
+            # the first replica's name as smtp.instance_id (deploy.deployment_env).
+            doc["kind"] = "Deployment"
+            for key in ("serviceName", "podManagementPolicy", "updateStrategy"):
+                doc["spec"].pop(key)
         if doc["kind"] == "ConfigMap":
             # podman keeps a ConfigMap as a named volume after --down: a name of this run only.
             doc["metadata"]["name"] += suffix
@@ -112,6 +118,12 @@ def local_manifests(
             inline = deploy.deployment_env(doc, deploy.secret_keys_example())
             local = {**inline, **env, "MAILTAP__HEALTH__PORT": str(ports[component])}
             container["env"] = [{"name": k, "value": v} for k, v in local.items()]
+            container.pop("envFrom", None)  # read into env above: no Secret objects in podman
+            secrets = {v["name"] for v in pod["volumes"] if "secret" in v}
+            pod["volumes"] = [v for v in pod["volumes"] if v["name"] not in secrets]
+            container["volumeMounts"] = [
+                m for m in container["volumeMounts"] if m["name"] not in secrets
+            ]
             for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
                 container.pop(probe)
             for volume in pod["volumes"]:
@@ -145,7 +157,7 @@ def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: 
         "MAILTAP__EWS__ACCOUNTS__0__USERNAME": EWS_USER,
         "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": EWS_PASSWORD,
     }
-    deployments = [deploy.deployment_component(d) for d in deploy.k8s_kind("Deployment")]
+    deployments = [deploy.deployment_component(d) for d in deploy.k8s_workloads()]
     ports = {d: free_port() for d in deployments}
     play = tmp_path / "play.yaml"
     suffix = f"-{unique}"

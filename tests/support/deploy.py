@@ -127,6 +127,27 @@ def k8s_kind(kind: str) -> list[dict[str, Any]]:
     return [d for d in k8s_documents() if d["kind"] == kind]
 
 
+#: The kinds that run a component: Deployments, and the sink's StatefulSet (stable pod names).
+WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+K8S_EXAMPLE_OVERLAY = ROOT / "deploy" / "k8s" / "overlays" / "example"
+
+
+def k8s_workloads() -> list[dict[str, Any]]:
+    return [d for d in k8s_documents() if d["kind"] in WORKLOAD_KINDS]
+
+
+def secret_env_example(secret_name: str) -> dict[str, str]:
+    """The variables of an ``envFrom`` Secret ``mailtap-<name>``, from the example overlay's
+    ``<name>.env.example`` (its active lines)."""
+    example = K8S_EXAMPLE_OVERLAY / f"{secret_name.removeprefix('mailtap-')}.env.example"
+    pairs = [
+        line.split("=", 1)
+        for line in example.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    return {key: value for key, value in pairs}
+
+
 def deployment_component(deployment: Mapping[str, Any]) -> str:
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[0] == "run", args
@@ -134,11 +155,18 @@ def deployment_component(deployment: Mapping[str, Any]) -> str:
 
 
 def deployment_env(deployment: Mapping[str, Any], secret: Mapping[str, str]) -> dict[str, str]:
-    """The container's environment, secretKeyRefs read from ``secret`` (key -> value)."""
+    """The container's environment: ``envFrom`` Secrets from the example overlay's env files,
+    secretKeyRefs read from ``secret`` (key -> value), the pod name as the first replica's."""
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
     env: dict[str, str] = {}
-    for entry in deployment["spec"]["template"]["spec"]["containers"][0].get("env", []):
+    for source in container.get("envFrom", []):
+        env.update(secret_env_example(source["secretRef"]["name"]))
+    for entry in container.get("env", []):
         if "value" in entry:
             env[entry["name"]] = str(entry["value"])
+        elif "fieldRef" in entry["valueFrom"]:
+            assert entry["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name", entry
+            env[entry["name"]] = f"{deployment['metadata']['name']}-0"
         else:
             ref = entry["valueFrom"]["secretKeyRef"]
             env[entry["name"]] = secret[ref["key"]]

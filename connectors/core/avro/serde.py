@@ -41,7 +41,7 @@ from connectors.core.avro.schemas import (
     schemas_dir,
 )
 from connectors.core.config import DEFAULT_COMPATIBILITY, Compatibility, KafkaSettings
-from connectors.core.errors import DataError
+from connectors.core.errors import DataError, RegistryUnavailable
 
 __all__ = [
     "CONFLUENT_MAGIC",
@@ -242,9 +242,33 @@ class AvroSerde:
             from confluent_kafka.serialization import MessageField, SerializationContext
 
             ctx = SerializationContext(topic, MessageField.VALUE)
-            decoded: dict[str, Any] = self._deserializer(data, ctx)
+            try:
+                decoded: dict[str, Any] = self._deserializer(data, ctx)
+            except Exception as exc:
+                if registry_unreachable(exc):
+                    raise RegistryUnavailable(
+                        f"the schema registry did not answer while decoding a record of "
+                        f"{topic or self.schema.name}: {exc}"
+                    ) from exc
+                raise
             return decoded
         raise DataError(f"not an Avro record of a known encoding (first bytes {data[:4].hex()})")
+
+
+def registry_unreachable(exc: BaseException) -> bool:
+    """True when ``exc`` says the registry could not be reached or failed (5xx): a network
+    error anywhere in its cause chain (the registry client wraps the OSError), or an HTTP 5xx."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in seen:
+        seen.append(current)
+        if isinstance(current, (OSError, TimeoutError, ConnectionError)):
+            return True
+        status = getattr(current, "http_status_code", None)
+        if isinstance(status, int) and status >= 500:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class AnyAvroDecoder:

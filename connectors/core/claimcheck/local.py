@@ -1,17 +1,8 @@
 """The local claim-check store: a folder of content-addressed blobs, small ones packed.
 
-Mail bodies, attachments and the raw MIME can be many megabytes, far above the broker's
-``message.max.bytes``. The parser puts them here and puts only a :class:`BlobRef`
-(URI, sha256, size) into the ``MailEvent``, so records stay small and the content can be
-fetched later by whoever needs it (the Kafka "claim check" pattern).
-
-Stores are content-addressed: the same bytes always give the same URI, so storing a blob
-again (a redelivered mail, a rescan after a UIDVALIDITY change) is a no-op.
-
-A source writes the blobs of one Kafka transaction through a :class:`ClaimCheckBatch`
-(:func:`begin_batch`): ``put`` only writes, and ``commit`` makes the whole batch durable at
-once, before the transaction that references it commits. On the local store that turns two
-serial fsyncs per blob (~2.6 ms each on this disk) into parallel ones that overlap the parsing.
+What a claim-check store is for, and its batches, are in :mod:`connectors.core.claimcheck.store`.
+Here a batch's ``commit`` makes its blobs durable with parallel fsyncs that overlap the parsing,
+instead of two serial ones per blob (~2.6 ms each on this disk).
 
 With ``pack_max_blob`` set (the sources' default, ``claim_check.pack_max_blob_bytes``), a batch
 appends its small blobs to one *pack* file instead, written and fsynced once at ``commit``: a

@@ -92,7 +92,7 @@ def topic_encodings(
     consumer = Consumer(
         consumer_config(
             kafka,
-            f"mailtap-encoding-check-{uuid.uuid4().hex}",
+            kafka.qualify(f"mailtap-encoding-check-{uuid.uuid4().hex}"),
             enable_partition_eof=True,
             # Read to the end: the last fetch answered at once, not after fetch.wait.max.ms.
             fetch_wait_max_ms=10,

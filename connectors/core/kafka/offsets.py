@@ -146,7 +146,7 @@ class OffsetStore:
         consumer = Consumer(
             consumer_config(
                 self._kafka,
-                group_id="mailtap-offsets-reader",
+                group_id=self._kafka.qualify("mailtap-offsets-reader"),
                 enable_partition_eof=True,
                 # The end is the fetch that finds nothing more: answered at once, not held
                 # by the broker for fetch.wait.max.ms (500 ms) hoping for new records.

@@ -29,7 +29,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from connectors.core import tracing
+from connectors.core import checkpoints, tracing
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import MailtapError
 from connectors.core.kafka.clients import init_transactions, producer_config
@@ -122,6 +122,11 @@ class TransactionalSourceWriter:
                 except BaseException:
                     self._abort()
                     raise
+            if checkpoints.watched():
+                # What the in_transaction point promises its observer: the records are on the
+                # broker, uncommitted (commit_transaction would flush them only now).
+                self._producer.flush(30)
+                checkpoints.reached("in_transaction")
             self._commit()
         except KafkaException as exc:
             error = _translate(exc)

@@ -20,7 +20,7 @@ import datetime as dt
 import hashlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NotRequired, TypedDict, Unpack
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore, staged_batch
@@ -126,6 +126,19 @@ class MailEventRecords:
         return SourceRecord(self.events_topic, key.encode(), None)
 
 
+class MailRecordBuilderArgs(TypedDict):
+    """The constructor keywords of :class:`MailRecordBuilder`, for a subclass that adds its own."""
+
+    account: str
+    folder: str
+    parser: Parser
+    serde: AvroSerde
+    events_topic: str
+    dlq_topic: str
+    max_record_bytes: int
+    claim_check: NotRequired[ClaimCheckStore | None]
+
+
 class MailRecordBuilder:
     """What every source's record builder shares: one folder's records (:class:`MailEventRecords`),
     the claim-check batch of a transaction, the event's ``source`` block, and the parse call.
@@ -136,31 +149,20 @@ class MailRecordBuilder:
 
     source_kind: ClassVar[SourceKindSymbol]
 
-    def __init__(
-        self,
-        *,
-        account: str,
-        folder: str,
-        parser: Parser,
-        serde: AvroSerde,
-        events_topic: str,
-        dlq_topic: str,
-        max_record_bytes: int,
-        claim_check: ClaimCheckStore | None = None,
-    ) -> None:
-        self.account = account
-        self.folder = folder
-        self._parse = parser
+    def __init__(self, **args: Unpack[MailRecordBuilderArgs]) -> None:
+        self.account = args["account"]
+        self.folder = args["folder"]
+        self._parse = args["parser"]
         #: The store the parser writes to; a batch writes through a ClaimCheckBatch instead.
-        self._claim_check = claim_check
+        self._claim_check = args.get("claim_check")
         self._records = MailEventRecords(
             source_kind=self.source_kind,
-            account=account,
-            folder=folder,
-            serde=serde,
-            events_topic=events_topic,
-            dlq_topic=dlq_topic,
-            max_record_bytes=max_record_bytes,
+            account=self.account,
+            folder=self.folder,
+            serde=args["serde"],
+            events_topic=args["events_topic"],
+            dlq_topic=args["dlq_topic"],
+            max_record_bytes=args["max_record_bytes"],
         )
 
     @property

@@ -18,8 +18,9 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
+from connectors.core import namespace as ns
 from connectors.core.config import ParseLimitSettings, StrictModel
 from connectors.core.source.ownership.group import GroupSettings
 
@@ -71,6 +72,8 @@ class SourceSettings(StrictModel):
 
     #: Where the accounts are listed, as an error message names it (``imap.accounts``).
     ACCOUNTS_KEY: ClassVar[str] = "accounts"
+    #: The source's kind (``imap``, ``ews``): its group id is ``mailtap-<kind>`` when unset.
+    SOURCE_KIND: ClassVar[str] = "source"
 
     backoff_initial_seconds: float = Field(
         default=1.0, gt=0, description="first reconnect delay; doubles (with jitter) per failure"
@@ -94,6 +97,17 @@ class SourceSettings(StrictModel):
         description="share the mailboxes among the instances with the same group id "
         "(connectors.core.source.ownership.group); without it this instance runs every mailbox",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_group_id(cls, data: Any, info: ValidationInfo) -> Any:
+        """``group: {}`` joins ``mailtap-<kind>`` inside kafka.namespace: two deployments that
+        share a cluster must never divide each other's mailboxes."""
+        group = data.get("group") if isinstance(data, dict) else None
+        if isinstance(group, dict) and "id" not in group:
+            name = ns.qualify(ns.from_context(info.context), f"mailtap-{cls.SOURCE_KIND}")
+            return {**data, "group": {**group, "id": name}}
+        return data
 
     @model_validator(mode="after")
     def _section_rules(self) -> Any:

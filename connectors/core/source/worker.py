@@ -55,7 +55,7 @@ import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 from connectors.core.kafka.errors import FencedError
 from connectors.core.kafka.transactions import SourceRecord
@@ -87,6 +87,18 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
+class FolderWorkerRuntime(TypedDict):
+    """What a source's runtime hands each of its folder workers, passed through as keywords."""
+
+    metrics: SourceMetrics
+    stop: threading.Event
+    #: ``transactional_id`` -> a writer that fenced every older one with that id.
+    writer_factory: Callable[[str], Writer]
+    #: The offsets topic's committed source offsets (read_committed), by partition key.
+    read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]]
+    transactional_id: str
+
+
 class FolderWorker(ABC, Generic[E]):
     """Publishes one folder of one account exactly once. ``run()`` is the thread body."""
 
@@ -100,22 +112,18 @@ class FolderWorker(ABC, Generic[E]):
         machine: StateMachine[E],
         states: type[E],
         backoff: Backoff,
-        metrics: SourceMetrics,
-        stop: threading.Event,
-        writer_factory: Callable[[str], Writer],
-        read_offsets: Callable[[], Mapping[bytes, Mapping[str, Any]]],
-        transactional_id: str,
+        **runtime: Unpack[FolderWorkerRuntime],
     ) -> None:
         self.where = where
         self.machine = machine
         self._backoff_state = states["BACKOFF"]
         self._stopped_state = states["STOPPED"]
         self.backoff = backoff
-        self.metrics = metrics
-        self.stop = stop
-        self._writer_factory = writer_factory
-        self._read_offsets = read_offsets
-        self.transactional_id = transactional_id
+        self.metrics = runtime["metrics"]
+        self.stop = runtime["stop"]
+        self._writer_factory = runtime["writer_factory"]
+        self._read_offsets = runtime["read_offsets"]
+        self.transactional_id = runtime["transactional_id"]
         self.partition = where.partition
         self._partition_key = where.partition_key
         self._labels = where.labels

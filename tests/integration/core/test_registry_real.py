@@ -306,7 +306,12 @@ def test_the_consumer_guide_python_snippet_reads_committed_events_and_tombstones
         return len(seen) < 2  # the two keys may sit on two partitions: any order
 
     namespace["read_mail_events"](  # type: ignore[operator]
-        services.kafka.bootstrap_servers, registry_url, f"guide-{unique}", handle, topic
+        services.kafka.bootstrap_servers,
+        registry_url,
+        f"guide-{unique}",
+        handle,
+        topic,
+        reader_schema_path=str(schemas_dir() / "MailEvent.avsc"),
     )
 
     got = dict(seen)

@@ -19,10 +19,11 @@ import pytest
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
-from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
+from connectors.ews.source import EwsSource
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import USER, read_topic, source_config
 from tests.integration.ews.test_ews_source import ENV, REPO, imap_key, mime, source_command
+from tests.support.crashpoints import EXIT_CODE, crash_env
 
 WAIT_S = 60.0
 WATCHED = ["inbox", "junkemail"]
@@ -214,14 +215,14 @@ def test_a_crash_while_publishing_changes_then_restart_publishes_each_change_onc
     items = [ews.deliver(USER, raw) for raw in raws]
     run = source_command(kafka, ews, tmp_path, batch_size=2)
     first = subprocess.Popen(
-        run, env={**ENV, CRASH_ENV: "in_transaction:9"}, cwd=REPO, stderr=subprocess.DEVNULL
+        run, env={**ENV, **crash_env("in_transaction:9")}, cwd=REPO, stderr=subprocess.DEVNULL
     )
     try:
         assert ews.wait_until(lambda: ews.open_streams() == 1, WAIT_S)
         assert len(read_topic(kafka, kafka.topics.events)) == 12
         for item in items:
             ews.update_item(USER, item.item_id, is_read=True)
-        assert first.wait(timeout=WAIT_S) == CRASH_EXIT_CODE
+        assert first.wait(timeout=WAIT_S) == EXIT_CODE
     finally:
         first.kill()
         first.wait(timeout=WAIT_S)

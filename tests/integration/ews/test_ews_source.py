@@ -26,7 +26,7 @@ from confluent_kafka import Producer
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
 from connectors.core.kafka.clients import producer_config
 from connectors.core.mail import parse_mail
-from connectors.ews.source import CRASH_ENV, CRASH_EXIT_CODE, EwsSource
+from connectors.ews.source import EwsSource
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import (
     ACCOUNT,
@@ -36,6 +36,7 @@ from tests.integration.ews.ews_kafka import (
     read_topic,
     source_config,
 )
+from tests.support.crashpoints import EXIT_CODE, crash_env
 
 REPO = Path(__file__).resolve().parents[3]
 #: Generous: waits end as soon as the condition holds; the bound only turns a hang into a failure.
@@ -225,13 +226,13 @@ def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(
     # The process dies inside the second transaction: its records are on the broker, uncommitted.
     crashed = subprocess.run(
         run,
-        env={**ENV, CRASH_ENV: "in_transaction:2"},
+        env={**ENV, **crash_env("in_transaction:2")},
         cwd=REPO,
         timeout=WAIT_S,
         capture_output=True,
         text=True,
     )
-    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-2000:]
+    assert crashed.returncode == EXIT_CODE, crashed.stderr[-2000:]
     assert len(read_topic(kafka, kafka.topics.events, isolation="read_uncommitted")) == 2
     # The crashed writer's transaction stays open until the restart aborts it: read what is
     # committed now, without waiting for it to settle.

@@ -23,6 +23,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from imapclient import IMAPClient
 
+from connectors.core import checkpoints
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
 from connectors.core.kafka.clients import consumer_config
@@ -32,6 +33,7 @@ from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_spec
 from connectors.core.source.location import SourceLocation
 from connectors.imap.source import ImapSource
 from mailtap.dev import Account, DevServices
+from tests.support.crashpoints import ENV as CRASH_ENV
 
 REPO = Path(__file__).resolve().parents[3]
 ACCOUNT = "acct"
@@ -268,7 +270,8 @@ class ImapHarness:
     ) -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{log_name}.log", "ab")  # noqa: SIM115 - lives as long as the child
         full_env = {**os.environ, "PYTHONPATH": str(REPO), "MAILTAP_LOG_LEVEL": "INFO"}
-        full_env.pop("MAILTAP_TEST_CRASH_AT", None)
+        for hook in (CRASH_ENV, checkpoints.ENV):
+            full_env.pop(hook, None)
         full_env.update(env or {})
         proc = subprocess.Popen(
             [sys.executable, "-m", "mailtap.cli", "run", "imap-source", "-c", str(config)],

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from connectors.core.faults import EXIT_CODE
 from mailtap.commands.imap import EXIT_FENCED
 from mailtap.dev import Account, DevServices, dovecot, kafka, process
 from tests.integration.imap.imap_harness import (
@@ -26,6 +25,7 @@ from tests.integration.imap.imap_harness import (
     running,
     wait_for,
 )
+from tests.support.crashpoints import EXIT_CODE, crash_env
 from tests.support.tcp_proxy import TcpProxy
 
 
@@ -57,7 +57,7 @@ def test_kill_9_in_the_middle_of_a_batch_loses_and_duplicates_nothing(
     # there are at least 3 backfill transactions after the one that pins the start position.
     ids = imap.append_numbered(100)
     config = imap.write_config(batch_size=10)
-    crashed = imap.spawn(config, env={"MAILTAP_TEST_CRASH_AT": point}, log_name="crash")
+    crashed = imap.spawn(config, env=crash_env(point), log_name="crash")
     assert crashed.wait(180) == EXIT_CODE, imap.log("crash")
     assert f"crashing at {point}" in imap.log("crash")
     imap.spawn(config)
@@ -73,7 +73,7 @@ def test_kill_9_around_the_after_commit_move_is_repaired_at_start(
 ) -> None:
     ids = imap.append_numbered(30)
     config = imap.write_config(batch_size=10, account={"after_commit": "move:Processed"})
-    crashed = imap.spawn(config, env={"MAILTAP_TEST_CRASH_AT": point}, log_name="crash")
+    crashed = imap.spawn(config, env=crash_env(point), log_name="crash")
     assert crashed.wait(180) == EXIT_CODE, imap.log("crash")
     imap.spawn(config)
     wait_for(

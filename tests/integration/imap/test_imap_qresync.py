@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from connectors.core.faults import EXIT_CODE
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.qresync import QresyncRequest
 from tests.integration.imap.imap_harness import ImapHarness, running, wait_for
+from tests.support.crashpoints import EXIT_CODE, crash_env
 
 #: No catch-up poll during a test: the only expunge check is the one at (re)start.
 QUIET = {"catchup_poll_seconds": 600, "uidvalidity_check_seconds": 600}
@@ -168,9 +168,7 @@ def test_a_kill_before_the_tombstone_commits_leaves_the_watermark_behind_it(
     # The restart's transactions: the UPDATED event, the end of the change sync, then the
     # tombstone, killed after it is produced and before it commits.
     config = imap.write_config(**QUIET)
-    crashed = imap.spawn(
-        config, env={"MAILTAP_TEST_CRASH_AT": "in_transaction:3"}, log_name="crash"
-    )
+    crashed = imap.spawn(config, env=crash_env("in_transaction:3"), log_name="crash")
     assert crashed.wait(180) == EXIT_CODE, imap.log("crash")
     crashed_at = imap.cursor()
     assert crashed_at is not None and crashed_at["highestmodseq"] > before["vanished_modseq"]

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from connectors.imap.config import ImapAccountSettings
-from connectors.imap.connection import ImapConnection, _any_message_id
+from connectors.imap.connection import ImapConnection
+from connectors.imap.search import any_message_id
 from connectors.imap.uidset import UidSet
 from tests.integration.imap.imap_harness import ImapHarness, make_mail
 
@@ -79,8 +80,8 @@ def test_message_ids_in_another_folder_are_found_in_chunks(imap: ImapHarness) ->
 
 
 def test_any_message_id_is_an_or_chain() -> None:
-    assert _any_message_id(["a@x"]) == ["HEADER", "Message-ID", "a@x"]
-    assert _any_message_id(["a@x", "b@x", "c@x"]) == [
+    assert any_message_id(["a@x"]) == ["HEADER", "Message-ID", "a@x"]
+    assert any_message_id(["a@x", "b@x", "c@x"]) == [
         "OR", "HEADER", "Message-ID", "a@x",
         "OR", "HEADER", "Message-ID", "b@x",
         "HEADER", "Message-ID", "c@x",

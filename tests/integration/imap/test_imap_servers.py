@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from connectors.core.faults import EXIT_CODE
 from mailtap.dev import ImapInfo
 from tests.integration.imap.imap_harness import (
     ImapHarness,
@@ -28,6 +27,7 @@ from tests.integration.imap.imap_harness import (
     running,
     wait_for,
 )
+from tests.support.crashpoints import EXIT_CODE, crash_env
 from tests.support.tcp_proxy import TcpProxy
 
 #: What each server offers after login, as the source's fallbacks depend on it.
@@ -85,7 +85,7 @@ def healthz(port: int) -> dict[str, Any]:
 def test_new_mail_flags_moves_and_expunges_reach_kafka(
     on_server: ImapHarness, imap_server: ImapInfo, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="connectors.imap.worker")
+    caplog.set_level(logging.WARNING, logger="connectors.imap.capabilities")
     imap, kind = on_server, imap_server.kind
     archive = folder(imap_server, "Archive")
     client = imap.client(folder="")
@@ -151,7 +151,7 @@ def test_kill_9_loses_and_duplicates_nothing_and_the_move_is_repaired(
     processed = folder(imap_server, "Processed")
     ids = imap.append_numbered(30)
     config = imap.write_config(batch_size=10, account={"after_commit": f"move:{processed}"})
-    crashed = imap.spawn(config, env={"MAILTAP_TEST_CRASH_AT": point}, log_name="crash")
+    crashed = imap.spawn(config, env=crash_env(point), log_name="crash")
     assert crashed.wait(180) == EXIT_CODE, imap.log("crash")
     imap.spawn(config)
     wait_for(lambda: imap.cursor_at(30), "the restarted source to catch up")

@@ -16,7 +16,8 @@ from connectors.core.config import MailtapConfig, config_from_dict
 from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.kafka.topics import ensure_topics
 from connectors.smtp.config import SmtpSinkSettings
-from connectors.smtp.sink import PRODUCER_COMPRESSION, SmtpSink
+from connectors.smtp.lanes import PRODUCER_COMPRESSION
+from connectors.smtp.sink import SmtpSink
 
 #: Generous upper bounds for waiting on results; never asserted as durations.
 WAIT_S = 90.0

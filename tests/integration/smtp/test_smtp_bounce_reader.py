@@ -15,8 +15,8 @@ from connectors.core.kafka.clients import producer_config
 from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
 from connectors.smtp.bounce_reader import BounceReader
+from connectors.smtp.lanes import PRODUCER_COMPRESSION
 from connectors.smtp.metrics import SinkMetrics
-from connectors.smtp.sink import PRODUCER_COMPRESSION
 from mailtap.dev import DevServices
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "dsn"

@@ -21,9 +21,11 @@ import yaml
 from smtp_harness import WAIT_S, TopicReader, command, produce_commands, sink_config
 from smtp_scripted_server import ScriptedRelay
 
+from connectors.core import checkpoints
 from connectors.smtp.identity import message_id_for
-from connectors.smtp.sink import TEST_HOOK_ENV
 from mailtap.dev import DevServices
+from tests.support.crashpoints import ENV as CRASH_ENV
+from tests.support.crashpoints import EXIT_CODE, crash_env
 
 REPO = Path(__file__).resolve().parents[3]
 RUNNER = (
@@ -32,11 +34,16 @@ RUNNER = (
 )
 
 
+#: Where each test kills the sink: the first time it passes that checkpoint.
+CRASH_AT = {"kill_after_intent": "after_intent:1", "kill_after_send": "after_send:1"}
+
+
 def start_sink(config: Path, log: Path, hook: str | None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    env.pop(TEST_HOOK_ENV, None)
+    for name in (CRASH_ENV, checkpoints.ENV):
+        env.pop(name, None)
     if hook:
-        env[TEST_HOOK_ENV] = hook
+        env.update(crash_env(CRASH_AT[hook]))
     with log.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-c", RUNNER, str(config)], env=env, stdout=out, stderr=out
@@ -46,7 +53,7 @@ def start_sink(config: Path, log: Path, hook: str | None) -> subprocess.Popen[by
 def start_cli_sink(config: Path, log: Path) -> subprocess.Popen[bytes]:
     """``mailtap run smtp-sink -c CONFIG`` as a user starts it: default log level, own session."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for name in (TEST_HOOK_ENV, "MAILTAP_LOG_LEVEL", "MAILTAP_LOG_FORMAT"):
+    for name in (CRASH_ENV, checkpoints.ENV, "MAILTAP_LOG_LEVEL", "MAILTAP_LOG_FORMAT"):
         env.pop(name, None)
     with log.open("wb") as out:
         return subprocess.Popen(
@@ -79,7 +86,7 @@ def test_kill_9_between_intent_and_outcome(
     produce_commands(cfg, cmds)
 
     crashed = start_sink(config, log, hook)
-    assert crashed.wait(timeout=WAIT_S) == -signal.SIGKILL, log.read_text()
+    assert crashed.wait(timeout=WAIT_S) == EXIT_CODE, log.read_text()
     sent_before_restart = len(relay.handler.snapshot())
     if hook == "kill_after_intent":
         assert sent_before_restart == 0

@@ -24,7 +24,8 @@ from connectors.core.config import MailtapConfig, config_from_dict
 from connectors.core.errors import ConfigError
 from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.smtp.identity import message_id_for
-from connectors.smtp.sink import PRODUCER_COMPRESSION, SmtpSink
+from connectors.smtp.lanes import PRODUCER_COMPRESSION
+from connectors.smtp.sink import SmtpSink
 from connectors.smtp.state import ensure_state_topic
 from mailtap.components import Component
 from mailtap.dev import DevServices

@@ -219,3 +219,20 @@ def test_one_shared_serde_per_schema_and_registry_in_a_process() -> None:
     assert AvroSerde.shared("DeliveryEvent", kafka) is not events
     other = kafka.model_copy(update={"schema_registry_url": "mock://shared-serde-test"})
     assert AvroSerde.shared("MailEvent", other) is not events
+
+
+def test_a_registry_that_does_not_answer_is_unavailable_not_bad_data() -> None:
+    """The record is fine; the registry is down (a closed port): callers must retry it later,
+    never skip it as undecodable (found by `mailtap soak`, see connectors/smtp/suppression.py)."""
+    import socket
+
+    from connectors.core.errors import RegistryUnavailable, classify
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again when the block ends: connection refused
+    serde = AvroSerde(load_schema("Suppression"), f"http://127.0.0.1:{port}")
+    record = b"\x00" + (7).to_bytes(4, "big") + b"\x02"
+    with pytest.raises(RegistryUnavailable, match="registry did not answer") as raised:
+        serde.decode(record, "mail.suppressions")
+    assert classify(raised.value).value == "retry"

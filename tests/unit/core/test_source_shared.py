@@ -12,14 +12,15 @@ from typing import Any
 
 import pytest
 
-from connectors.core.errors import AuthenticationError
-from connectors.core.faults import ENV, EXIT_CODE, CrashPoints
+from connectors.core import checkpoints
+from connectors.core.errors import AuthenticationError, ConfigError
 from connectors.core.kafka.errors import TransactionAborted
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
 from connectors.core.source.reconnect import backoff_delay
 from connectors.core.source.records import MailEventRecords
 from connectors.core.source.settings import check_section, start_since, validate_start
+from tests.support.crashpoints import EXIT_CODE, CrashPoints, crash_env
 
 pytestmark = pytest.mark.unit
 
@@ -140,22 +141,39 @@ def test_crash_points_parse_their_spec() -> None:
     assert not CrashPoints(None).active and CrashPoints("").point is None
 
 
-def test_the_process_exits_137_the_nth_time_a_point_is_reached() -> None:
-    code = (
-        "from connectors.core.faults import CrashPoints\n"
-        "c = CrashPoints.from_env()\n"
-        "c.reached('other'); c.reached('before_write'); print('first', flush=True)\n"
-        "c.reached('before_write'); print('never')\n"
+def _reach(points: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A process that passes ``points`` (one checkpoint per line of code) in the product's module."""
+    code = "from connectors.core import checkpoints\n" + "".join(
+        f"checkpoints.reached({point!r}); print({point!r}, flush=True)\n"
+        for point in points.split()
     )
-    done = subprocess.run(
+    return subprocess.run(
         [sys.executable, "-c", code],
-        env={ENV: "before_write:2", "PYTHONPATH": str(REPO)},
+        env={**env, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
     )
+
+
+def test_the_process_exits_137_the_nth_time_a_point_is_reached() -> None:
+    done = _reach("other before_write before_write never", crash_env("before_write:2"))
     assert done.returncode == EXIT_CODE
-    assert done.stdout == "first\n" and "crashing at before_write:2" in done.stderr
+    assert done.stdout == "other\nbefore_write\n"
+    assert "crashing at before_write:2" in done.stderr
+
+
+def test_without_an_observer_the_checkpoints_do_nothing() -> None:
+    # The crash spec alone is not enough: the product loads no test module unless told to.
+    done = _reach("before_write in_transaction", {"MAILTAP_TEST_CRASH_AT": "before_write:1"})
+    assert (done.returncode, done.stdout) == (0, "before_write\nin_transaction\n")
+
+
+def test_an_observer_module_that_does_not_exist_stops_with_a_sentence() -> None:
+    done = _reach("before_write", {checkpoints.ENV: "tests.support.no_such_module"})
+    assert done.returncode == 1
+    assert "names no importable module" in done.stderr and ConfigError.__name__ in done.stderr
 
 
 # --- backoff decision ------------------------------------------------------------------------

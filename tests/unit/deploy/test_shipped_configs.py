@@ -19,7 +19,7 @@ from streams.config import StreamsSettings
 from tests.support import deploy
 
 SERVICES = deploy.mailtap_services()
-DEPLOYMENTS = {deploy.deployment_component(d): d for d in deploy.k8s_kind("Deployment")}
+DEPLOYMENTS = {deploy.deployment_component(d): d for d in deploy.k8s_workloads()}
 
 
 def config_check(path: Path, component: str, env: dict[str, str]) -> tuple[int, str]:
@@ -171,6 +171,40 @@ def test_compose_config_alone_names_its_components(tmp_path: Path) -> None:
 def test_k8s_one_deployment_per_component() -> None:
     # ews-source is an optional kustomize component (deploy/k8s/components/ews-source).
     assert set(DEPLOYMENTS) == set(COMPONENTS)
+    assert len(deploy.k8s_workloads()) == len(COMPONENTS)
+
+
+def test_k8s_sink_replicas_keep_their_transactional_ids() -> None:
+    # A Deployment names each new pod anew: a zombie sink would never be fenced. A StatefulSet's
+    # pod names are stable per replica and become smtp.instance_id, hence the transactional id.
+    sink = DEPLOYMENTS["smtp-sink"]
+    assert sink["kind"] == "StatefulSet"
+    (container,) = sink["spec"]["template"]["spec"]["containers"]
+    (instance,) = [e for e in container["env"] if e["name"] == "MAILTAP__SMTP__INSTANCE_ID"]
+    assert instance["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    services = {s["metadata"]["name"]: s for s in deploy.k8s_kind("Service")}
+    assert services[sink["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize("component", sorted(DEPLOYMENTS))
+def test_k8s_every_component_logs_in_to_kafka_from_its_own_secrets(component: str) -> None:
+    pod = DEPLOYMENTS[component]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (login,) = container["envFrom"]
+    assert login["secretRef"]["name"] == f"mailtap-kafka-{component}"
+    assert not [e for e in container.get("env", []) if e["name"].startswith("MAILTAP__KAFKA__")]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["kafka-tls"]["secret"]["secretName"] == f"mailtap-kafka-tls-{component}"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["kafka-tls"] == "/var/run/secrets/mailtap/kafka"
+    # Each mechanism's credentials are in the example: SCRAM active, mTLS and OAuth commented.
+    example = (deploy.K8S_EXAMPLE_OVERLAY / f"kafka-{component}.env.example").read_text()
+    for variable in (
+        "SASL_PASSWORD",
+        "SSL_KEY_PASSWORD",
+        "SASL_OAUTHBEARER__CLIENT_SECRET",
+    ):
+        assert f"MAILTAP__KAFKA__{variable}=" in example
 
 
 @pytest.mark.parametrize("component", sorted(DEPLOYMENTS))
@@ -215,7 +249,8 @@ def test_k8s_what_the_schemas_cannot_catch(component: str) -> None:
         assert container[probe]["httpGet"]["path"] == "/healthz"
         assert container[probe]["httpGet"]["port"] in port_names
     assert "limits" in container["resources"] and "requests" in container["resources"]
-    for ref in (e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e):
+    refs = [e["valueFrom"].get("secretKeyRef") for e in container["env"] if "valueFrom" in e]
+    for ref in filter(None, refs):
         assert ref["key"] in deploy.secret_keys_example()
     if component == "streams":
         # The shipped default: one worker; more share the conversations (streams/README.md).
@@ -260,3 +295,33 @@ def test_state_paths_are_where_the_image_lets_the_user_write() -> None:
         assert config["streams"]["data_dir"].startswith("/var/lib/mailtap/")
         url = config["claim_check"]["url"]
         assert url.startswith("s3://") or url.startswith("file:///var/lib/mailtap/")
+
+
+@pytest.mark.parametrize("shipped", ["compose", "k8s"])
+def test_shipped_configs_put_every_name_inside_the_namespace(shipped: str, tmp_path: Path) -> None:
+    # A name the shipped file spelt out (an app id, a group id) would stay outside the
+    # namespace: two deployments would share a consumer group (issue 27 item 5).
+    from connectors.imap.config import ImapSourceSettings
+
+    path = tmp_path / "mailtap.yaml"
+    if shipped == "compose":
+        path.write_text(deploy.compose_config_file(next(iter(SERVICES.values()))).read_text())
+    else:
+        path.write_text(deploy.configmap_config())
+    env = {
+        "MAILTAP__KAFKA__NAMESPACE": "prod",
+        # The Kubernetes login comes from each component's Secret (envFrom).
+        **deploy.secret_env_example("mailtap-kafka-imap-source"),
+        "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": "x",
+        "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS": "support@example.com",
+        "MAILTAP__SMTP__FROM_ADDRESS": "support@example.com",
+    }
+    config = load_config(path, env=env)
+    names = list(config.kafka.topics.model_dump().values())
+    streams = config.section("streams", StreamsSettings)
+    sink = config.section("smtp", SmtpSinkSettings)
+    imap = config.section("imap", ImapSourceSettings)
+    assert imap.group is not None
+    names += [streams.app_id, sink.group_id, sink.bounce_group_id, sink.state_topic]
+    names += [imap.group.id, imap.group.topic("imap")]
+    assert [n for n in names if not n.startswith("prod.")] == []

@@ -12,14 +12,9 @@ from typing import Any
 
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail.event import MailEvent, SourceCoordinates
-from connectors.imap.connection import (
-    FetchedMail,
-    FlagState,
-    FolderStatus,
-    IdleOutcome,
-    MovedTo,
-)
+from connectors.imap.connection import FetchedMail, FlagState, FolderStatus, MovedTo
 from connectors.imap.errors import FolderMissing, ImapProtocolError
+from connectors.imap.idle import IdleOutcome
 from connectors.imap.uidset import UidSet
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import ssl
 import time
 from pathlib import Path
@@ -11,9 +12,19 @@ import pytest
 from imapclient import exceptions as imap_exc
 
 from connectors.core.errors import AuthenticationError, Disposition, classify
+from connectors.imap import connection as connection_module
+from connectors.imap import idle, search
 from connectors.imap.config import ImapAccountSettings
-from connectors.imap.connection import ImapConnection, _wire, parse_copyuid
+from connectors.imap.connection import ImapConnection, parse_copyuid
 from connectors.imap.errors import ConnectionLost, ImapProtocolError
+from connectors.imap.idle import classify_untagged
+from connectors.imap.wire import wire
+
+
+@pytest.mark.parametrize("module", [connection_module, idle, search])
+def test_docstring_examples(module: object) -> None:
+    result = doctest.testmod(module)  # type: ignore[arg-type]
+    assert result.attempted > 0 and result.failed == 0
 
 
 @pytest.mark.parametrize(
@@ -30,7 +41,7 @@ from connectors.imap.errors import ConnectionLost, ImapProtocolError
 def test_library_errors_become_ours_and_classify_from_the_cause_chain(
     raised: Exception, expected: type[Exception], disposition: Disposition
 ) -> None:
-    with pytest.raises(expected) as caught, _wire("fetch"):
+    with pytest.raises(expected) as caught, wire("fetch"):
         raise raised
     assert caught.value.__cause__ is raised
     assert classify(caught.value) is disposition
@@ -50,13 +61,13 @@ def test_library_errors_become_ours_and_classify_from_the_cause_chain(
 def test_idle_answers_are_classified(
     responses: list[tuple[Any, ...]], flags: tuple[bool, ...]
 ) -> None:
-    outcome = ImapConnection._classify(responses)
+    outcome = classify_untagged(responses)
     assert (outcome.new_mail, outcome.expunged, outcome.flags_changed, outcome.other) == flags
 
 
 def test_bye_is_a_dead_connection() -> None:
     with pytest.raises(ConnectionLost, match="BYE"):
-        ImapConnection._classify([(b"BYE", b"Server shutting down")])
+        classify_untagged([(b"BYE", b"Server shutting down")])
 
 
 def test_a_uidvalidity_response_code_ends_idle_for_a_sync() -> None:

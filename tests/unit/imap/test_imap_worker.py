@@ -462,11 +462,9 @@ class BlobCheckingWriter(RecordingWriter):
         super().write(records, offsets, check)
 
 
-def test_a_batch_s_blobs_are_in_the_store_when_its_transaction_commits(tmp_path: Path) -> None:
-    store = LocalClaimCheckStore(tmp_path)
-    writer = BlobCheckingWriter(store)
-    worker, _, _ = make_worker(filled(5), writer=writer)
-    worker.builder = RecordBuilder(
+def _storing_builder(store: LocalClaimCheckStore) -> RecordBuilder:
+    """A builder whose parser puts every body into ``store`` (a blob per mail)."""
+    return RecordBuilder(
         account="a",
         folder="INBOX",
         parser=functools.partial(_storing_parse, claim_check=store),
@@ -476,6 +474,12 @@ def test_a_batch_s_blobs_are_in_the_store_when_its_transaction_commits(tmp_path:
         max_record_bytes=1_000_000,
         claim_check=store,
     )
+
+
+def test_a_batch_s_blobs_are_in_the_store_when_its_transaction_commits(tmp_path: Path) -> None:
+    store = LocalClaimCheckStore(tmp_path)
+    writer = BlobCheckingWriter(store)
+    worker, _, _ = make_worker(filled(5), writer=writer, builder=_storing_builder(store))
     worker.run()
     assert writer.readable == [True] * 5
     assert [len(records) for records, _ in writer.transactions] == [0, 3, 2]
@@ -485,16 +489,8 @@ def test_a_batch_s_blobs_are_in_the_store_when_its_transaction_commits(tmp_path:
 def test_a_failed_transaction_leaves_complete_blobs_only(tmp_path: Path) -> None:
     store = LocalClaimCheckStore(tmp_path)
     writer = RecordingWriter()
-    worker, _, stop = make_worker(filled(2), writer=writer, stop=CountingStop(limit=1))
-    worker.builder = RecordBuilder(
-        account="a",
-        folder="INBOX",
-        parser=functools.partial(_storing_parse, claim_check=store),
-        serde=JsonSerde(),  # type: ignore[arg-type]
-        events_topic="ev",
-        dlq_topic="dlq",
-        max_record_bytes=1_000_000,
-        claim_check=store,
+    worker, _, stop = make_worker(
+        filled(2), writer=writer, stop=CountingStop(limit=1), builder=_storing_builder(store)
     )
     writer.fail_next = None
     original = writer.write

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 
 MODULES = [
     "connectors.core.claimcheck.local",
-    "connectors.core.faults",
+    "connectors.core.checkpoints",
     "connectors.core.source.settings",
     "connectors.core.mail.addresses",
     "connectors.core.mail.budget",
@@ -21,6 +21,7 @@ MODULES = [
     "connectors.core.mail.identity",
     "connectors.core.mail.params",
     "connectors.core.mail.parse",
+    "tests.support.crashpoints",
 ]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
 from connectors.core.avro.serde import AvroSerde
@@ -244,6 +245,49 @@ async def test_settled_generation_rewinds_events_to_committed_or_earliest(
     assert sorted(fake.seeks) == [(0, 7), (1, 2)]  # the changelog partition is left alone
     await w._reseek_after_rebalance()  # once per generation
     assert len(fake.seeks) == 2
+
+
+class RevokingConsumer(FakeConsumer):
+    """A rebalance revokes partition 1 between ``seek_to_committed`` and the seeks (aiokafka
+    raises IllegalStateError for a seek of an unassigned partition)."""
+
+    def __init__(self, events_topic: str, app: Any, revoke_by_generation: bool) -> None:
+        super().__init__(events_topic)
+        self.app = app
+        self.revoke_by_generation = revoke_by_generation
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        if self.revoke_by_generation:
+            self.app.consumer_generation_id += 1  # the new generation is assigned meanwhile
+        return await super().earliest_offsets(*tps)
+
+    async def seek(self, tp: TP, offset: int) -> None:
+        if tp.partition == 1:
+            raise IllegalStateError(f"No current assignment for partition {tp}")
+        await super().seek(tp, offset)
+
+
+@pytest.mark.parametrize("revoke_by_generation", [False, True])
+async def test_a_rebalance_during_the_reseek_leaves_the_worker_running(
+    worker: tuple[StreamsWorker, Recorder], revoke_by_generation: bool
+) -> None:
+    """Found by `mailtap soak` (seed 4): the second worker joined while the first re-seeked,
+    and the seek of a revoked partition crashed the first one."""
+    w, _ = worker
+    fake = RevokingConsumer(KAFKA.topics.events, w.app, revoke_by_generation)
+    w.app.consumer = fake
+    w.app.consumer_generation_id = 3
+    await w._reseek_after_rebalance()  # settling tick
+    await w._reseek_after_rebalance()  # must not raise
+    assert w._reseeked_generation != 3  # not done: the next generation re-seeks itself
+    if revoke_by_generation:
+        assert fake.seeks == []  # nothing seeked for a generation that is gone
+        return
+    w.app.consumer = FakeConsumer(KAFKA.topics.events)  # the next generation, settled
+    w.app.consumer_generation_id = 4
+    await w._reseek_after_rebalance()
+    await w._reseek_after_rebalance()
+    assert sorted(w.app.consumer.seeks) == [(0, 7), (1, 2)]
 
 
 async def test_state_of_a_revoked_partition_leaves_the_worker_at_the_next_recovery(

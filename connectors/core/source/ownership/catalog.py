@@ -179,7 +179,11 @@ class MailboxWatcher:
         self._thread: threading.Thread | None = None
         # Assigned, not subscribed: every instance reads every record (no group).
         self._consumer = Consumer(
-            consumer_config(kafka, group_id="mailtap-mailboxes-reader", enable_partition_eof=True)
+            consumer_config(
+                kafka,
+                group_id=kafka.qualify("mailtap-mailboxes-reader"),
+                enable_partition_eof=True,
+            )
         )
 
     def read_to_end(self, timeout: float = READ_TIMEOUT_S) -> None:

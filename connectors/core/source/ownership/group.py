@@ -44,9 +44,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from connectors.core.config import KafkaSettings, StrictModel
+from connectors.core import namespace as ns
+from connectors.core.config import KafkaSettings, NamespacedModel
 from connectors.core.kafka.clients import admin_client, cluster_metadata, consumer_config
 from connectors.core.kafka.errors import KafkaUnavailable
 from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_specs
@@ -108,13 +109,14 @@ def owned_units(
     return frozenset(u for u in units if partition_of(placement(u), count) in mine)
 
 
-class GroupSettings(StrictModel):
+class GroupSettings(NamespacedModel):
     """``imap.group`` / ``ews.group``: share the mailboxes among every instance with this id."""
 
     id: str = Field(
-        min_length=1,
+        default="",
         description="Kafka consumer group id; instances with the same id divide the mailboxes "
-        "among them (without a group, an instance runs every configured mailbox)",
+        "among them (without a group, an instance runs every configured mailbox). Unset: "
+        "mailtap-<source> (mailtap-imap, mailtap-ews), inside kafka.namespace",
     )
     work_topic: str | None = Field(
         default=None,
@@ -137,8 +139,16 @@ class GroupSettings(StrictModel):
         description="a dead instance's mailboxes move to the others after this",
     )
 
+    @field_validator("id")
+    @classmethod
+    def _id_not_empty(cls, value: str) -> str:
+        # Only a value the file sets is checked: unset, the source section fills in its default.
+        if not value:
+            raise ValueError("String should have at least 1 character (or leave id unset)")
+        return value
+
     def topic(self, source: str) -> str:
-        return self.work_topic or f"mailtap.{source}-work"
+        return self.work_topic or ns.qualify(self.namespace, f"mailtap.{source}-work")
 
 
 def create_if_missing(kafka: KafkaSettings, spec: TopicSpec) -> None:

@@ -1,18 +1,14 @@
-"""Test-only crash points, switched on by ``MAILTAP_TEST_CRASH_AT`` (never set in production).
+"""Crash points for the kill -9 tests: ``MAILTAP_TEST_CRASH_AT=in_transaction:3`` exits the
+source process with code 137 (what a SIGKILL looks like to the outside) the 3rd time it reaches
+that point of :mod:`connectors.core.checkpoints`.
 
-``MAILTAP_TEST_CRASH_AT=in_transaction:3`` makes the process ``os._exit(137)`` (what a SIGKILL
-looks like to the outside) the 3rd time it reaches that point. The sources share the points
-that every batch passes, in this order:
-
-- ``before_write``   a batch is fetched and parsed, nothing produced yet;
-- ``in_transaction`` the batch's records are produced and flushed to the broker, not committed
-  (:class:`CrashingWriter`).
-
-A source may name its own further points (the IMAP source: ``after_commit``,
-``after_side_effect``).
+A test spawns the source with :func:`crash_env`, which also names this module as the product's
+checkpoint observer; without it the product never imports anything from the tests.
 
 >>> CrashPoints("in_transaction:2").point, CrashPoints(None).active
 ('in_transaction', False)
+>>> sorted(crash_env("before_write:2"))
+['MAILTAP_CHECKPOINT_OBSERVER', 'MAILTAP_TEST_CRASH_AT']
 """
 
 from __future__ import annotations
@@ -20,15 +16,22 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any
 
-from connectors.core.kafka.transactions import TransactionalSourceWriter
-
-__all__ = ["ENV", "EXIT_CODE", "CrashPoints", "CrashingWriter"]
+from connectors.core import checkpoints
 
 ENV = "MAILTAP_TEST_CRASH_AT"
 #: What a SIGKILL looks like to a parent process.
 EXIT_CODE = 137
+
+
+def crash_env(spec: str) -> dict[str, str]:
+    """The environment that makes a spawned source crash at ``spec`` (``"point:N"``)."""
+    return {checkpoints.ENV: __name__, ENV: spec}
+
+
+def observer() -> checkpoints.Observer:
+    """Called by :mod:`connectors.core.checkpoints` when the environment names this module."""
+    return CrashPoints.from_env().reached
 
 
 class CrashPoints:
@@ -64,16 +67,3 @@ class CrashPoints:
                 sys.stderr.write(f"{ENV}: crashing at {point}:{self._at}\n")
                 sys.stderr.flush()
                 os._exit(EXIT_CODE)
-
-
-class CrashingWriter(TransactionalSourceWriter):
-    """A writer that can die between produce and commit (records on the broker, uncommitted)."""
-
-    def __init__(self, *args: Any, crash: CrashPoints, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._crash = crash
-
-    def _commit(self) -> None:
-        self._producer.flush(30)
-        self._crash.reached("in_transaction")
-        super()._commit()

@@ -1,0 +1,129 @@
+"""The soak's report: leak figures from the samples, the JSON document and the PNG plot.
+
+The plot needs matplotlib (the optional ``soak`` extra); without it the JSON says so and the
+run's verdict does not change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from mailtap.soak.faults import Fault
+from mailtap.soak.monitor import Sample, slope_per_minute
+
+#: Samples of an instance's life before this are start-up (imports, backfill, group join).
+WARM_UP_S = 120.0
+#: A life shorter than this after warm-up says nothing about a slope.
+MIN_WINDOW_S = 300.0
+#: Growth that counts as a leak over a window of at least MIN_WINDOW_S.
+RSS_LEAK_MB_PER_MIN = 1.0
+FD_LEAK_PER_MIN = 0.5
+
+
+def leak_figures(samples: list[Sample]) -> dict[str, Any]:
+    """Per instance, the RSS and fd slope of each life long enough to judge; ``leaks`` names
+    the lives over the limits."""
+    lives: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+    for sample in samples:
+        for name, rss in sample.rss.items():
+            lives[(name, sample.lives[name])].append((sample.at, rss, sample.fds[name]))
+    figures: dict[str, Any] = {"per_life": [], "leaks": []}
+    for (name, life), points in sorted(lives.items()):
+        start = points[0][0]
+        window = [p for p in points if p[0] - start >= WARM_UP_S]
+        if not window or window[-1][0] - window[0][0] < MIN_WINDOW_S:
+            continue
+        rss_slope = slope_per_minute([(t, r / 2**20) for t, r, _ in window])
+        fd_slope = slope_per_minute([(t, float(f)) for t, _, f in window])
+        entry = {
+            "instance": name,
+            "life": life,
+            "window_s": round(window[-1][0] - window[0][0]),
+            "rss_mb_start": round(window[0][1] / 2**20, 1),
+            "rss_mb_end": round(window[-1][1] / 2**20, 1),
+            "rss_mb_per_min": None if rss_slope is None else round(rss_slope, 3),
+            "fds_start": window[0][2],
+            "fds_end": window[-1][2],
+            "fds_per_min": None if fd_slope is None else round(fd_slope, 3),
+        }
+        figures["per_life"].append(entry)
+        if (rss_slope or 0) > RSS_LEAK_MB_PER_MIN or (fd_slope or 0) > FD_LEAK_PER_MIN:
+            figures["leaks"].append(entry)
+    figures["judged_lives"] = len(figures["per_life"])
+    figures["limits"] = {
+        "warm_up_s": WARM_UP_S,
+        "min_window_s": MIN_WINDOW_S,
+        "rss_mb_per_min": RSS_LEAK_MB_PER_MIN,
+        "fds_per_min": FD_LEAK_PER_MIN,
+    }
+    return figures
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def plot(path: Path, samples: list[Sample], faults: list[Fault], title: str) -> str | None:
+    """Events/s, commands/s, lag and RSS over time, each fault a marker. Returns why not, if
+    it could not draw."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install 'mailtap[soak]')"
+    if len(samples) < 2:
+        return "fewer than 2 samples"
+    minutes = [s.at / 60 for s in samples]
+
+    def rate(values: list[int]) -> list[float]:
+        out = [0.0]
+        for i in range(1, len(samples)):
+            dt = samples[i].at - samples[i - 1].at
+            out.append(max(0.0, (values[i] - values[i - 1]) / dt) if dt > 0 else 0.0)
+        return out
+
+    fig, axes = plt.subplots(4, 1, figsize=(8, 8), sharex=True, dpi=72)
+    axes[0].plot(minutes, rate([s.events for s in samples]), lw=0.8)
+    axes[0].set_ylabel("events/s")
+    axes[1].plot(minutes, rate([s.commands for s in samples]), lw=0.8, color="tab:orange")
+    axes[1].set_ylabel("commands/s")
+    axes[2].plot(minutes, [s.lag_s if s.lag_s is not None else float("nan") for s in samples])
+    axes[2].set_ylabel("lag s")
+    names = sorted({n for s in samples for n in s.rss})
+    for name in names:
+        axes[3].plot(
+            minutes,
+            [s.rss[name] / 2**20 if name in s.rss else float("nan") for s in samples],
+            lw=0.7,
+            label=name,
+        )
+    axes[3].set_ylabel("RSS MB")
+    axes[3].set_xlabel("minutes")
+    axes[3].legend(fontsize=6, ncol=4, loc="upper left")
+    colours = {"kill": "red", "broker-kill": "black", "imap-restart": "purple"}
+    for ax in axes:
+        for fault in faults:
+            ax.axvline(
+                fault.at / 60, color=colours.get(fault.kind, "grey"), lw=0.8, alpha=0.7, ls=":"
+            )
+    from matplotlib.lines import Line2D
+
+    axes[0].legend(
+        [Line2D([], [], color=c, ls=":") for c in [*colours.values(), "grey"]],
+        [*colours, "other faults"],
+        fontsize=6,
+        ncol=4,
+        loc="upper left",
+    )
+    axes[0].set_title(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return None

@@ -1,0 +1,85 @@
+"""A component from the image against a secured cluster (issue 27 item 6): the IMAP source in a
+container built from deploy/Dockerfile, from the shipped compose config with environment
+overrides only, logs in to the secured broker of ``mailtap dev up --secure`` with SASL_SSL
+SCRAM-SHA-512 as a principal that holds only prefixed ACLs on its ``kafka.namespace``; the CA
+is a file mounted into the container read-only, as a compose or Kubernetes secret would be.
+A mail appended to the mailbox becomes its MailEvent on ``<namespace>.mail.events``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.deploy.containers import free_port, logs, mailtap_container, status, wait_healthy
+
+# The secured broker of the integration tests (fixtures), started once for this session too.
+from tests.integration.secure.conftest import admin, secure_kafka  # noqa: F401
+from tests.integration.secure.test_secure_namespaces import Deployment, append
+from tests.support import deploy
+
+CONFIG = deploy.ROOT / "deploy" / "compose" / "mailtap.yaml"
+CA_IN_CONTAINER = "/run/secrets/kafka-ca.pem"
+PUBLISH_S = 120.0
+
+
+@pytest.fixture
+def tenant(services, secure_kafka, admin, unique, tmp_path) -> Iterator[Deployment]:  # noqa: F811
+    mailbox = services.add_user(f"image-{unique}@example.com", f"pw-{unique}")
+    tenant = Deployment(f"img{unique}", secure_kafka, admin, mailbox, services, tmp_path)
+    tenant.provision()
+    yield tenant
+
+
+@pytest.mark.timeout(600)
+def test_imap_source_image_publishes_over_sasl_ssl(
+    image,
+    docker_api,
+    volume,
+    services,
+    secure_kafka,  # noqa: F811 - the imported fixture
+    tenant,
+    unique,
+    tmp_path,
+) -> None:
+    ca = tmp_path / "ca.pem"
+    shutil.copyfile(secure_kafka.ca_location, ca)
+    ca.chmod(0o644)  # the image's user (10001) reads it
+    port = free_port()
+    env = {
+        "MAILTAP_KAFKA_BOOTSTRAP": secure_kafka.sasl_bootstrap,
+        "MAILTAP__KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+        "MAILTAP__KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+        "MAILTAP__KAFKA__SASL_USERNAME": tenant.principal,
+        "MAILTAP__KAFKA__SASL_PASSWORD": tenant.password,
+        "MAILTAP__KAFKA__SSL_CA_LOCATION": CA_IN_CONTAINER,
+        "MAILTAP__KAFKA__NAMESPACE": tenant.namespace,
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY_URL": "null",  # the secured broker comes alone
+        "MAILTAP__KAFKA__REPLICATION_FACTOR": "1",
+        "MAILTAP__IMAP__ACCOUNTS__0__HOST": services.imap.host,
+        "MAILTAP__IMAP__ACCOUNTS__0__PORT": str(services.imap.port),
+        "MAILTAP__IMAP__ACCOUNTS__0__SECURITY": "plain",
+        "MAILTAP__IMAP__ACCOUNTS__0__USERNAME": tenant.mailbox.username,
+        "MAILTAP__IMAP__ACCOUNTS__0__PASSWORD": tenant.mailbox.password,
+        "MAILTAP__IMAP__ACCOUNTS__0__START": "all",
+        "MAILTAP__STREAMS__FROM_ADDRESS__ADDRESS": "support@example.com",
+        "MAILTAP__SMTP__FROM_ADDRESS": "support@example.com",
+        "MAILTAP__HEALTH__PORT": str(port),
+    }
+    container = mailtap_container(image, ["run", "imap-source"], CONFIG, env, volume)
+    container.with_volume_mapping(str(ca), CA_IN_CONTAINER, "ro")
+    started = container.start()
+    try:
+        wait_healthy(started, port)
+        ids = append(tenant, services, f"image-{unique}", 2)
+        deadline = time.monotonic() + PUBLISH_S
+        while tenant.message_ids() != ids and time.monotonic() < deadline:
+            assert status(started) == "running", logs(started)
+            time.sleep(2)
+        assert tenant.message_ids() == ids, logs(started)
+        assert tenant.password not in logs(started, 1000)  # a secret is never logged
+    finally:
+        started.stop()
