@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from .auth import Principal
+from .errors import GraphError
 from .mailbox import Mailbox
 
 if TYPE_CHECKING:
@@ -83,8 +84,6 @@ class SendMail:
     ) -> web.StreamResponse | None:
         if mailbox is None or [s.lower() for s in rest] != ["sendmail"]:
             return None
-        from .server import GraphError
-
         if request.method != "POST":
             raise GraphError(405, "BadRequest", "sendMail is a POST action.")
         content_type = request.content_type
@@ -125,8 +124,6 @@ class SendMail:
     # -- building the message ----------------------------------------------------------------------
 
     def _send_json(self, mailbox: Mailbox, message: dict[str, Any], save: bool) -> SentMail:
-        from .server import GraphError
-
         def addresses(name: str) -> list[str]:
             found = []
             for recipient in message.get(name) or []:
@@ -178,8 +175,6 @@ class SendMail:
         return self._record(mailbox, mime, tuple(to + cc + bcc), save, message)
 
     def _send_mime(self, mailbox: Mailbox, mime: bytes, save: bool) -> SentMail:
-        from .server import GraphError
-
         parsed = email.message_from_bytes(mime, policy=email.policy.default)
         recipients: list[str] = []
         for name in ("To", "Cc", "Bcc"):

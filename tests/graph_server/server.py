@@ -1,25 +1,21 @@
 """A protocol-faithful Microsoft Graph (mail) server on loopback, for tests.
 
 HTTPS (``tls.py``: MSAL accepts only an https authority) served by aiohttp on its own event
-loop in a daemon thread of the test process, so it ends with the process. One origin serves
-both the identity platform (``/{tenant}/oauth2/v2.0/token``, the OpenID metadata) and Graph
-(``/v1.0/...``); point MSAL at ``authority`` with ``instance_discovery=False`` and
-``verify=ca_file``, and the Graph client at ``graph_url``.
+loop in a daemon thread of the test process, so it ends with the process (``remote.py`` runs it
+as a process of its own). One origin serves both the identity platform (``identity.py``) and
+Graph (``/v1.0/...``); point MSAL at ``authority`` with ``instance_discovery=False`` and a
+session trusting ``ca_file`` (``fixture.trusting_session``), the Graph client at ``graph_url``.
 
-Graph endpoints (v1.0), each answering as Microsoft Learn documents it:
+This module is the request pipeline every Graph call goes through (bearer check, injected
+failures, mailbox resolution and access, throttling) and the test-side API. The endpoints live
+in extensions: ``mail.py`` (mail folders, delta, messages, ``$value``), ``subscriptions.py``
+(change notifications), ``sendmail.py``, ``control.py`` (the test-side API over HTTP).
 
-- ``GET /users/{id|upn}/mailFolders`` and ``/mailFolders/{id|well-known name}``
-  (https://learn.microsoft.com/en-us/graph/api/user-list-mailfolders,
-  https://learn.microsoft.com/en-us/graph/api/mailfolder-get);
-- ``GET /users/{id}/mailFolders/{folder}/messages/delta`` (``delta.py``;
-  https://learn.microsoft.com/en-us/graph/api/message-delta);
-- ``GET /users/{id}/messages/{id}`` and ``.../$value`` (the MIME;
-  https://learn.microsoft.com/en-us/graph/outlook-get-mime-message);
-- ``/me/...`` for delegated tokens.
-
-Every call needs ``Authorization: Bearer`` (401 ``InvalidAuthenticationToken`` otherwise);
-``Prefer: IdType="ImmutableId"`` switches message ids to immutable ones and is echoed in
-``Preference-Applied`` (https://learn.microsoft.com/en-us/graph/outlook-immutable-id).
+Every call needs ``Authorization: Bearer`` (401 ``InvalidAuthenticationToken`` otherwise;
+https://learn.microsoft.com/en-us/graph/errors); an app reads the mailboxes its application
+access policy allows (403 ``ErrorAccessDenied``;
+https://learn.microsoft.com/en-us/graph/auth-limit-mailbox-access), a delegated token only its
+user's; a deleted mailbox answers 404.
 
 Throttling (https://learn.microsoft.com/en-us/graph/throttling,
 https://learn.microsoft.com/en-us/graph/throttling-limits#outlook-service-limits): more than
@@ -31,7 +27,7 @@ Fault switches (thread-safe, callable while clients are connected): ``fail_reque
 503 / 504 with ``Retry-After``), ``expire_delta_tokens`` (``syncStateNotFound`` or
 ``resyncRequired`` with ``Location``), ``replay_changes`` (the same change twice),
 ``expire_access_tokens``, ``revoke_refresh_tokens``, ``revoke_access`` (403),
-``delete_mailbox`` (404), ``slow_responses`` (hold requests in flight).
+``delete_mailbox`` (404), ``slow_responses`` / ``hold_responses`` (requests in flight).
 
 Usage::
 
@@ -56,22 +52,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlencode
 
 from aiohttp import web
 
-from .auth import Principal, TokenError, TokenIssuer
+from .auth import Principal, TokenIssuer
 from .control import ControlApi
 from .delivery import Delivery, NotificationDelivery
-from .delta import DEFAULT_PAGE_SIZE, DeltaTracker, SyncStateGone
+from .delta import DeltaTracker
+from .errors import GraphError
+from .identity import IdentityEndpoints
+from .mail import MailEndpoints
 from .mailbox import GraphStore, Mailbox, MailFolder, Message
 from .resources import (
-    FOLDER_PROPERTIES,
-    MESSAGE_PROPERTIES,
     error_json,
-    folder_json,
-    message_json,
-    removed_json,
 )
 from .sendmail import Bounce, SendMail, SentMail
 from .subscriptions import ChangeNotifications, Subscription
@@ -124,19 +117,6 @@ class ServerExtension(Protocol):
         """Stop background work (called on the server's loop at shutdown)."""
 
 
-class GraphError(Exception):
-    """An error answer: status, Graph error code, message, extra headers."""
-
-    def __init__(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers or {}
-
-
 class GraphTestServer:
     def __init__(
         self,
@@ -173,6 +153,7 @@ class GraphTestServer:
         self.mailbox_request_limit = mailbox_request_limit
         self.mailbox_request_window = mailbox_request_window
         self._slow_seconds = 0.0
+        self._held: asyncio.Event | None = None  # set on the server's loop: released
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if state_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="graph-server-")
@@ -195,6 +176,8 @@ class GraphTestServer:
             self.notifications,
             self.mail_submission,
             ControlApi(self),
+            MailEndpoints(self),
+            IdentityEndpoints(self),
         ]
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -263,10 +246,6 @@ class GraphTestServer:
 
     async def _serve(self) -> None:
         app = web.Application(client_max_size=150 * 1024 * 1024)
-        app.router.add_get(
-            "/{tenant}/v2.0/.well-known/openid-configuration", self._openid_configuration
-        )
-        app.router.add_post("/{tenant}/oauth2/v2.0/token", self._token)
         app.router.add_route("*", "/v1.0/{tail:.*}", self._graph)
         for extension in self._extensions:
             extension.install(app)
@@ -525,52 +504,23 @@ class GraphTestServer:
         with self.store.cond:
             self._slow_seconds = seconds
 
-    # -- identity platform -----------------------------------------------------------------------
+    def hold_responses(self) -> None:
+        """Hold every Graph call (after auth and throttling checks) until
+        ``release_responses()``: requests pile up in flight, deterministically."""
+        with self.store.cond:
+            if self._held is None:
+                self._held = asyncio.Event()
 
-    async def _openid_configuration(self, request: web.Request) -> web.Response:
-        """The tenant's OpenID Connect metadata, the subset MSAL reads plus the usual fields
-        (https://learn.microsoft.com/en-us/entra/identity-platform/v2-protocols-oidc#fetch-the-openid-configuration-document)."""
-        tenant = request.match_info["tenant"]
-        if tenant != self.tenant:
-            error = TokenError(400, "invalid_tenant", 90002, f"Tenant '{tenant}' not found.")
-            return web.json_response(error.body(), status=400)
-        base = f"{self.url}/{tenant}"
-        return web.json_response(
-            {
-                "token_endpoint": f"{base}/oauth2/v2.0/token",
-                "token_endpoint_auth_methods_supported": [
-                    "client_secret_post",
-                    "private_key_jwt",
-                    "client_secret_basic",
-                ],
-                "jwks_uri": f"{base}/discovery/v2.0/keys",
-                "response_modes_supported": ["query", "fragment", "form_post"],
-                "subject_types_supported": ["pairwise"],
-                "id_token_signing_alg_values_supported": ["RS256"],
-                "response_types_supported": ["code", "id_token", "code id_token", "id_token token"],
-                "scopes_supported": ["openid", "profile", "email", "offline_access"],
-                "issuer": f"{self.url}/{tenant}/v2.0",
-                "request_uri_parameter_supported": False,
-                "authorization_endpoint": f"{base}/oauth2/v2.0/authorize",
-                "device_authorization_endpoint": f"{base}/oauth2/v2.0/devicecode",
-                "end_session_endpoint": f"{base}/oauth2/v2.0/logout",
-                "tenant_region_scope": "EU",
-                "cloud_instance_name": "microsoftonline.com",
-                "cloud_graph_host_name": "graph.windows.net",
-                "msgraph_host": "graph.microsoft.com",
-            }
-        )
+    def release_responses(self) -> None:
+        with self.store.cond:
+            held, self._held = self._held, None
+        if held is not None:
+            self.loop.call_soon_threadsafe(held.set)
 
-    async def _token(self, request: web.Request) -> web.Response:
-        form = {k: str(v) for k, v in (await request.post()).items()}
-        tenant = request.match_info["tenant"]
-        endpoint = f"{self.url}/{tenant}/oauth2/v2.0/token"
-        try:
-            with self.store.cond:
-                body = self.tokens.token(tenant, form, endpoint)
-        except TokenError as e:
-            return web.json_response(e.body(), status=e.status)
-        return web.json_response(body, headers={"Cache-Control": "no-store, no-cache"})
+    def in_flight(self, client_id: str, address: str) -> int:
+        """Calls of ``client_id`` on ``address`` being served now (the concurrency limit's count)."""
+        with self.store.cond:
+            return self._in_flight[(client_id, address.lower())]
 
     # -- Graph -----------------------------------------------------------------------------------
 
@@ -600,6 +550,8 @@ class GraphTestServer:
                     self._in_flight[slot] += 1
             if self._slow_seconds:
                 await asyncio.sleep(self._slow_seconds)
+            if self._held is not None:
+                await self._held.wait()
             response = await self._dispatch(request, path, mailbox, rest, principal)
         except GraphError as e:
             headers = dict(e.headers)
@@ -731,167 +683,7 @@ class GraphTestServer:
             handled = await extension.dispatch(request, path, mailbox, rest, principal)
             if handled is not None:
                 return handled
-        names = [s.lower() for s in rest]
-        if mailbox is None or request.method != "GET":
-            raise GraphError(400, "BadRequest", f"Resource not found for the segment '{path}'.")
-        immutable = _prefers_immutable(request)
-        if names == ["mailfolders"]:
-            response = self._list_folders(mailbox, _folder_select(request))
-        elif len(names) == 2 and names[0] == "mailfolders":
-            response = self._get_folder(mailbox, rest[1], _folder_select(request))
-        elif len(names) == 4 and names[0] == "mailfolders" and names[2:] == ["messages", "delta"]:
-            response = self._delta(request, mailbox, rest[1], immutable)
-        elif names[:1] == ["messages"] and len(names) in (2, 3):
-            response = self._get_message(request, mailbox, rest[1], names[2:], immutable)
-        elif names[:1] == ["mailfolders"] and names[2:3] == ["messages"] and len(names) in (4, 5):
-            response = self._get_message(request, mailbox, rest[3], names[4:], immutable)
-        else:
-            raise GraphError(400, "BadRequest", f"Resource not found for the segment '{path}'.")
-        if immutable:
-            response.headers["Preference-Applied"] = 'IdType="ImmutableId"'
-        return response
-
-    # -- mail folders ------------------------------------------------------------------------------
-
-    def _folder(self, mailbox: Mailbox, ref: str) -> MailFolder:
-        # By id or well-known name (mailfolder resource); display names are not keys in Graph.
-        folder = mailbox.folders.get(ref) or next(
-            (f for f in mailbox.folders.values() if f.well_known_name == ref.lower()), None
-        )
-        if folder is None:
-            raise GraphError(
-                404, "ErrorItemNotFound", "The specified object was not found in the store."
-            )
-        return folder
-
-    def _list_folders(self, mailbox: Mailbox, select: tuple[str, ...] | None) -> web.Response:
-        with self.store.cond:
-            root = mailbox.folder("msgfolderroot")
-            assert root is not None
-            value = [
-                folder_json(mailbox, f, select)
-                for f in mailbox.folders.values()
-                if f.parent_id == root.folder_id
-            ]
-        context = f"{self.graph_url}/$metadata#users('{mailbox.address}')/mailFolders"
-        return web.json_response({"@odata.context": context, "value": value})
-
-    def _get_folder(
-        self, mailbox: Mailbox, ref: str, select: tuple[str, ...] | None
-    ) -> web.Response:
-        with self.store.cond:
-            body = folder_json(mailbox, self._folder(mailbox, ref), select)
-        context = f"{self.graph_url}/$metadata#users('{mailbox.address}')/mailFolders/$entity"
-        return web.json_response({"@odata.context": context, **body})
-
-    # -- delta -------------------------------------------------------------------------------------
-
-    def _delta(
-        self, request: web.Request, mailbox: Mailbox, ref: str, immutable: bool
-    ) -> web.Response:
-        query = request.query
-        unsupported = sorted(set(query) - {"$select", "$skiptoken", "$deltatoken", "changeType"})
-        if unsupported:
-            raise GraphError(
-                400, "BadRequest", f"The test server does not model these options: {unsupported}."
-            )
-        select = _select(query.get("$select"))
-        change_type = query.get("changeType")
-        if change_type not in (None, "created", "updated", "deleted"):
-            raise GraphError(400, "BadRequest", f"Invalid changeType '{change_type}'.")
-        token = query.get("$skiptoken") or query.get("$deltatoken")
-        page_size = _max_page_size(request) or DEFAULT_PAGE_SIZE
-        with self.store.cond:
-            folder = self._folder(mailbox, ref)
-            try:
-                page = self.delta.page(
-                    mailbox,
-                    folder,
-                    token=token,
-                    select=select if token is None else None,
-                    change_type=change_type if token is None else None,
-                    page_size=page_size,
-                )
-            except SyncStateGone as gone:
-                headers = {}
-                if gone.code == "resyncRequired":
-                    headers["Location"] = self._delta_link(mailbox, folder, {})
-                    text = "The delta token is no longer valid; reset the sync state."
-                else:
-                    text = "The sync state generation was not found. The delta token is expired."
-                raise GraphError(410, gone.code, text, headers) from None
-            except KeyError:
-                raise GraphError(
-                    400,
-                    "ErrorInvalidSyncStateData",
-                    "The sync state data is corrupt or otherwise invalid.",
-                ) from None
-            state_select = select if token is None else self.delta.select_of(token)
-            value = [
-                self._delta_entry(mailbox, folder, e, immutable, state_select) for e in page.entries
-            ]
-        body: dict[str, Any] = {"@odata.context": f"{self.graph_url}/$metadata#Collection(message)"}
-        if page.next_token is not None:
-            body["@odata.nextLink"] = self._delta_link(
-                mailbox, folder, {"$skiptoken": page.next_token}
-            )
-        else:
-            assert page.delta_token is not None
-            body["@odata.deltaLink"] = self._delta_link(
-                mailbox, folder, {"$deltatoken": page.delta_token}
-            )
-        body["value"] = value
-        response = web.json_response(body)
-        if _max_page_size(request):
-            response.headers["Preference-Applied"] = f"odata.maxpagesize={page_size}"
-        return response
-
-    def _delta_entry(
-        self,
-        mailbox: Mailbox,
-        folder: MailFolder,
-        immutable_id: str,
-        immutable: bool,
-        select: tuple[str, ...] | None,
-    ) -> dict[str, Any]:
-        message = mailbox.messages.get(immutable_id)
-        if message is not None and message.folder_id == folder.folder_id:
-            return message_json(message, immutable=immutable, select=select)
-        # Gone from this folder: its id as the client knew it here.
-        return removed_json(
-            immutable_id if immutable else folder.departed.get(immutable_id, immutable_id)
-        )
-
-    def _delta_link(self, mailbox: Mailbox, folder: MailFolder, params: dict[str, str]) -> str:
-        # The shape of the documented links: .../mailfolders('{id}')/messages/delta?$skiptoken=
-        base = f"{self.graph_url}/users/{mailbox.user_id}/mailFolders('{folder.folder_id}')/messages/delta"
-        return f"{base}?{urlencode(params, safe='$')}" if params else base
-
-    # -- messages ----------------------------------------------------------------------------------
-
-    def _get_message(
-        self, request: web.Request, mailbox: Mailbox, ref: str, tail: list[str], immutable: bool
-    ) -> web.Response:
-        with self.store.cond:
-            message = mailbox.message(ref)
-            if message is None:
-                raise GraphError(
-                    404, "ErrorItemNotFound", "The specified object was not found in the store."
-                )
-            if tail == ["$value"]:
-                # The MIME content (outlook-get-mime-message); Graph labels it text/plain.
-                return web.Response(body=message.mime, content_type="text/plain")
-            if tail:
-                raise GraphError(
-                    400, "BadRequest", f"Resource not found for the segment '{tail[0]}'."
-                )
-            body = message_json(
-                message, immutable=immutable, select=_select(request.query.get("$select"))
-            )
-        body["@odata.context"] = (
-            f"{self.graph_url}/$metadata#users('{mailbox.address}')/messages/$entity"
-        )
-        return web.json_response(body)
+        raise GraphError(400, "BadRequest", f"Resource not found for the segment '{path}'.")
 
 
 _KEY_SEGMENT = re.compile(r"(\w+)\('([^']*)'\)")
@@ -900,59 +692,6 @@ _KEY_SEGMENT = re.compile(r"(\w+)\('([^']*)'\)")
 def _normalise(tail: str) -> str:
     """``mailfolders('X')/messages`` -> ``mailfolders/X/messages`` (OData key syntax)."""
     return _KEY_SEGMENT.sub(lambda m: f"{m.group(1)}/{m.group(2)}", tail).strip("/")
-
-
-def _prefer(request: web.Request) -> list[str]:
-    values: list[str] = []
-    for header in request.headers.getall("Prefer", []):
-        values.extend(v.strip() for v in header.split(","))
-    return values
-
-
-def _prefers_immutable(request: web.Request) -> bool:
-    return any(v.replace(" ", "").lower() == 'idtype="immutableid"' for v in _prefer(request))
-
-
-def _max_page_size(request: web.Request) -> int | None:
-    for value in _prefer(request):
-        name, _, size = value.partition("=")
-        if name.strip().lower() == "odata.maxpagesize":
-            try:
-                return int(size)
-            except ValueError:
-                raise GraphError(
-                    400, "BadRequest", f"Invalid odata.maxpagesize '{size}'."
-                ) from None
-    return None
-
-
-def _folder_select(request: web.Request) -> tuple[str, ...] | None:
-    value = request.query.get("$select")
-    if value is None:
-        return None
-    names = tuple(n.strip() for n in value.split(",") if n.strip())
-    for name in names:
-        if name not in FOLDER_PROPERTIES:
-            raise GraphError(
-                400,
-                "RequestBroker--ParseUri",
-                f"Could not find a property named '{name}' on type 'microsoft.graph.mailFolder'.",
-            )
-    return names
-
-
-def _select(value: str | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    names = tuple(n.strip() for n in value.split(",") if n.strip())
-    for name in names:
-        if name not in MESSAGE_PROPERTIES:
-            raise GraphError(
-                400,
-                "RequestBroker--ParseUri",
-                f"Could not find a property named '{name}' on type 'microsoft.graph.message'.",
-            )
-    return names
 
 
 def _request_id() -> str:

@@ -34,7 +34,9 @@ from aiohttp import web
 
 from .auth import Principal
 from .delivery import DeliveryRefused, NotificationDelivery
+from .errors import GraphError
 from .mailbox import Mailbox
+from .preferences import prefers_immutable
 
 if TYPE_CHECKING:
     from .server import GraphTestServer
@@ -89,14 +91,6 @@ class Subscription:
         }
 
 
-class GraphRequestError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
 class ChangeNotifications:
     """The subscriptions extension: REST endpoints, store listener, fault switches."""
 
@@ -128,12 +122,7 @@ class ChangeNotifications:
         segments = path.split("/")
         if segments[0].lower() != "subscriptions":
             return None
-        try:
-            return await self._subscriptions(request, segments[1:], principal)
-        except GraphRequestError as e:
-            from .server import GraphError
-
-            raise GraphError(e.status, e.code, e.message) from None
+        return await self._subscriptions(request, segments[1:], principal)
 
     # -- fault switches (test thread) -------------------------------------------------------------
 
@@ -191,7 +180,7 @@ class ChangeNotifications:
                 subscription.paused = False
             return web.Response(status=204)
         if len(segments) != 1:
-            raise GraphRequestError(
+            raise GraphError(
                 400, "BadRequest", f"Resource not found for the segment '{'/'.join(segments)}'."
             )
         if request.method == "GET":
@@ -211,7 +200,7 @@ class ChangeNotifications:
             return web.json_response(
                 {"@odata.context": f"{context}/$entity", **subscription.to_json()}
             )
-        raise GraphRequestError(405, "BadRequest", f"{request.method} is not allowed here.")
+        raise GraphError(405, "BadRequest", f"{request.method} is not allowed here.")
 
     def _own(self, subscription_id: str, principal: Principal) -> Subscription:
         with self.server.store.cond:
@@ -220,7 +209,7 @@ class ChangeNotifications:
                 del self.subscriptions[subscription_id]  # Graph deletes expired subscriptions
                 subscription = None
         if subscription is None or subscription.application_id != principal.client_id:
-            raise GraphRequestError(404, "ResourceNotFound", "The object was not found.")
+            raise GraphError(404, "ResourceNotFound", "The object was not found.")
         return subscription
 
     async def _create(self, request: web.Request, principal: Principal) -> Subscription:
@@ -229,7 +218,7 @@ class ChangeNotifications:
             c.strip() for c in str(body.get("changeType", "")).split(",") if c.strip()
         )
         if not change_types or any(c not in CHANGE_TYPES for c in change_types):
-            raise GraphRequestError(
+            raise GraphError(
                 400,
                 "InvalidRequest",
                 f"changeType must be a comma-separated subset of {CHANGE_TYPES}.",
@@ -238,18 +227,18 @@ class ChangeNotifications:
         lifecycle_url = body.get("lifecycleNotificationUrl")
         client_state = body.get("clientState")
         if not isinstance(notification_url, str) or not notification_url:
-            raise GraphRequestError(400, "InvalidRequest", "notificationUrl is required.")
+            raise GraphError(400, "InvalidRequest", "notificationUrl is required.")
         if client_state is not None and (
             not isinstance(client_state, str) or len(client_state) > 128
         ):
-            raise GraphRequestError(
+            raise GraphError(
                 400, "InvalidRequest", "clientState must be a string of at most 128 characters."
             )
         expiration = _parse_expiration(body.get("expirationDateTime"))
         resource = str(body.get("resource", ""))
         match = _RESOURCE.match(resource)
         if match is None:
-            raise GraphRequestError(
+            raise GraphError(
                 400,
                 "InvalidRequest",
                 f"The test server models message subscriptions only (users/{{id}}/messages, "
@@ -269,7 +258,7 @@ class ChangeNotifications:
                     None,
                 )
             if folder is None:
-                raise GraphRequestError(
+                raise GraphError(
                     404, "ErrorItemNotFound", "The specified object was not found in the store."
                 )
             folder_id = folder.folder_id
@@ -280,9 +269,7 @@ class ChangeNotifications:
             for url in urls:
                 await self.delivery.validate(url)
         except DeliveryRefused as e:
-            raise GraphRequestError(400, "ValidationError", str(e)) from None
-        from .server import _prefers_immutable
-
+            raise GraphError(400, "ValidationError", str(e)) from None
         subscription = Subscription(
             subscription_id=str(uuid.uuid4()),
             resource=resource,
@@ -295,7 +282,7 @@ class ChangeNotifications:
             creator_id=mailbox.user_id if principal.user else principal.client_id,
             address=mailbox.address.lower(),
             folder_id=folder_id,
-            immutable=_prefers_immutable(request),
+            immutable=prefers_immutable(request),
         )
         with self.server.store.cond:
             self.subscriptions[subscription.subscription_id] = subscription
@@ -303,13 +290,7 @@ class ChangeNotifications:
         return subscription
 
     def _mailbox(self, user: str | None, principal: Principal) -> Mailbox:
-        from .server import GraphError
-
-        path = f"users/{user}" if user else "me"
-        try:
-            mailbox, _ = self.server._route_mailbox(path, principal)
-        except GraphError as e:
-            raise GraphRequestError(e.status, e.code, e.message) from None
+        mailbox, _ = self.server._route_mailbox(f"users/{user}" if user else "me", principal)
         assert mailbox is not None
         return mailbox
 
@@ -364,30 +345,28 @@ async def _json(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except ValueError:
-        raise GraphRequestError(400, "BadRequest", "The request body is not valid JSON.") from None
+        raise GraphError(400, "BadRequest", "The request body is not valid JSON.") from None
     if not isinstance(body, dict):
-        raise GraphRequestError(400, "BadRequest", "The request body must be a JSON object.")
+        raise GraphError(400, "BadRequest", "The request body must be a JSON object.")
     return body
 
 
 def _parse_expiration(value: object) -> datetime:
     if not isinstance(value, str):
-        raise GraphRequestError(400, "InvalidRequest", "expirationDateTime is required.")
+        raise GraphError(400, "InvalidRequest", "expirationDateTime is required.")
     try:
         expiration = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
-        raise GraphRequestError(
+        raise GraphError(
             400, "InvalidRequest", f"expirationDateTime {value!r} is not a date."
         ) from None
     if expiration.tzinfo is None:
         expiration = expiration.replace(tzinfo=UTC)
     now = datetime.now(UTC)
     if expiration <= now:
-        raise GraphRequestError(
-            400, "InvalidRequest", "Subscription expiration must be in the future."
-        )
+        raise GraphError(400, "InvalidRequest", "Subscription expiration must be in the future.")
     if expiration > now + timedelta(minutes=MAX_MESSAGE_SUBSCRIPTION_MINUTES):
-        raise GraphRequestError(
+        raise GraphError(
             400,
             "InvalidRequest",
             f"Subscription expiration can only be {MAX_MESSAGE_SUBSCRIPTION_MINUTES} minutes in the future.",

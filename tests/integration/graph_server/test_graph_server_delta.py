@@ -260,9 +260,12 @@ def test_throttling_answers_with_retry_after(
 
 
 def test_mailbox_concurrency_limit(graph_server: GraphTestServer) -> None:
-    """Six requests of one app at once on one mailbox: four are served, two get 429."""
+    """Four requests of one app in flight on one mailbox: a fifth and sixth get 429 at once;
+    the four are answered when released; another app has its own four."""
+    from tests.graph_server.fixture import CLIENT_ID
+
     token = app_token(graph_server)
-    graph_server.slow_responses(3.0)
+    graph_server.hold_responses()
     statuses: list[tuple[int, str]] = []
     lock = threading.Lock()
 
@@ -278,14 +281,18 @@ def test_mailbox_concurrency_limit(graph_server: GraphTestServer) -> None:
         with lock:
             statuses.append((response.status_code, code))
 
-    threads = [threading.Thread(target=call) for _ in range(6)]
-    for thread in threads:
+    held = [threading.Thread(target=call) for _ in range(4)]
+    for thread in held:
         thread.start()
-    for thread in threads:
+    assert graph_server.wait_until(lambda: graph_server.in_flight(CLIENT_ID, USER) == 4, 20)
+    for _ in range(2):
+        call()  # answered while the four are held
+    assert statuses == [(429, "ApplicationThrottled")] * 2
+    graph_server.release_responses()
+    for thread in held:
         thread.join(30)
     assert sorted(statuses) == [(200, "")] * 4 + [(429, "ApplicationThrottled")] * 2
-    throttled = [r for r in graph_server.requests if r.status == 429]
-    assert len(throttled) == 2
+    assert graph_server.in_flight(CLIENT_ID, USER) == 0
 
 
 def test_revoked_access_and_deleted_mailbox(

@@ -244,3 +244,23 @@ def test_event_hubs_delivery_through_kafka(services: Any, unique: str) -> None:
     assert notification["changeType"] == "created"
     assert notification["clientState"] == STATE
     assert notification["resourceData"]["id"] == message.immutable_id
+
+
+def test_slow_webhook_gets_the_notification_again(
+    graph_server: GraphTestServer, client: requests.Session, receiver: WebhookReceiver
+) -> None:
+    """An answer later than 3 s counts as undelivered: Graph sends the same notification again,
+    so a receiver sees it twice (dedupe is the receiver's job)."""
+    assert subscribe(graph_server, client, receiver.url()).status_code == 201
+    receiver.delay = 3.5
+    message = graph_server.add_message(USER, mime(1))
+    first = receiver.wait_for(1)
+    receiver.delay = 0.0
+    both = receiver.wait_for(2, timeout=20)
+    assert [n["resourceData"]["id"] for n in both] == [message.immutable_id] * 2
+    assert first[0] == both[1]
+    assert graph_server.wait_until(lambda: len(graph_server.deliveries) >= 2, 10)
+    assert [d.status for d in graph_server.deliveries][:2] == [
+        None,
+        202,
+    ]  # no answer in 3 s, then 202
