@@ -165,6 +165,7 @@ class GraphSourceSettings(SourceSettings):
     """The whole ``graph`` section."""
 
     ACCOUNTS_KEY = "graph.accounts"
+    SOURCE_KIND = "graph"
 
     tenant_id: str = Field(min_length=1, description="the Microsoft Entra tenant (id or domain)")
     client_id: str = Field(min_length=1, description="the application (client) id")

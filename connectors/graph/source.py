@@ -12,8 +12,8 @@ Usage (``mailtap run graph-source -c CONFIG`` does this)::
     ...
     source.stop()
 
-Tests crash the process at a point of a batch with ``MAILTAP_TEST_CRASH_AT``
-(:mod:`connectors.core.faults`), as for the other sources.
+Every batch passes the checkpoints of :mod:`connectors.core.checkpoints` (``before_write``,
+``in_transaction``), where the kill -9 tests crash the process, as for the other sources.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from connectors.core import faults
+from connectors.core import checkpoints
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
@@ -34,7 +34,6 @@ from connectors.core.metrics import SourceMetrics
 from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import by_account
 from connectors.core.source.runtime import STOP_JOIN_S, FolderRun, FolderSourceRuntime
-from connectors.core.source.worker import Writer
 from connectors.graph.auth import TokenSource
 from connectors.graph.client import GraphClient
 from connectors.graph.config import SECTION, GraphAccountSettings, GraphSourceSettings
@@ -146,13 +145,6 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
             max_record_bytes=self.settings.max_record_bytes,
             claim_check=self._claim_check,
         )
-        crash = faults.CrashPoints.from_env()
-
-        def writer_factory(txn_id: str) -> Writer:
-            if crash.point == "in_transaction":
-                return faults.CrashingWriter(kafka, txn_id, crash=crash)
-            return TransactionalSourceWriter(kafka, txn_id)
-
         mailbox = self.mailbox(account)
         mailbox.watch(folder)
         return GraphFolderWorker(
@@ -163,12 +155,12 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
             mailbox=mailbox,
             metrics=self.metrics,
             stop=stop,
-            writer_factory=writer_factory,
+            writer_factory=functools.partial(TransactionalSourceWriter, kafka),
             read_offsets=self.offset_reads,
             transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
-                TRANSACTIONAL_ID_PREFIX
+                kafka.qualify(TRANSACTIONAL_ID_PREFIX)
             ),
-            before_commit=lambda: crash.reached("before_write"),
+            before_commit=functools.partial(checkpoints.reached, "before_write"),
         )
 
     def _ended(self, runs: Sequence[FolderRun[GraphFolderWorker]]) -> None:

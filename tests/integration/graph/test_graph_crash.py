@@ -22,11 +22,10 @@ from tests.integration.graph.graph_kafka import (
     read_topic,
     source_config,
 )
+from tests.support.crashpoints import EXIT_CODE, crash_env
 
 REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-CRASH_ENV = "MAILTAP_TEST_CRASH_AT"
-CRASH_EXIT_CODE = 137
 WAIT_S = 60.0
 
 
@@ -69,13 +68,13 @@ def test_kill_9_inside_a_backfill_transaction_then_restart_loses_and_duplicates_
     # broker, uncommitted).
     crashed = subprocess.run(
         run,
-        env={**ENV, CRASH_ENV: "in_transaction:2"},
+        env={**ENV, **crash_env("in_transaction:2")},
         cwd=REPO,
         timeout=WAIT_S,
         capture_output=True,
         text=True,
     )
-    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stderr[-2000:]
+    assert crashed.returncode == EXIT_CODE, crashed.stderr[-2000:]
     assert len(read_topic(kafka, kafka.topics.events, isolation="read_uncommitted")) == 3
     assert len(read_events(kafka, settled=False)) == 2
     for raw in raws[3:]:  # mail keeps arriving while the source is down
