@@ -22,6 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Start, inspect and stop the local Kafka, Dovecot and SMTP.",
     ),
     "topics": ("mailtap.commands.topics:topics", "Create and check mailtap's Kafka topics."),
+    "acls": (
+        "mailtap.commands.acls:acls",
+        "The Kafka ACLs a component needs with this config (kafka-acls lines or JSON).",
+    ),
     "consume": (
         "mailtap.commands.consume:consume",
         "Print decoded events of a topic as JSON lines.",

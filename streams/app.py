@@ -62,6 +62,7 @@ from connectors.core import tracing
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import ConfigError, DataError
+from connectors.core.kafka.acls import streams_acls
 from connectors.core.kafka.clients import (
     WAIT_SLICE_S,
     admin_client,
@@ -69,6 +70,14 @@ from connectors.core.kafka.clients import (
     raise_if_stopping,
 )
 from connectors.core.kafka.encoding import check_topic_encodings
+from connectors.core.kafka.errors import PermissionDenied
+from connectors.core.kafka.permissions import (
+    check_created,
+    check_permissions,
+    check_prefixed_topics,
+    under_prefix,
+)
+from connectors.core.kafka.topics import ensure_topics
 from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
@@ -136,6 +145,29 @@ class FaustTables:
             self.rates,
             PartitionedTable(self.state, partition),
         )
+
+
+#: How long the worker waits for Kafka at start (the others wait 30 s): faust's own start
+#: follows, with timeouts of its own.
+KAFKA_WAIT_S = 15.0
+
+
+def ensure_streams_topics(kafka: KafkaSettings, app_id: str, wait: float = KAFKA_WAIT_S) -> None:
+    """The worker's permissions and the topics it reads and writes, before faust starts.
+
+    Waits ``wait`` seconds for the cluster ("cannot reach Kafka"), checks the ACLs
+    :func:`connectors.core.kafka.acls.streams_acls` computes (a refusal is one sentence naming
+    the ACL), creates ``mail.events``, ``mail.commands`` and ``mail.workflow`` when missing (a
+    worker started before the sources, the sink or the admin's ``topics ensure``: what it
+    writes would otherwise have nowhere to go on a cluster without auto-created topics), then
+    checks the permissions on those it created.
+    """
+    t = kafka.topics
+    needed = streams_acls(kafka, app_id)
+    missing = check_permissions(kafka, needed, cluster_wait=wait)
+    own = [t.events, t.commands, t.workflow]
+    ensure_topics(kafka, only=own)
+    check_created(kafka, needed, [n for n in missing if n in own])
 
 
 def events_partitions(kafka: KafkaSettings, timeout: float = 15.0, wait: float = 30.0) -> int:
@@ -476,7 +508,14 @@ class StreamsWorker:
         conversations = repartition_spec(
             conversations_topic_name(self.settings.app_id), self.app.conf.topic_partitions
         )
-        ensure_changelog_topics(self.app, self.kafka, also=[conversations])
+        # faust's topics are under the prefix <app_id>- (prefixed ACLs): a refusal names the
+        # prefixed ACL, and those created just now are checked before faust uses them.
+        needed = streams_acls(self.kafka, self.settings.app_id)
+        try:
+            specs = ensure_changelog_topics(self.app, self.kafka, also=[conversations])
+        except PermissionDenied as exc:
+            raise under_prefix(self.kafka, exc, needed) from None
+        check_prefixed_topics(self.kafka, needed, [s.name for s in specs])
         worker = worker_class(
             self.app,
             loglevel=loglevel,

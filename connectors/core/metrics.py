@@ -120,6 +120,8 @@ class SourceMetrics:
         self.assignment: dict[str, Any] | None = None
         self._last_sync: dict[tuple[str, str, str], float] = {}
         self._states: dict[tuple[str, str, str], str] = {}
+        #: Mailboxes the broker refuses a permission to: the sentence naming the missing ACL.
+        self._refused: dict[tuple[str, str, str], str] = {}
         #: Per mailbox, the server's missing extensions and the source's fallbacks (IMAP).
         self._fallbacks: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._lock = threading.Lock()
@@ -178,6 +180,15 @@ class SourceMetrics:
         self.last_sync.labels(source, account, folder).set(now)
         self.mails_per_sync.labels(source, account, folder).set(mails)
 
+    def refused(self, source: str, account: str, folder: str, sentence: str | None) -> None:
+        """A mailbox the broker refuses a permission (None: granted again). Unhealthy until
+        then, even before its first sync."""
+        with self._lock:
+            if sentence is None:
+                self._refused.pop((source, account, folder), None)
+            else:
+                self._refused[(source, account, folder)] = sentence
+
     def health(self, max_age: float) -> tuple[bool, dict[str, Any]]:
         now = time.time()
         with self._lock:
@@ -186,9 +197,10 @@ class SourceMetrics:
             backoff = sorted("/".join(k) for k, st in self._states.items() if st == "BACKOFF")
             denied = {"/".join(k): st for k, st in self._states.items() if st in DENIED_STATES}
             states = {"/".join(k): st for k, st in sorted(self._states.items())}
+            refused = {"/".join(k): why for k, why in sorted(self._refused.items())}
             fallbacks = {"/".join(k): list(v) for k, v in sorted(self._fallbacks.items())}
         stale = {k: a for k, a in ages.items() if a > max_age}
-        ok = not stale and not fenced and not denied
+        ok = not stale and not fenced and not refused and not denied
         detail: dict[str, Any] = {
             "ok": ok,
             "max_age_seconds": max_age,
@@ -211,6 +223,7 @@ class SourceMetrics:
         if not ok:
             reasons = [f"{k} not synced for {a:.0f}s" for k, a in sorted(stale.items())]
             reasons += [f"{k} fenced by another instance" for k in fenced]
+            reasons += [f"{k}: {why}" for k, why in refused.items()]
             reasons += [f"{k} {st}" for k, st in sorted(denied.items())]
             detail["reason"] = "; ".join(reasons)
         return ok, detail

@@ -29,8 +29,10 @@ from connectors.core import checkpoints
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka.encoding import check_topic_encodings
+from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
+from connectors.core.kafka.permissions import check_created, check_permissions
+from connectors.core.kafka.topics import ensure_topics
 from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import HealthServer, SourceMetrics
@@ -110,7 +112,11 @@ class EwsSource:
             builder=builder,
             metrics=self.metrics,
             stop=stop,
-            writer_factory=functools.partial(TransactionalSourceWriter, kafka),
+            writer_factory=functools.partial(
+                TransactionalSourceWriter,
+                kafka,
+                acl_prefix=f"{kafka.qualify(TRANSACTIONAL_ID_PREFIX)}-",
+            ),
             read_offsets=self._offset_reads,
             connection_factory=lambda: EwsConnection(account, self.settings, folder),
             transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
@@ -125,8 +131,16 @@ class EwsSource:
         return self._health.port if self._health is not None else None
 
     def start(self) -> None:
-        # One encoding per topic: refuse to write mail.events framed otherwise than it is.
-        check_topic_encodings(self.cfg.kafka, [self.cfg.kafka.topics.events])
+        # Its own topics only (connectors.core.kafka.acls); one encoding per topic: refuse to
+        # write mail.events framed otherwise than it is.
+        # The check waits for the cluster as every start does ("cannot reach Kafka"); the
+        # topics that do not exist yet are created, then checked too.
+        t = self.cfg.kafka.topics
+        needed = source_acls(self.cfg.kafka, source="ews", group=self.settings.group)
+        missing = check_permissions(self.cfg.kafka, needed)
+        own = [t.events, t.offsets, t.mailboxes]
+        ensure_topics(self.cfg.kafka, only=own)
+        check_created(self.cfg.kafka, needed, [n for n in missing if n in own])
         if self._serve_health:
             h = self.cfg.health
             self._health = HealthServer(self.metrics, h.host, h.port, h.max_sync_age_seconds)

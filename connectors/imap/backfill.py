@@ -166,6 +166,8 @@ class Backfill:
         self._committer: ThreadPoolExecutor | None = None
         #: Set by a failed backfill commit: the committer commits nothing queued behind it.
         self._commit_failed = False
+        #: ``(key, folder, uid)`` of the new mail placed by the commit under way, until it commits.
+        self._new: list[tuple[str, str, int]] = []
         #: Backfill batches handed to the committer and not committed yet, in UID order.
         self._queued: deque[_InFlight] = deque()
         self._queue_lock = threading.Lock()
@@ -267,7 +269,11 @@ class Backfill:
                     self._committed(part.cursor.uidvalidity, part.fetched)
         except BaseException:
             self._commit_failed = True
+            # Not committed: the batches' new mail is new again for the retry (ADDED).
+            self.index.unplace(self._new)
             raise
+        finally:
+            self._new = []
 
     def _known_elsewhere(
         self, fetched: list[FetchedMail], built: list[BuiltMail]
@@ -281,6 +287,11 @@ class Backfill:
         parsed = [b for b in built if b.key is not None]
         placed = self.index.place_many(
             [(b.key, b.fingerprint, self.folder, uidvalidity, b.uid) for b in parsed if b.key]
+        )
+        self._new.extend(
+            (key, self.folder, b.uid)
+            for b, (key, seen) in zip(parsed, placed, strict=True)
+            if not seen
         )
         # Below the rescan mark the pool said RESCANNED, which stays; an ADDED key the account
         # published before is a move or a copy.

@@ -43,6 +43,8 @@ class FolderBatches:
         self.labels = labels
         self._cursor = cursor
         self._commit = commit
+        #: ``(key, folder, uid)`` of the mail `build_all` placed as new, until its commit.
+        self._new: list[tuple[str, str, int]] = []
 
     def build_all(
         self,
@@ -61,7 +63,11 @@ class FolderBatches:
             key, known = self.index.place(key, fingerprint, self.folder, uidvalidity, mail.uid)
             if kind == "ADDED" and known:
                 return key, "UPDATED"  # published before, in another folder: a move or a copy
+            if not known:
+                self._new.append((key, self.folder, mail.uid))
             return key, kind
+
+        self._new = []
 
         return self.builder.build_all(mails, uidvalidity, change_for, blobs)
 
@@ -70,7 +76,14 @@ class FolderBatches:
         checkpoints.reached("before_write")
         # The batch's blobs become durable while its records go out, before the commit.
         durable = functools.partial(_make_durable, blobs) if blobs is not None else None
-        self._commit(records, cursor, before_commit=durable)
+        try:
+            self._commit(records, cursor, before_commit=durable)
+        except BaseException:
+            # Not committed: the batch's new mail is new again for the retry (ADDED).
+            self.index.unplace(self._new)
+            raise
+        finally:
+            self._new = []
         self.count(built)
 
     def count(self, built: list[BuiltMail]) -> None:

@@ -322,6 +322,21 @@ class AccountIndex:
                 left = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
             return key, left is not None and left[0] > 0
 
+    def unplace(self, placed: Sequence[tuple[str, str, int]]) -> None:
+        """Undo the placements of new mail ``(key, folder, uid)`` whose transaction did not
+        commit: their retry must find them new again (ADDED), not published before (UPDATED)."""
+        for key, folder, uid in placed:
+            # Only this folder's worker places mail in its folder: what is there is still ours
+            # unless another key took the UID since.
+            with self._lock:
+                row = self._db.execute(
+                    "SELECT key FROM locations WHERE folder = ? AND uid = ?",
+                    (self._folders.get(folder), uid),
+                ).fetchone()
+            if row is not None and row[0] == key:
+                self.remove(folder, uid)
+                self.forget_unless_located(key)
+
     def located(self, key: str) -> bool:
         """True when ``key`` has a location in some folder (a copy, or where it was moved)."""
         with self._lock:

@@ -27,8 +27,10 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
 from connectors.core.claimcheck.store import ClaimCheckStore, close_store
 from connectors.core.config import KafkaSettings, MailtapConfig
+from connectors.core.kafka.acls import source_acls
 from connectors.core.kafka.offsets import OffsetStore, SharedReads
-from connectors.core.kafka.topics import ensure_topics
+from connectors.core.kafka.permissions import check_created, check_permissions
+from connectors.core.kafka.topics import ensure_topic_specs, ensure_topics
 from connectors.core.kafka.transactions import TransactionalSourceWriter
 from connectors.core.mail import ParseLimits
 from connectors.core.metrics import HealthServer, SourceMetrics
@@ -40,6 +42,7 @@ from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSetti
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
 from connectors.imap.index import AccountIndex, load_indexes
+from connectors.imap.indexlog import topic_spec as index_topic_spec
 from connectors.imap.parsepool import BuilderSpec, MailboxParsing, ParsePool, make_builder
 from connectors.imap.worker import MailboxWorker
 
@@ -90,7 +93,9 @@ class ImapSource:
     # --- wiring ------------------------------------------------------------------------------
 
     def _writer(self, txn_id: str) -> Writer:
-        return TransactionalSourceWriter(self.kafka, txn_id)
+        return TransactionalSourceWriter(
+            self.kafka, txn_id, acl_prefix=f"{self.kafka.qualify(TRANSACTIONAL_PREFIX)}-"
+        )
 
     def _read_offsets(self) -> Mapping[bytes, Mapping[str, Any]]:
         return self._offset_reads()
@@ -119,7 +124,21 @@ class ImapSource:
         serde = AvroSerde.shared("MailEvent", self.kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
-        ensure_topics(self.kafka)
+        # Every permission of its topics and groups first, before a mail is read or a cursor
+        # moves: a refusal is one sentence naming the ACL (connectors.core.kafka.permissions).
+        # The check waits for the cluster as every start does ("cannot reach Kafka").
+        needed = source_acls(self.kafka, source="imap", group=self.settings.group)
+        missing = check_permissions(self.kafka, needed)
+        t = self.kafka.topics
+        # Its own topics only, created when missing: the others are the admin's (mailtap
+        # topics ensure), the ACLs connectors.core.kafka.acls computes. The group's work topic
+        # is connectors.core.source.ownership.group's, created at its first use.
+        own = [t.events, t.offsets, t.mailboxes]
+        ensure_topics(self.kafka, only=own)
+        if t.imap_index in missing:  # connectors.imap.indexlog's spec (an existing one is kept)
+            ensure_topic_specs(self.kafka, [index_topic_spec(self.kafka)])
+            own.append(t.imap_index)
+        check_created(self.kafka, needed, [n for n in missing if n in own])
         registering = ThreadPoolExecutor(1, thread_name_prefix="imap-registry")
         self._registration = registering.submit(serde.prepare, self.kafka.topics.events)
         registering.shutdown(wait=False)  # the submitted registration still runs to its end

@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka.clients import init_transactions, producer_config
+from connectors.core.kafka.permissions import denied_transactional_id
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.metrics import SinkMetrics
 from connectors.smtp.recorder import DeliveryRecorder
@@ -76,7 +77,18 @@ class CommitLanes:
                     compression_type=PRODUCER_COMPRESSION,
                 )
             )
-            init_transactions(producer, self.kafka, 60)
+            try:
+                init_transactions(producer, self.kafka, 60)
+            except KafkaException as exc:
+                # Refused before the first command is read: the sentence names the prefixed
+                # ACL mailtap acls prints (connectors.core.kafka.permissions).
+                refused = denied_transactional_id(
+                    self.kafka,
+                    exc,
+                    self.transactional_id(lane),
+                    prefix=f"{self.settings.group_id}.",
+                )
+                raise refused or exc from None
             self.recorders.append(
                 DeliveryRecorder(
                     producer,

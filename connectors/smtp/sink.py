@@ -62,7 +62,9 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
+from connectors.core.kafka.acls import sink_acls
 from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.permissions import check_created, check_permissions
 from connectors.smtp.admission import CommandAdmission
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.lanes import CommitLanes
@@ -185,6 +187,14 @@ class SmtpSink:
     # --- start / stop -------------------------------------------------------------------------
 
     def start(self) -> None:
+        # Every permission first, before a command is read or a mail sent: a refusal is one
+        # sentence naming the ACL (connectors.core.kafka.permissions), never a sink that runs
+        # "healthy" without the suppression list, nor one that sends and then cannot record it.
+        # The check waits for the cluster as every start does ("cannot reach Kafka"); the topics
+        # it reads or writes that do not exist yet it creates (a sink started before the
+        # streams worker or the admin's `topics ensure`), then checks them too.
+        needed = sink_acls(self.kafka, self.settings)
+        missing = check_permissions(self.kafka, needed)
         ensure_sink_topics(
             self.kafka, self.settings.retry_tiers, suppressions=self.suppressions is not None
         )
@@ -192,6 +202,7 @@ class SmtpSink:
         ensure_state_topic(
             self.kafka, self.settings.state_topic, partition_count(self.kafka, commands)
         )
+        check_created(self.kafka, needed, missing)
         check_copartitioned(
             partition_counts(self.kafka, [commands, *self.retry_topics, self.settings.state_topic]),
             commands,

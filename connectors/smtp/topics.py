@@ -4,8 +4,9 @@ A component touches only the topics it reads or writes (DESIGN.md): the sink rea
 ``mail.commands``, its retry tiers and (with the suppression list on) ``mail.suppressions``, and
 writes ``mail.delivery``, the retry tiers and the DLQ. Another component's topic -- ``mail.events``
 holding records of the other encoding, say -- is the admin's to check (``mailtap topics ensure``),
-never a reason for the sink, or a benchmark of it on its own topics, not to start. The state topic
-is :func:`connectors.smtp.state.ensure_state_topic`'s (its partition count follows the commands').
+never a reason for the sink not to start, nor for it to need Read there
+(:mod:`connectors.core.kafka.acls`). The state topic is
+:func:`connectors.smtp.state.ensure_state_topic`'s (its partition count follows the commands').
 """
 
 from __future__ import annotations
@@ -13,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.encoding import check_topic_encodings
-from connectors.core.kafka.topics import ensure_topic_specs, topic_specs
+from connectors.core.kafka.topics import ensure_topics
 
 
 def sink_topic_names(
@@ -35,13 +35,6 @@ def ensure_sink_topics(
     configuration writes. Returns ``{topic: "created" | "updated" | "ok"}``.
     """
     tiers = list(retry_tiers)
-    wanted = set(sink_topic_names(kafka, tiers, suppressions=suppressions))
-    # The specs (partitions, cleanup policy) are the admin's, so both create the same topics.
-    result = ensure_topic_specs(kafka, [s for s in topic_specs(kafka, tiers) if s.name in wanted])
-    # The DLQ carries the original bytes of any record: no encoding of its own to check. Topics
-    # created just now are empty (and may have no partition leader yet): skipped.
-    avro = wanted - {kafka.topics.dlq}
-    check_topic_encodings(
-        kafka, [t for t, state in result.items() if t in avro and state != "created"]
+    return ensure_topics(
+        kafka, tiers, only=sink_topic_names(kafka, tiers, suppressions=suppressions)
     )
-    return result

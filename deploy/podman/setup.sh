@@ -15,7 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DIR="${MAILTAP_PODMAN_DIR:-$ROOT/.state/podman}"
 MIRROR="${MAILTAP_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 # The tag carries a hash of the recipe below, so changing the recipe builds a new base once.
-RECIPE="bookworm minbase python3,python3-venv,ca-certificates merged-usr-hook no-docs r1"
+RECIPE="bookworm minbase python3,python3-venv,ca-certificates merged-usr-hook no-docs no-gconv no-lib2to3 r2"
 BASE_TAG="${MAILTAP_BASE_IMAGE:-localhost/mailtap-base:bookworm-$(echo "$RECIPE" | sha256sum | cut -c1-8)}"
 mkdir -p "$DIR"
 
@@ -47,10 +47,15 @@ if [ "${1:-}" = --base ] && ! podman image exists "$BASE_TAG"; then
   log "building the base image $BASE_TAG from $MIRROR (about a minute)"
   rootfs="$DIR/base-rootfs.tar"
   # The merged-usr hook instead of the usrmerge package, which pulls in perl (50 MB).
+  # Left out (13 MB): glibc's iconv modules (gconv; Python has its own codecs, nothing here
+  # calls iconv) and two stdlib packages no component imports (lib2to3, pydoc_data: help()'s
+  # topics), removed after the packages' own post-install steps ran.
   mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/lib/x86_64-linux-gnu/gconv/*' \
+    --customize-hook='rm -rf "$1"/usr/lib/python3.11/lib2to3 "$1"/usr/lib/python3.11/pydoc_data' \
     bookworm "$rootfs" "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" >&2
   podman import --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$rootfs" "$BASE_TAG" >&2

@@ -3,7 +3,8 @@
 One run measures, on the same freshly populated mailbox:
 
 1. raw imapclient FETCH throughput (the baseline: BODY.PEEK[] FLAGS INTERNALDATE MODSEQ in
-   batches, nothing else);
+   batches, nothing else), and the naive poller (`mailtap.bench.naivepoller`: imapclient FETCH
+   -> confluent-kafka producer, no parse, no transaction) with its CPU per mail;
 2. mailtap ingest throughput, exactly-once into Kafka: the real ``mailtap run imap-source``
    process (parse, claim-check, Avro, one transaction per batch with the cursor), counted as
    committed records seen by a read_committed consumer; and its ratio to (1);
@@ -51,6 +52,7 @@ from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
+from mailtap.bench.naivepoller import naive_poll
 from mailtap.dev import DevServices, ImapInfo, imapservers, process, status, up
 from mailtap.dev.layout import DEFAULT_STATE_DIR, REPO_ROOT
 from mailtap.dev.process import terminate
@@ -369,12 +371,33 @@ class RawIdle:
         self.client.logout()
 
 
+def _cpu_line(figures: dict[str, Any]) -> str:
+    """One line for a log (CI's smoke run prints it): CPU per mail of the ingest and of the
+    naive poller, by component."""
+    ingest = figures.get("ingest_cpu_us_per_mail") or {}
+    naive = figures["naive_poller_cpu_us_per_mail"]
+    parts = ", ".join(f"{k} {v}" for k, v in ingest.items() if k != "total")
+    return (
+        f"CPU per mail: mailtap ingest {ingest.get('total')} µs ({parts}); naive poller "
+        f"{naive['total']} µs (client {naive['client']}, kafka {naive['kafka']}, dovecot "
+        f"{naive['dovecot']}); rate ratio to the naive poller {figures['ingest_to_naive_ratio']}"
+    )
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-ROUND_FIGURES = ("raw_fetch_mails_per_s", "ingest_mails_per_s", "ingest_to_raw_ratio")
+ROUND_FIGURES = (
+    "raw_fetch_mails_per_s",
+    "naive_poller_mails_per_s",
+    "ingest_mails_per_s",
+    "ingest_to_raw_ratio",
+    "ingest_to_naive_ratio",
+    "ingest_cpu_us_per_mail",
+    "naive_poller_cpu_us_per_mail",
+)
 
 
 def bench_ingest(
@@ -439,9 +462,12 @@ def _rounds(info: DevServices, mails: int, rounds: int, warm_up_s: float) -> dic
         results.append(_round(info, mails, idle=number == rounds))
     figures = {"imap_server": info.imap.kind, **results[-1]}
     figures["broker_warm_up"] = warm_up
-    figures["rounds"] = [{name: r[name] for name in ROUND_FIGURES} for r in results]
+    figures["rounds"] = [{name: r.get(name) for name in ROUND_FIGURES} for r in results]
     figures["ingest_to_raw_ratio_median"] = statistics.median(
         r["ingest_to_raw_ratio"] for r in results
+    )
+    figures["ingest_to_naive_ratio_median"] = statistics.median(
+        r["ingest_to_naive_ratio"] for r in results
     )
     return figures
 
@@ -548,6 +574,18 @@ def _round(
         "client": round(baseline.client_cpu_s / baseline.fetched * 1e6, 1),
         "dovecot": round(baseline.dovecot_cpu_s / baseline.fetched * 1e6, 1),
     }
+    _say("naive poller: imapclient FETCH -> producer (no parse, no transaction) ...")
+    naive = naive_poll(
+        info.imap.host,
+        info.imap.port,
+        username,
+        password,
+        kafka,
+        f"mailtap.naive.bench-{tag}",
+        lambda: _cpu_groups(info),
+    )
+    figures["naive_poller_mails_per_s"] = round(naive.rate, 1)
+    figures["naive_poller_cpu_us_per_mail"] = naive.cpu_us_per_mail()
     _say("second baseline: raw FETCH + the shared parser (no Kafka, no claim-check) ...")
     parse_rate = _raw_fetch_rate(info, username, password, parse=True).rate
     figures["raw_fetch_and_parse_mails_per_s"] = round(parse_rate, 1)
@@ -651,6 +689,8 @@ def _round(
         figures["ingest_mails_per_s"] = round(ingest_rate, 1)
         figures["ingest_wall_seconds_incl_startup"] = round(finished - spawned, 2)
         figures["ingest_to_raw_ratio"] = round(ingest_rate / raw_rate, 3)
+        figures["ingest_to_naive_ratio"] = round(ingest_rate / naive.rate, 3)
+        _say(_cpu_line(figures))
         figures["ingest_to_fetch_and_parse_ratio"] = round(ingest_rate / parse_rate, 3)
         figures["peak_rss_mb"] = round(peak_backfill / 1024, 1)
         figures["rss_mb_samples"] = [[n, round(kb / 1024, 1)] for n, kb in rss_samples]

@@ -23,6 +23,7 @@ with whatever else uses it: M = 200 needs it to be otherwise idle.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -148,10 +149,21 @@ def bench_scale(
     mails: int = 3,
     session_timeout: float = 10.0,
     with_startup: bool = False,
+    registry: bool = True,
 ) -> dict[str, Any]:
+    """``registry``: the sources write through the dev stack's schema registry, as a default
+    configuration does (one serde per schema per process, whatever the number of mailboxes);
+    False, or a stack started without one, writes single-object Avro."""
     if mailboxes < 2:
         raise ValueError("--mailboxes must be at least 2 (the RSS baseline runs 1)")
     info = _services()
+    registry_url = info.registry.url if registry and info.registry is not None else None
+    if registry and registry_url is None:
+        raise RuntimeError(
+            "the running dev stack has no schema registry (MAILTAP_DEV_REGISTRY=off?): start "
+            "it with one (`mailtap dev up`) or run the bench with --no-registry"
+        )
+    run = functools.partial(_round, registry_url=registry_url)
     tag = uuid.uuid4().hex[:8]
     accounts = [f"scale{i}-{tag}" for i in range(mailboxes)]
     users = {a: f"bench-{a}@example.com" for a in accounts}
@@ -163,6 +175,7 @@ def bench_scale(
         "failover_target_p50_seconds": session_timeout + FAILOVER_MARGIN_S,
         "rss_target_mb_per_idle_mailbox": RSS_TARGET_MB,
         "rss_measure": "PSS summed over the source and its parse processes (rss_bytes)",
+        "schema_registry": registry_url,
     }
     in_box = dict.fromkeys(accounts, mails)
     try:
@@ -173,14 +186,14 @@ def bench_scale(
         runs = []
         for n in instances:
             _say(f"{n} instance(s) ...")
-            runs.append(_round(info, work, tag, accounts, users, n, in_box, session_timeout))
+            runs.append(run(info, work, tag, accounts, users, n, in_box, session_timeout))
         figures["runs"] = runs
         with_rss = [r for r in runs if "rss_bytes" in r]
         if with_rss:
             # After the backfill: what M mailboxes with their mail cost against 1 (the
             # allocator keeps what the backfill of M x mails used).
             _say("RSS baseline: the same source with 1 mailbox ...")
-            base = _round(info, work, tag, accounts[:1], users, 1, in_box, session_timeout)
+            base = run(info, work, tag, accounts[:1], users, 1, in_box, session_timeout)
             figures["rss_baseline_1_mailbox_mb"] = round(base["rss_bytes"] / 2**20, 1)
             figures[f"rss_{mailboxes}_mailboxes_mb"] = round(with_rss[0]["rss_bytes"] / 2**20, 1)
             per = (with_rss[0]["rss_bytes"] - base["rss_bytes"]) / (mailboxes - 1) / 2**20
@@ -192,8 +205,8 @@ def bench_scale(
             add_users(info.imap.passwd_file, [(u, PASSWORD) for u in idle.values()])
             names = list(idle)
             in_box.update(dict.fromkeys(names, 0))
-            many = _round(info, work, f"{tag}-idle", names, users, 1, in_box, session_timeout)
-            one = _round(info, work, f"{tag}-idle", names[:1], users, 1, in_box, session_timeout)
+            many = run(info, work, f"{tag}-idle", names, users, 1, in_box, session_timeout)
+            one = run(info, work, f"{tag}-idle", names[:1], users, 1, in_box, session_timeout)
             per_idle = (many["rss_bytes"] - one["rss_bytes"]) / (mailboxes - 1) / 2**20
             figures["rss_mb_per_idle_mailbox"] = round(per_idle, 3)
             figures["rss_meets_target"] = per_idle <= RSS_TARGET_MB
@@ -326,12 +339,17 @@ def _round(
     n: int,
     in_box: dict[str, int],
     session_timeout: float,
+    registry_url: str | None = None,
 ) -> dict[str, Any]:
     """One instance count on fresh topics; ``in_box``: the mails each account's INBOX holds
     (a failover adds one to each orphaned mailbox)."""
     round_tag = f"{tag}-{n}-{len(accounts)}"
     names = {f: f"{getattr(TopicNames(), f)}.bench-{round_tag}" for f in TopicNames.model_fields}
-    kafka = KafkaSettings(bootstrap_servers=info.bootstrap_servers, topics=TopicNames(**names))
+    kafka = KafkaSettings(
+        bootstrap_servers=info.bootstrap_servers,
+        topics=TopicNames(**names),
+        schema_registry_url=registry_url,
+    )
     # The source's own topics too (its key index changelog): every name waited for is created here.
     specs = [*topic_specs(kafka, retry_tiers=["1m"]), index_topic_spec(kafka)]
     ensure_topics(kafka, retry_tiers=["1m"])

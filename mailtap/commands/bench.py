@@ -228,6 +228,12 @@ def startup(as_json: bool, other_events: int, other_accounts: int, rounds: int) 
     is_flag=True,
     help="Also run `mailtap bench startup` (1,000,000 events of other accounts; minutes).",
 )
+@click.option(
+    "--registry/--no-registry",
+    default=True,
+    show_default=True,
+    help="Write through the dev stack's schema registry (the default configuration) or not.",
+)
 def scale(
     as_json: bool,
     mailboxes: int,
@@ -235,6 +241,7 @@ def scale(
     mails: int,
     session_timeout: float,
     with_startup: bool,
+    registry: bool,
 ) -> None:
     """M mailboxes over 1, 2, 3 source instances: first event, events/s, RSS, failover."""
     try:
@@ -251,5 +258,6 @@ def scale(
         mails=mails,
         session_timeout=session_timeout,
         with_startup=with_startup,
+        registry=registry,
     )
     _emit(figures, as_json)

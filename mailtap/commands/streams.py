@@ -19,7 +19,7 @@ from connectors.core.errors import ConfigError
 from connectors.core.kafka.clients import request_stop
 from connectors.core.metrics import HealthServer, SourceMetrics
 from mailtap.commands.streams_health import HEARTBEAT_SECONDS, StreamsHealth
-from streams.app import StreamsWorker, events_partitions
+from streams.app import StreamsWorker, ensure_streams_topics, events_partitions
 from streams.auth import startup_notes
 from streams.config import StreamsSettings
 
@@ -70,6 +70,7 @@ def build_worker(config_path: str) -> StreamsWorker:
             f"streams.data_dir to a writable directory"
         ) from None
     store = open_configured(cfg.claim_check)
+    ensure_streams_topics(cfg.kafka, settings.app_id)
     partitions = events_partitions(cfg.kafka)
     log.info(
         "streams %s: %d partitions of %s, %d rules",

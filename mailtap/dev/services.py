@@ -329,6 +329,11 @@ def up(
     started["services"] = {**info.to_json(), "started_at": time.time()}
     _write_state(root, started)
     write_config(info)
+    if info.secure is not None:
+        # Exactly what `mailtap acls` prints for each component's written config.
+        from mailtap.dev.secure_acls import grant_component_acls
+
+        grant_component_acls(info.secure)
     return info
 
 

@@ -178,6 +178,9 @@ class LocalClaimCheckBatch:
         self._pending: dict[Path, Future[None]] = {}
         self._pack = bytearray()
         self._pack_path: Path | None = None
+        #: ``file://`` URL of the pack, computed once per pack (quoting the path cost ~5 µs
+        #: per blob, and every blob of a batch shares it).
+        self._pack_url = ""
         self._packed: dict[str, BlobRef] = {}
 
     def put(self, data: bytes, *, kind: str) -> BlobRef:
@@ -194,10 +197,10 @@ class LocalClaimCheckBatch:
         if ref is None:
             if self._pack_path is None:
                 self._pack_path = self._store.new_pack_path()
+                self._pack_url = "file://" + pathname2url(str(self._pack_path))
             offset = len(self._pack)
             self._pack += data
-            uri = "file://" + pathname2url(str(self._pack_path))
-            uri += f"#offset={offset}&size={len(data)}&sha256={digest}"
+            uri = f"{self._pack_url}#offset={offset}&size={len(data)}&sha256={digest}"
             ref = self._packed[digest] = BlobRef(uri=uri, sha256=digest, size=len(data))
         return ref
 

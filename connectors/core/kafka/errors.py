@@ -33,3 +33,15 @@ class TransactionAborted(MailtapError):
 class KafkaSecurityRefused(ConfigError):
     """The cluster answered, but the login or the TLS handshake failed: waiting longer or
     retrying will not help; the message says which setting to change."""
+
+
+class PermissionDenied(ConfigError):
+    """The broker does not let this principal perform an operation on a resource it needs
+    (:func:`connectors.core.kafka.permissions.permission_denied` says which, and how to grant it)."""
+
+    def __init__(self, message: str, *, principal: str, acl: object, error: str) -> None:
+        super().__init__(message)
+        self.principal = principal
+        #: The missing :class:`connectors.core.kafka.acls.Acl`.
+        self.acl = acl
+        self.error = error

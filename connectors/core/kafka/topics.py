@@ -1,7 +1,9 @@
 """The topics of DESIGN.md with their cleanup policies, created or aligned (idempotent).
 
-``mailtap topics ensure`` and every component before it writes call :func:`ensure_topics`; a
-topic that holds records of the other encoding is refused (:mod:`connectors.core.kafka.encoding`).
+``mailtap topics ensure`` (the admin) calls :func:`ensure_topics` for every topic; a component,
+before it writes, for its own topics only (``only=``): a component touches only the topics it reads
+or writes, so it needs no permission on another's (:mod:`connectors.core.kafka.acls`). A topic that
+holds records of the other encoding is refused (:mod:`connectors.core.kafka.encoding`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # re-exported
 )
 
 from connectors.core.config import KafkaSettings
+from connectors.core.kafka.acls import Acl, Operation
 from connectors.core.kafka.clients import admin_client, cluster_metadata
 from connectors.core.kafka.encoding import avro_topics, check_topic_encodings
+from connectors.core.kafka.permissions import denied
 
 log = logging.getLogger(__name__)
 
@@ -67,18 +71,28 @@ def ensure_topics(
     kafka: KafkaSettings,
     retry_tiers: Iterable[str] = DEFAULT_RETRY_TIERS,
     timeout: float = 30.0,
+    *,
+    only: Iterable[str] | None = None,
 ) -> dict[str, str]:
     """Create missing topics and align the cleanup policy of existing ones. Idempotent.
+
+    ``only``: the names among :func:`topic_specs` to ensure and check (a component's own
+    topics); None ensures all of them (``mailtap topics ensure``).
 
     Raises ConfigError when a topic holds records of the other encoding than this configuration
     writes (connectors.core.kafka.encoding).
 
     Returns ``{topic: "created" | "updated" | "ok"}``.
     """
-    result = ensure_topic_specs(kafka, topic_specs(kafka, retry_tiers), timeout)
-    # Every component ensures the topics before it writes: the place to refuse a topic that
-    # holds the other encoding (one encoding per topic, DESIGN.md).
-    # Topics created just now are empty (and may have no partition leader yet): skip them.
+    specs = topic_specs(kafka, retry_tiers)
+    if only is not None:
+        wanted = set(only)
+        specs = [s for s in specs if s.name in wanted]
+    result = ensure_topic_specs(kafka, specs, timeout)
+    # Every component ensures its topics before it writes: the place to refuse a topic that
+    # holds the other encoding (one encoding per topic, DESIGN.md). The DLQ and the offsets carry
+    # no records of ours (avro_topics). Topics created just now are empty (and may have no
+    # partition leader yet): skip them.
     existed = {name for name, state in result.items() if state != "created"}
     check_topic_encodings(
         kafka, [t for t in avro_topics(kafka, retry_tiers) if t in existed], timeout
@@ -109,7 +123,7 @@ def ensure_topic_specs(
                 result[name] = "created"
             except KafkaException as exc:
                 if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
-                    raise
+                    raise _refused(kafka, exc, name, "Create") from None
                 result[name] = "ok"
     present = [s for s in specs if s.name in existing]
     if present:
@@ -119,7 +133,10 @@ def ensure_topic_specs(
         wanted = {s.name: s for s in present}
         to_alter = []
         for resource, fut in described.items():
-            entries = fut.result()
+            try:
+                entries = fut.result()
+            except KafkaException as exc:
+                raise _refused(kafka, exc, resource.name, "DescribeConfigs") from None
             spec = wanted[resource.name]
             if all(entries[k].value == v for k, v in spec.config.items() if k in entries):
                 result[spec.name] = "ok"
@@ -137,10 +154,21 @@ def ensure_topic_specs(
                 )
                 for s in to_alter
             ]
-            for fut in admin.incremental_alter_configs(resources).values():
-                fut.result()
+            for resource, fut in admin.incremental_alter_configs(resources).items():
+                try:
+                    fut.result()
+                except KafkaException as exc:
+                    raise _refused(kafka, exc, resource.name, "AlterConfigs") from None
             result.update({s.name: "updated" for s in to_alter})
     for name, state in sorted(result.items()):
         if state != "ok":
             log.info("topic %s %s", name, state)
     return result
+
+
+def _refused(
+    kafka: KafkaSettings, exc: KafkaException, topic: str, operation: Operation
+) -> Exception:
+    """A refused topic operation as the sentence naming it (connectors.core.kafka.permissions);
+    any other error as it was."""
+    return denied(kafka, exc, Acl("topic", topic, operation)) or exc

@@ -38,6 +38,7 @@ from connectors.core.kafka.clients import init_transactions, producer_config
 # imports them from connectors.core.kafka.errors.
 from connectors.core.kafka.errors import FencedError, TransactionAborted
 from connectors.core.kafka.offsets import SourceOffset, SourcePartition, canonical_json
+from connectors.core.kafka.permissions import denied_transactional_id
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,16 @@ def transactional_id(prefix: str, partition: SourcePartition) -> str:
 class TransactionalSourceWriter:
     """Writes batches and their source offsets in one transaction each."""
 
-    def __init__(self, kafka: KafkaSettings, txn_id: str, **producer_overrides: Any) -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        txn_id: str,
+        *,
+        acl_prefix: str | None = None,
+        **producer_overrides: Any,
+    ) -> None:
+        """``acl_prefix``: the prefix of the transactional ids the operator grants Write on
+        (``mailtap-imap-``), named by the sentence when ``init_transactions`` is refused."""
         self._kafka = kafka
         self.transactional_id = txn_id
         # Each MailEvent starts a trace (connectors.core.tracing); None: tracing is off.
@@ -86,7 +96,10 @@ class TransactionalSourceWriter:
         try:
             init_transactions(self._producer, kafka, INIT_TIMEOUT_S)
         except KafkaException as exc:
-            raise _translate(exc) from exc
+            # A refused transactional id is the sentence naming its ACL; the worker backs off
+            # with it (unhealthy, BACKOFF) and writes nothing until it is granted.
+            refused = denied_transactional_id(kafka, exc, txn_id, acl_prefix)
+            raise refused or _translate(exc) from None
         log.info("transactional writer ready", extra={"transactional_id": txn_id})
 
     def write(

@@ -57,7 +57,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, Unpack
 
-from connectors.core.kafka.errors import FencedError
+from connectors.core.kafka.errors import FencedError, PermissionDenied
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.backoff import Backoff
@@ -176,6 +176,7 @@ class FolderWorker(ABC, Generic[E]):
                         # init_transactions fences an older instance and aborts its open
                         # transaction, so the cursor read after it sees only committed batches.
                         self._writer = self._writer_factory(self.transactional_id)
+                        self.metrics.refused(*self._labels, None)
                         self._on_new_writer()
                     self._session()
                 except FencedError as exc:
@@ -200,6 +201,9 @@ class FolderWorker(ABC, Generic[E]):
 
     def _back_off(self, exc: Exception) -> None:
         self.last_error = exc
+        if isinstance(exc, PermissionDenied):
+            # /healthz says why until the ACL is granted (the mailbox retries at the back-off cap).
+            self.metrics.refused(*self._labels, str(exc))
         self._drop_connection()
         self._after_error(exc)
         delay = backoff_delay(
@@ -211,9 +215,14 @@ class FolderWorker(ABC, Generic[E]):
             connection_lost=self.connection_lost,
             logger=log,
         )
-        self.machine.to(
-            self._waiting_state(exc), f"{type(exc).__name__}: {exc}; retry in {delay:.1f}s"
+        # A refused permission's sentence is long and logged once above (backoff_delay): the
+        # transition names only its kind.
+        why = (
+            type(exc).__name__
+            if isinstance(exc, PermissionDenied)
+            else f"{type(exc).__name__}: {exc}"
         )
+        self.machine.to(self._waiting_state(exc), f"{why}; retry in {delay:.1f}s")
         self.stop.wait(delay)
 
     # --- the one write -----------------------------------------------------------------------

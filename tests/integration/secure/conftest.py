@@ -4,7 +4,8 @@ session and shared by the tests of this folder, which keep apart by unique topic
 - ``secure_kafka``: a `mailtap.dev.secure.SecureKafka` (listeners, CA, principals, OAuth server);
   its processes end with the session, even when pytest is killed (die-with-parent).
 - ``kafka_settings(component, mechanism)``: the `KafkaSettings` a component uses to reach it.
-- ``grant(principal, *acls)``: ACLs created through the admin (super user) listener.
+- ``grant(admin, bindings(principal, acls))``: ACLs created through the admin (super user)
+  listener (``bindings`` is `mailtap.dev.secure_acls`'s, what ``dev up --secure`` grants).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -30,6 +32,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from connectors.core.config import KafkaSettings
 from mailtap.dev import process, secure
 from mailtap.dev.process import group_members
+from mailtap.dev.secure_acls import bindings
+
+__all__ = ["allow", "bindings", "create_topic", "grant", "revoke"]
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +93,23 @@ def allow(
         )
         for operation in operations
     ]
+
+
+def revoke(admin: AdminClient, acls: list[AclBinding]) -> None:
+    filters = [
+        AclBindingFilter(
+            b.restype,
+            b.name,
+            b.resource_pattern_type,
+            b.principal,
+            b.host,
+            b.operation,
+            b.permission_type,
+        )
+        for b in acls
+    ]
+    for future in admin.delete_acls(filters).values():
+        future.result(30)
 
 
 def grant(admin: AdminClient, acls: list[AclBinding]) -> None:

@@ -7,18 +7,24 @@ security and would add the slowest JVM of the stack.
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from connectors.core.config import load_config
+from connectors.core.kafka.acls import Acl
 from connectors.core.kafka.clients import admin_client, cluster_metadata
 from mailtap.dev import down, process, status, up
 from mailtap.dev.layout import ENV_DEV_REGISTRY
 from mailtap.dev.process import group_members
 from mailtap.dev.secure import MECHANISMS, PRINCIPALS
+from mailtap.dev.secure_acls import GRANTED_AS, bindings, principal_bindings
 from streams.config import StreamsSettings
 
 
@@ -48,6 +54,35 @@ def test_dev_up_secure_writes_configs_that_log_in(monkeypatch: pytest.MonkeyPatc
         # The plain config uses the admin listener: a super user can create topics there.
         assert load_config(info.config_path, env={}).kafka.security_protocol == "PLAINTEXT"
 
+        # Exactly the ACLs `mailtap acls` prints for each component's written config.
+        admin = AdminClient({"bootstrap.servers": info.secure.admin_bootstrap})
+        for component, as_component in GRANTED_AS.items():
+            principal = PRINCIPALS[component]
+            printed = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "mailtap.cli",
+                    "acls",
+                    "--component",
+                    as_component,
+                    "--format",
+                    "json",
+                    "--principal",
+                    principal,
+                    "-c",
+                    str(written[(component, "scram-sha-512")]),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=True,
+            )
+            expected = bindings(principal, [_acl(a) for a in json.loads(printed.stdout)["acls"]])
+            held = principal_bindings(admin, principal)
+            assert expected and sorted(map(str, held)) == sorted(map(str, expected)), component
+        assert principal_bindings(admin, PRINCIPALS["admin"]) == []  # a super user
+
         assert status(state_dir) == info
         again = up(state_dir, secure=True)
         assert again.pids == info.pids  # reused, not restarted
@@ -57,3 +92,12 @@ def test_dev_up_secure_writes_configs_that_log_in(monkeypatch: pytest.MonkeyPatc
         shutil.rmtree(state_dir, ignore_errors=True)
     assert sorted(stopped) == sorted(info.pids)
     assert leftovers == {}
+
+
+def _acl(printed: dict[str, str]) -> Acl:
+    return Acl(
+        printed["resource_type"],  # type: ignore[arg-type]
+        printed["name"],
+        printed["operation"],  # type: ignore[arg-type]
+        printed["pattern"],  # type: ignore[arg-type]
+    )

@@ -1,11 +1,9 @@
 """The IMAP source against the secured broker, as its own principal (mTLS, the encrypted key),
 with only the ACLs granted here; another team's principal reads what it published.
 
-`IMAP_SOURCE_ACLS` is what the source needs *today*, learned from the broker's authorizer log
-(`SecureKafka.authorizer_log`): more than least privilege (Create on every topic of the
-deployment, because every component ensures all topics; DescribeConfigs for the encoding and
-compaction checks). Issue 27 item 3 cuts this down and derives it from one source of truth; this
-test then shows the source still runs with exactly that set.
+The ACLs are exactly those `mailtap acls --component imap-source` prints for this config
+(`connectors.core.kafka.acls`); the broker's authorizer log (`SecureKafka.authorizer_log`) must
+show no denial of the source: the computed set is neither short nor padded by a retry.
 """
 
 from __future__ import annotations
@@ -15,63 +13,20 @@ from pathlib import Path
 import yaml
 from confluent_kafka import Consumer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AclBinding,
     AclOperation,
-    AclPermissionType,
     AdminClient,
-    ResourcePatternType,
     ResourceType,
 )
 
-from connectors.core.config import TopicNames
+from connectors.core.config import MailtapConfig
 from connectors.core.kafka.clients import consumer_config
+from mailtap.acls import component_acls
 from mailtap.dev import Account, DevServices
 from mailtap.dev.secure import SecureKafka
 from tests.integration.imap.imap_harness import ImapHarness, wait_for
-from tests.integration.secure.conftest import KafkaSettingsFor, allow, grant
+from tests.integration.secure.conftest import KafkaSettingsFor, allow, bindings, grant
 
 PRINCIPAL = "mailtap-imap-source"
-
-
-def imap_source_acls(topics: TopicNames) -> list[AclBinding]:
-    every_topic = [getattr(topics, name) for name in TopicNames.model_fields]
-    acls: list[AclBinding] = []
-    for topic in every_topic:
-        acls += allow(
-            PRINCIPAL,
-            ResourceType.TOPIC,
-            topic,
-            AclOperation.CREATE,
-            AclOperation.DESCRIBE,
-            AclOperation.DESCRIBE_CONFIGS,
-        )
-    for topic in (topics.events, topics.offsets, topics.imap_index):
-        acls += allow(PRINCIPAL, ResourceType.TOPIC, topic, AclOperation.WRITE)
-    for topic in (topics.offsets, topics.imap_index, topics.mailboxes):
-        acls += allow(PRINCIPAL, ResourceType.TOPIC, topic, AclOperation.READ)
-    for group in ("mailtap-imap-index", "mailtap-mailboxes-reader", "mailtap-offsets-reader"):
-        acls += allow(PRINCIPAL, ResourceType.GROUP, group, AclOperation.DESCRIBE)
-    prefixed = [
-        (ResourceType.TOPIC, f"{topics.retry_prefix}.", AclOperation.CREATE),
-        (ResourceType.TOPIC, f"{topics.retry_prefix}.", AclOperation.DESCRIBE),
-        (ResourceType.TOPIC, f"{topics.retry_prefix}.", AclOperation.DESCRIBE_CONFIGS),
-        (ResourceType.GROUP, "mailtap-encoding-check-", AclOperation.DESCRIBE),
-        (ResourceType.TRANSACTIONAL_ID, "mailtap-imap-", AclOperation.WRITE),
-        (ResourceType.TRANSACTIONAL_ID, "mailtap-imap-", AclOperation.DESCRIBE),
-    ]
-    acls += [
-        AclBinding(
-            resource,
-            name,
-            ResourcePatternType.PREFIXED,
-            f"User:{PRINCIPAL}",
-            "*",
-            operation,
-            AclPermissionType.ALLOW,
-        )
-        for resource, name, operation in prefixed
-    ]
-    return acls
 
 
 def _denials(log: Path, principal: str, since: int) -> list[str]:
@@ -95,8 +50,9 @@ def test_imap_source_publishes_as_its_own_principal(
     )
     topics = harness.kafka.topics
     try:
-        grant(admin, imap_source_acls(topics))
         config = harness.config_dict()
+        needed = component_acls(MailtapConfig.model_validate(config), "imap-source")
+        grant(admin, bindings(PRINCIPAL, needed))
         config["kafka"] = {
             **config["kafka"],
             **secure_kafka.kafka_section("imap-source", "mtls"),

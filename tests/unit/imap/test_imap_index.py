@@ -24,6 +24,22 @@ def test_a_key_in_two_folders_is_not_gone_when_one_copy_is_expunged() -> None:
     assert index.remove("Archive", 4) is None
 
 
+def test_new_mail_whose_transaction_failed_is_new_again() -> None:
+    # Kafka refused the batch's transaction: the retry places the same mail at the same UID
+    # again and must publish it as ADDED, not as a move of a mail published before.
+    index = AccountIndex("a")
+    index.register("a/mid:old@y", "INBOX", 7, 1)
+    assert index.register("a/mid:new@y", "INBOX", 7, 2) is False
+    index.unplace([("a/mid:new@y", "INBOX", 2)])
+    assert index.register("a/mid:new@y", "INBOX", 7, 2) is False
+    assert index.uids_in("INBOX", 7) == {1: "a/mid:old@y", 2: "a/mid:new@y"}
+    assert len(index) == 2
+    # A mail the account also has elsewhere stays known: its retry is still a copy.
+    assert index.register("a/mid:old@y", "Archive", 3, 5) is True
+    index.unplace([("a/mid:x@y", "Archive", 5)])  # another key there: nothing undone
+    assert index.uids_in("Archive", 3) == {5: "a/mid:old@y"}
+
+
 def test_uids_are_scoped_by_folder_and_uidvalidity() -> None:
     index = AccountIndex("a")
     index.register("a/mid:1@y", "INBOX", 7, 1)

@@ -101,6 +101,8 @@ def _prepared_without_services(
 ) -> dict[str, Any]:
     """Everything prepare() and start() wait on stubbed out, except the schema registration."""
     seen: dict[str, Any] = {}
+    monkeypatch.setattr(source_module, "check_permissions", lambda kafka, acls: [])
+    monkeypatch.setattr(source_module, "check_created", lambda kafka, acls, topics: None)
     monkeypatch.setattr(source_module, "ensure_topics", lambda kafka, only=None: {})
     monkeypatch.setattr(source_module, "load_indexes", lambda kafka, serde, names: {})
     monkeypatch.setattr(source_module, "open_configured", lambda claim_check, threads: None)

@@ -160,3 +160,42 @@ def test_message_id_key_ignores_domain_case_but_not_left_part(left: str) -> None
     assert key_lower == key_upper
     if left.lower() != left:
         assert message_key("ops", f"<{left.lower()}@example.com>", b"")[0] != key_lower
+
+
+def _reference_fingerprint(raw: bytes) -> str:
+    """The normalization of the module docstring written out plainly, line by line: every line
+    end to CRLF, the excluded fields (and their continuation lines) dropped, trailing empty
+    lines of the body dropped. content_fingerprint must give the same digest on any input."""
+    import hashlib
+
+    from connectors.core.mail.headers import split_head
+    from connectors.core.mail.identity import FINGERPRINT_EXCLUDED_FIELDS
+
+    normalized = re.sub(rb"\r\n|\r|\n", b"\r\n", raw)
+    head, body = split_head(normalized)
+    digest = hashlib.sha256()
+    keep = True
+    for line in head.split(b"\r\n"):
+        if not line.startswith((b" ", b"\t")):
+            name = line.split(b":", 1)[0].strip().lower().decode("latin-1")
+            keep = name not in FINGERPRINT_EXCLUDED_FIELDS
+        if keep:
+            digest.update(line + b"\r\n")
+    digest.update(b"\r\n")
+    while body.endswith(b"\r\n"):
+        body = body[:-2]
+    digest.update(body)
+    return digest.hexdigest()
+
+
+_pieces = st.sampled_from(
+    [b"a", b"\r", b"\n", b"\r\n", b" ", b"\t", b":", b"\x0b", b"Received", b"received ",
+     b"X-UID", b"Status:", b"Subject: x", b"\r\n\r\n", b"\n\n", b"\r\r\n"]
+)  # fmt: skip
+
+
+@settings(max_examples=400)
+@given(st.lists(_pieces, max_size=40))
+def test_the_fingerprint_matches_the_plain_normalization(pieces: list[bytes]) -> None:
+    raw = b"".join(pieces)
+    assert content_fingerprint(raw) == _reference_fingerprint(raw)

@@ -1,0 +1,127 @@
+"""The ACLs of ``mailtap dev up --secure``: exactly what ``mailtap acls`` prints for each
+component's written config (``<state>/secure/<component>/scram-sha-512.yaml``), nothing more.
+
+The names (topics, groups, transactional-id prefixes) come from the config each component is
+given, so the local broker refuses what a company cluster granted the same way would refuse.
+``mailtap-admin`` needs none: it is a super user (it creates and aligns every topic). Bindings
+of these principals that are not in the computed set (a state dir kept from an older config)
+are deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from connectors.core.config import load_config
+from connectors.core.kafka.acls import Acl
+from mailtap.acls import component_acls
+from mailtap.dev.secure import PRINCIPALS, SecureKafka
+
+log = logging.getLogger(__name__)
+
+#: dev component -> the ``mailtap acls --component`` it is granted as.
+GRANTED_AS = {
+    "imap-source": "imap-source",
+    "ews-source": "ews-source",
+    "streams": "streams",
+    "smtp-sink": "smtp-sink",
+    "other-team": "reader",
+}
+#: The written config whose names are used (every mechanism's config holds the same names).
+CONFIG_MECHANISM = "scram-sha-512"
+TIMEOUT_S = 30.0
+
+_KINDS = {
+    "topic": ResourceType.TOPIC,
+    "group": ResourceType.GROUP,
+    "transactional-id": ResourceType.TRANSACTIONAL_ID,
+    "cluster": ResourceType.BROKER,
+}
+_OPERATIONS = {
+    "DescribeConfigs": AclOperation.DESCRIBE_CONFIGS,
+    "AlterConfigs": AclOperation.ALTER_CONFIGS,
+    "IdempotentWrite": AclOperation.IDEMPOTENT_WRITE,
+}
+
+
+def bindings(principal: str, acls: Iterable[Acl]) -> list[AclBinding]:
+    """``acls`` as confluent-kafka's ALLOW bindings of ``User:principal`` from any host."""
+    return [
+        AclBinding(
+            _KINDS[acl.resource_type],
+            acl.name if acl.resource_type != "cluster" else "kafka-cluster",
+            ResourcePatternType.PREFIXED
+            if acl.pattern == "prefixed"
+            else ResourcePatternType.LITERAL,
+            f"User:{principal}",
+            "*",
+            _OPERATIONS.get(acl.operation) or AclOperation[acl.operation.upper()],
+            AclPermissionType.ALLOW,
+        )
+        for acl in acls
+    ]
+
+
+def wanted_bindings(info: SecureKafka) -> dict[str, list[AclBinding]]:
+    """``{principal: bindings}`` of every granted component, from its written config."""
+    wanted: dict[str, list[AclBinding]] = {}
+    for component, as_component in GRANTED_AS.items():
+        config = load_config(info.folder / component / f"{CONFIG_MECHANISM}.yaml", env={})
+        principal = PRINCIPALS[component]
+        wanted[principal] = bindings(principal, component_acls(config, as_component))
+    return wanted
+
+
+def principal_bindings(admin: AdminClient, principal: str) -> list[AclBinding]:
+    """Every binding the broker holds for ``User:principal``."""
+    every = AclBindingFilter(
+        ResourceType.ANY,
+        None,  # type: ignore[arg-type]  # None matches any name (librdkafka)
+        ResourcePatternType.ANY,
+        f"User:{principal}",
+        None,  # type: ignore[arg-type]  # and any host
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+    return list(admin.describe_acls(every).result(TIMEOUT_S))
+
+
+def grant_component_acls(info: SecureKafka) -> dict[str, list[AclBinding]]:
+    """Make the broker hold exactly :func:`wanted_bindings` for these principals (through the
+    admin listener, a super user). Returns them."""
+    # Its log lines through Python logging, not librdkafka's own stderr lines.
+    admin = AdminClient({"bootstrap.servers": info.admin_bootstrap, "logger": log})  # type: ignore[dict-item]
+    wanted = wanted_bindings(info)
+    for principal, acls in wanted.items():
+        keep = set(acls)
+        stale = [b for b in principal_bindings(admin, principal) if b not in keep]
+        if stale:
+            for future in admin.delete_acls([_filter(b) for b in stale]).values():
+                future.result(TIMEOUT_S)
+        for future in admin.create_acls(acls).values():
+            future.result(TIMEOUT_S)
+        log.info("ACLs of User:%s: %d granted, %d stale removed", principal, len(acls), len(stale))
+    return wanted
+
+
+def _filter(binding: AclBinding) -> AclBindingFilter:
+    return AclBindingFilter(
+        binding.restype,
+        binding.name,
+        binding.resource_pattern_type,
+        binding.principal,
+        binding.host,
+        binding.operation,
+        binding.permission_type,
+    )
