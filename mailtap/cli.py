@@ -68,6 +68,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 EXTRAS = {
     "imapclient": "imap",
     "exchangelib": "ews",
+    "msal": "graph",
+    "httpx2": "graph",
     "aiosmtplib": "smtp",
     "flufl": "smtp",
     "faust": "streams",

@@ -35,7 +35,7 @@ from connectors.core.source.ownership.group import WorkUnit
 from mailtap.trace import TopicRecord
 
 #: The source kind as MailEvent.source.kind spells it, per mailtap's source name.
-SOURCE_KINDS = {"imap": "IMAP", "ews": "EWS"}
+SOURCE_KINDS = {"imap": "IMAP", "ews": "EWS", "graph": "GRAPH"}
 FLUSH_TIMEOUT_S = 60.0
 
 

@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
 
 #: States a mailbox worker reports in ``mailtap_source_state`` (FENCED: another instance with the
 #: same transactional id took over; the mailbox is stopped here and needs an operator).
-UNHEALTHY_STATES = frozenset({"BACKOFF", "FENCED"})
+UNHEALTHY_STATES = frozenset({"BACKOFF", "FENCED", "ACCESS_DENIED", "MAILBOX_GONE"})
+#: States that need an operator, not time: the credentials or the mailbox itself (Graph: consent
+#: revoked, the user deleted). ``/healthz`` lists them under ``denied`` and is not ok.
+DENIED_STATES = frozenset({"ACCESS_DENIED", "MAILBOX_GONE"})
 
 
 def build_info(registry: CollectorRegistry, component: str) -> Gauge:
@@ -192,11 +195,12 @@ class SourceMetrics:
             ages = {"/".join(k): round(now - t, 3) for k, t in self._last_sync.items()}
             fenced = sorted("/".join(k) for k, st in self._states.items() if st == "FENCED")
             backoff = sorted("/".join(k) for k, st in self._states.items() if st == "BACKOFF")
+            denied = {"/".join(k): st for k, st in self._states.items() if st in DENIED_STATES}
             states = {"/".join(k): st for k, st in sorted(self._states.items())}
             refused = {"/".join(k): why for k, why in sorted(self._refused.items())}
             fallbacks = {"/".join(k): list(v) for k, v in sorted(self._fallbacks.items())}
         stale = {k: a for k, a in ages.items() if a > max_age}
-        ok = not stale and not fenced and not refused
+        ok = not stale and not fenced and not refused and not denied
         detail: dict[str, Any] = {
             "ok": ok,
             "max_age_seconds": max_age,
@@ -204,6 +208,8 @@ class SourceMetrics:
             "stale": stale,
             "fenced": fenced,
             "backoff": backoff,
+            # Mailboxes that wait for an operator: ACCESS_DENIED or MAILBOX_GONE.
+            "denied": denied,
             # Each owned mailbox's worker state (IDLE, POLLING, BACKOFF ...), for mailtap status.
             "states": states,
             # Mailboxes whose server lacks an extension: what the source does instead
@@ -218,6 +224,7 @@ class SourceMetrics:
             reasons = [f"{k} not synced for {a:.0f}s" for k, a in sorted(stale.items())]
             reasons += [f"{k} fenced by another instance" for k in fenced]
             reasons += [f"{k}: {why}" for k, why in refused.items()]
+            reasons += [f"{k} {st}" for k, st in sorted(denied.items())]
             detail["reason"] = "; ".join(reasons)
         return ok, detail
 

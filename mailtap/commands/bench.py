@@ -170,6 +170,18 @@ def changes(as_json: bool, imap_server: str, samples: int) -> None:
     _emit(module.bench_changes(imap_server=imap_server, samples=samples), as_json)
 
 
+@bench.command("graph")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--messages", type=click.IntRange(1), default=2000, show_default=True)
+@click.option("--samples", type=click.IntRange(1), default=50, show_default=True)
+@click.option("--idle", type=click.IntRange(1), default=20, show_default=True)
+def graph(as_json: bool, messages: int, samples: int, idle: int) -> None:
+    """Graph source: ingest vs raw delta paging, webhook notification -> event latency, RSS per
+    idle mailbox (against tests/graph_server: run from a source checkout)."""
+    module = import_optional("mailtap.bench.graph")
+    _emit(module.bench_graph(messages=messages, samples=samples, idle=idle), as_json)
+
+
 @bench.command("startup")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
 @click.option(

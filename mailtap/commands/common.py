@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 
 from connectors.core.config import MailtapConfig
+from connectors.core.kafka.clients import request_stop
 from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
 from connectors.smtp.config import SmtpSinkSettings
 
@@ -52,3 +54,15 @@ def retry_tiers_of(cfg: MailtapConfig) -> tuple[str, ...]:
     """The SMTP sink's retry tiers (the topics depend on them): its settings', defaulted there."""
     sink = sink_settings(cfg)
     return tuple(sink.retry_tiers) if sink is not None else DEFAULT_RETRY_TIERS
+
+
+def install_stop_signals(stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT call ``stop()`` and end any wait for Kafka (init_transactions, a
+    cursor read): the sources' ``run_forever`` hands this its stop."""
+
+    def _stop(_signum: int, _frame: object) -> None:
+        request_stop()
+        stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _stop)

@@ -51,6 +51,10 @@ SECTIONS: dict[str, tuple[str, str]] = {
         "connectors.ews.config:EwsSourceSettings",
         "the Exchange source (`mailtap run ews-source`)",
     ),
+    "graph": (
+        "connectors.graph.config:GraphSourceSettings",
+        "the Microsoft Graph source (`mailtap run graph-source`)",
+    ),
     "streams": ("streams.config:StreamsSettings", "the streams worker (`mailtap run streams`)"),
     "smtp": ("connectors.smtp.config:SmtpSinkSettings", "the SMTP sink (`mailtap run smtp-sink`)"),
     "console": (
@@ -64,6 +68,7 @@ CORE = {"kafka": KafkaSettings, "claim_check": ClaimCheckSettings, "health": Hea
 COMPONENT_SECTIONS: dict[str, str] = {
     "imap-source": "imap",
     "ews-source": "ews",
+    "graph-source": "graph",
     "streams": "streams",
     "smtp-sink": "smtp",
     "console": "console",

@@ -4,25 +4,14 @@ SIGHUP reloads the accounts from CONFIG, connectors.core.source.reload)."""
 from __future__ import annotations
 
 import logging
-import signal
-from collections.abc import Callable
 
 from connectors.core.config import load_config
-from connectors.core.kafka.clients import request_stop
 from connectors.core.source.reload import reload_on_sighup
 from connectors.ews.config import SECTION, EwsSourceSettings
 from connectors.ews.source import EwsSource, run_forever
+from mailtap.commands.common import install_stop_signals
 
 log = logging.getLogger(__name__)
-
-
-def _install(stop: Callable[[], None]) -> None:
-    def _stop(_signum: int, _frame: object) -> None:
-        request_stop()  # also ends a wait for Kafka (init_transactions, cursor read)
-        stop()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, _stop)
 
 
 def run_ews_source(config_path: str) -> None:
@@ -30,5 +19,5 @@ def run_ews_source(config_path: str) -> None:
     config = load_config(config_path)
     source = EwsSource.from_config(config)
     reload_on_sighup(config_path, SECTION, EwsSourceSettings, config, source)
-    run_forever(source, _install)
+    run_forever(source, install_stop_signals)
     log.info("ews source stopped")

@@ -48,6 +48,7 @@ from mailtap.trace import read_records
 SOURCES = {
     "imap": ("connectors.imap.config", "ImapSourceSettings", by_account),
     "ews": ("connectors.ews.config", "EwsSourceSettings", by_folder),
+    "graph": ("connectors.graph.config", "GraphSourceSettings", by_account),
 }
 
 
@@ -79,7 +80,7 @@ def check_mailbox(cfg: MailtapConfig, unit: WorkUnit) -> None:
             raise ConfigError(
                 f"unknown folder {unit.folder!r}; expected one of {sorted(MAIL_FOLDERS)}"
             )
-    elif unit.folder == account.move_target:
+    elif unit.source == "imap" and unit.folder == account.move_target:
         raise ConfigError(
             f"{unit.folder!r} is the after_commit move target of {unit.account}; it cannot "
             f"be published too"

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 COMPONENTS = {
     "imap-source": "mailtap.commands.imap:run_imap_source",
     "ews-source": "mailtap.commands.ews:run_ews_source",
+    "graph-source": "mailtap.commands.graph:run_graph_source",
     "smtp-sink": "mailtap.commands.smtp:run_smtp_sink",
     "streams": "mailtap.commands.streams:run_streams",
     "console": "mailtap.console.server:run_console",

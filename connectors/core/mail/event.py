@@ -43,7 +43,7 @@ KeyKindSymbol = Literal["MESSAGE_ID", "FINGERPRINT", "UNRECOGNIZED"]
 #: ``io.mailtap.v1.ChangeKind``.
 ChangeKindSymbol = Literal["ADDED", "UPDATED", "RESCANNED", "UNRECOGNIZED"]
 #: ``io.mailtap.v1.SourceKind``.
-SourceKindSymbol = Literal["IMAP", "EWS", "UNRECOGNIZED"]
+SourceKindSymbol = Literal["IMAP", "EWS", "GRAPH", "UNRECOGNIZED"]
 
 
 class SourceCoordinates(TypedDict):

@@ -43,7 +43,8 @@ What holds after a crash (kill -9) at each point:
 A source subclass sets ``connection_lost`` (its exception for "the connection is gone": logged
 without a traceback) and implements :meth:`_session`, :meth:`_drop_connection` and
 :meth:`_connecting`; the hooks :meth:`_on_new_writer`, :meth:`_after_error` and :meth:`_close`
-default to nothing.
+default to nothing, and :meth:`_waiting_state` (the state shown during the wait after an error)
+to ``BACKOFF``.
 """
 
 from __future__ import annotations
@@ -154,6 +155,11 @@ class FolderWorker(ABC, Generic[E]):
     def _close(self) -> None:
         """The worker ends (stopped or fenced): log out, let threads go."""
 
+    def _waiting_state(self, exc: Exception) -> E:
+        """The state shown while the loop waits after ``exc``: ``BACKOFF``, or a source's own
+        state that tells an operator more (Graph's ``ACCESS_DENIED`` for a revoked consent)."""
+        return self._backoff_state
+
     def _state_changed(self, _old: E, new: E) -> None:
         """The machine's ``on_change``: the state metric (FENCED is a metric state only: the
         machine ends in STOPPED either way)."""
@@ -216,7 +222,7 @@ class FolderWorker(ABC, Generic[E]):
             if isinstance(exc, PermissionDenied)
             else f"{type(exc).__name__}: {exc}"
         )
-        self.machine.to(self._backoff_state, f"{why}; retry in {delay:.1f}s")
+        self.machine.to(self._waiting_state(exc), f"{why}; retry in {delay:.1f}s")
         self.stop.wait(delay)
 
     # --- the one write -----------------------------------------------------------------------

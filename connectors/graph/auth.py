@@ -1,0 +1,152 @@
+"""Access tokens for Graph, with MSAL (the only module of this connector that imports ``msal``).
+
+Three grants, as the ``graph`` section's ``auth`` says:
+
+- ``client_secret``: app-only, the client-credentials grant with the application's secret;
+- ``client_certificate``: app-only, the same grant with a signed assertion (a PEM certificate
+  and its private key; MSAL signs it);
+- ``refresh_token``: delegated, a user's refresh token redeemed for access tokens; the newest
+  refresh token MSAL receives replaces it in memory (Entra ID rotates them).
+
+MSAL caches the access token and renews it before it expires (its ``refresh_in``), so
+:meth:`TokenSource.token` may be called before every request. :meth:`TokenSource.refused` drops
+the cached token after Graph answered 401 (a token revoked before its time): the next call gets a
+new one. A refusal by the token endpoint (``invalid_client``, ``invalid_grant``,
+``unauthorized_client``) is :class:`~connectors.graph.errors.AccessDenied`; an unreachable
+endpoint is :class:`~connectors.graph.errors.ConnectionLost`. Secrets and tokens never appear
+in a message or a log line (MSAL's own logger is quieted).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import urllib.request
+from typing import Any
+
+import msal
+import requests
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+
+from connectors.core.redact import quiet_token_libraries
+from connectors.graph.config import GraphSourceSettings
+from connectors.graph.errors import AccessDenied, ConnectionLost
+
+log = logging.getLogger(__name__)
+quiet_token_libraries()
+logging.getLogger("msal").setLevel(logging.WARNING)  # at DEBUG it logs token responses
+
+#: App-only tokens name the resource's ``.default`` scope (the application's granted permissions).
+APP_SCOPES = ["https://graph.microsoft.com/.default"]
+#: Delegated tokens: the permissions the source needs of the signed-in user's mailbox.
+DELEGATED_SCOPES = ["https://graph.microsoft.com/Mail.Read"]
+#: The token endpoint's errors that no retry can fix.
+REFUSALS = frozenset(
+    {"invalid_client", "invalid_grant", "unauthorized_client", "invalid_scope", "access_denied"}
+)
+
+
+class TokenSource:
+    """The current access token of the ``graph`` section's application; thread-safe."""
+
+    def __init__(self, settings: GraphSourceSettings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._refresh_token = settings.refresh() if settings.auth == "refresh_token" else None
+        self._delegated_token: str | None = None
+        self._app = self._application(settings)
+
+    @staticmethod
+    def _application(settings: GraphSourceSettings) -> msal.ClientApplication:
+        authority = f"{settings.authority_host}/{settings.tenant_id}"
+        common: dict[str, Any] = {"authority": authority, "http_client": _session(settings)}
+        if not settings.authority_host.startswith("https://login.microsoftonline.com"):
+            # A national cloud or the test server: no instance discovery at Microsoft's host.
+            common["instance_discovery"] = False
+        credential: Any
+        if settings.auth == "client_certificate":
+            assert settings.certificate_file is not None
+            credential = _certificate_credential(
+                settings.certificate_file.read_bytes(),
+                settings.certificate_password.get_secret_value()
+                if settings.certificate_password
+                else None,
+            )
+        else:
+            credential = settings.secret()
+        if settings.auth == "refresh_token" and credential is None:
+            return msal.PublicClientApplication(settings.client_id, **common)
+        return msal.ConfidentialClientApplication(
+            settings.client_id, client_credential=credential, **common
+        )
+
+    def token(self) -> str:
+        """A valid access token (from MSAL's cache while it lives)."""
+        with self._lock:
+            try:
+                result = self._acquire()
+            except requests.RequestException as exc:
+                raise ConnectionLost(f"token endpoint unreachable: {type(exc).__name__}") from None
+            if "access_token" in result:
+                if self._refresh_token is not None and result.get("refresh_token"):
+                    self._refresh_token = str(result["refresh_token"])
+                return str(result["access_token"])
+            error = str(result.get("error", "unknown_error"))
+            # error_description names the tenant and client, never the secret.
+            message = f"token endpoint refused the application: {error}"
+            description = result.get("error_description")
+            if description:
+                message += f" ({str(description).splitlines()[0][:200]})"
+            if error in REFUSALS:
+                raise AccessDenied(message)
+            raise ConnectionLost(message)
+
+    def _acquire(self) -> dict[str, Any]:
+        if self._refresh_token is None:
+            return dict(self._app.acquire_token_for_client(scopes=APP_SCOPES) or {})
+        # Delegated: MSAL keeps the account's tokens in its cache once redeemed.
+        accounts = self._app.get_accounts()
+        if accounts:
+            cached = self._app.acquire_token_silent(DELEGATED_SCOPES, account=accounts[0])
+            if cached and "access_token" in cached:
+                return dict(cached)
+        return dict(
+            self._app.acquire_token_by_refresh_token(self._refresh_token, DELEGATED_SCOPES) or {}
+        )
+
+    def refused(self) -> None:
+        """Graph refused the current token (401): forget the cached access tokens."""
+        with self._lock:
+            cache = self._app.token_cache
+            # A list first: search() is a generator over the dict remove_at() changes.
+            for entry in list(cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN)):
+                cache.remove_at(entry)
+
+
+def _session(settings: GraphSourceSettings) -> requests.Session:
+    """MSAL's HTTP session. With ``ca_file`` the session trusts that CA: requests lets
+    ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` win over ``Session.verify`` (psf/requests#3829),
+    so the environment is not read for certificates; its proxies still apply."""
+    session = requests.Session()
+    if settings.ca_file:
+        session.trust_env = False
+        session.verify = settings.ca_file
+        session.proxies.update(urllib.request.getproxies())
+    return session
+
+
+def _certificate_credential(pem: bytes, password: str | None) -> dict[str, str]:
+    """MSAL's certificate credential: the private key and the certificate's SHA-1 thumbprint
+    (Entra ID names a certificate by it in the assertion's ``x5t`` header)."""
+    key = serialization.load_pem_private_key(pem, password=password.encode() if password else None)
+    cert = x509.load_pem_x509_certificate(pem)
+    return {
+        "private_key": key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode(),
+        "thumbprint": cert.fingerprint(hashes.SHA1()).hex(),
+        "public_certificate": cert.public_bytes(serialization.Encoding.PEM).decode(),
+    }
