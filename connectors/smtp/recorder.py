@@ -27,6 +27,7 @@ from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import TopicNames
 from connectors.core.kafka.transactions import COMMIT_TIMEOUT_S
+from connectors.core.kafka.watchdog import bounded
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for
@@ -146,10 +147,14 @@ class DeliveryRecorder:
         producer = self.producer
         try:
             if offsets:
-                producer.send_offsets_to_transaction(
-                    [TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                    consumer.consumer_group_metadata() if consumer else None,
+                positions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+                group = consumer.consumer_group_metadata() if consumer else None
+                bounded(
+                    lambda: producer.send_offsets_to_transaction(
+                        positions, group, TXN_CALL_TIMEOUT_S
+                    ),
                     TXN_CALL_TIMEOUT_S,
+                    "send_offsets_to_transaction (smtp sink)",
                 )
             for attempt in range(COMMIT_RETRIES):
                 try:
