@@ -75,7 +75,7 @@ def test_ensure_topics_is_idempotent_and_compacts_where_designed(services, uniqu
         bootstrap_servers=services.kafka.bootstrap_servers, topics=TopicNames(**names)
     )
     first = ensure_topics(settings, retry_tiers=["5m", "1h"])
-    assert set(first.values()) == {"created"} and len(first) == 10  # 8 + 2 retry tiers
+    assert set(first.values()) == {"created"} and len(first) == 11  # 9 + 2 retry tiers
     assert set(ensure_topics(settings, retry_tiers=["5m", "1h"]).values()) == {"ok"}
     from confluent_kafka.admin import AdminClient, ConfigResource
 
