@@ -55,7 +55,19 @@ class TokenSource:
         self._lock = threading.Lock()
         self._refresh_token = settings.refresh() if settings.auth == "refresh_token" else None
         self._delegated_token: str | None = None
-        self._app = self._application(settings)
+        #: MSAL fetches the authority's OpenID metadata when the application is made; an
+        #: authority not reachable yet (no network, DNS) leaves it to the first token, so the
+        #: worker's backoff retries it (ConnectionLost) instead of the start failing.
+        self._app: msal.ClientApplication | None = None
+        try:
+            self._app = self._application(settings)
+        except requests.RequestException as exc:
+            log.warning(
+                "graph: authority %s/%s unreachable at start (%s); retrying with the first token",
+                settings.authority_host,
+                settings.tenant_id,
+                type(exc).__name__,
+            )
 
     @staticmethod
     def _application(settings: GraphSourceSettings) -> msal.ClientApplication:
@@ -85,7 +97,9 @@ class TokenSource:
         """A valid access token (from MSAL's cache while it lives)."""
         with self._lock:
             try:
-                result = self._acquire()
+                if self._app is None:
+                    self._app = self._application(self.settings)
+                result = self._acquire(self._app)
             except requests.RequestException as exc:
                 raise ConnectionLost(f"token endpoint unreachable: {type(exc).__name__}") from None
             if "access_token" in result:
@@ -102,22 +116,23 @@ class TokenSource:
                 raise AccessDenied(message)
             raise ConnectionLost(message)
 
-    def _acquire(self) -> dict[str, Any]:
+    def _acquire(self, app: msal.ClientApplication) -> dict[str, Any]:
         if self._refresh_token is None:
-            return dict(self._app.acquire_token_for_client(scopes=APP_SCOPES) or {})
+            assert isinstance(app, msal.ConfidentialClientApplication)
+            return dict(app.acquire_token_for_client(scopes=APP_SCOPES) or {})
         # Delegated: MSAL keeps the account's tokens in its cache once redeemed.
-        accounts = self._app.get_accounts()
+        accounts = app.get_accounts()
         if accounts:
-            cached = self._app.acquire_token_silent(DELEGATED_SCOPES, account=accounts[0])
+            cached = app.acquire_token_silent(DELEGATED_SCOPES, account=accounts[0])
             if cached and "access_token" in cached:
                 return dict(cached)
-        return dict(
-            self._app.acquire_token_by_refresh_token(self._refresh_token, DELEGATED_SCOPES) or {}
-        )
+        return dict(app.acquire_token_by_refresh_token(self._refresh_token, DELEGATED_SCOPES) or {})
 
     def refused(self) -> None:
         """Graph refused the current token (401): forget the cached access tokens."""
         with self._lock:
+            if self._app is None:
+                return
             cache = self._app.token_cache
             # A list first: search() is a generator over the dict remove_at() changes.
             for entry in list(cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN)):

@@ -96,6 +96,8 @@ def local_manifests(
     for doc in deploy.k8s_documents():
         if doc["kind"] not in ("ConfigMap", *deploy.WORKLOAD_KINDS):
             continue  # a Service or budget means nothing to podman
+        if doc["kind"] in deploy.WORKLOAD_KINDS and deploy.deployment_component(doc) in NOT_PLAYED:
+            continue
         doc = copy.deepcopy(doc)
         if doc["kind"] == "StatefulSet":
             # podman kube play has no StatefulSet; one replica of it is a Deployment's pod with
@@ -157,6 +159,10 @@ def secret_as_configmap(name: str) -> dict:
     }
 
 
+#: Workloads kube play leaves out (see kube_play).
+NOT_PLAYED = ("graph-source",)
+
+
 @pytest.mark.timeout(600)
 def test_kube_play_runs_each_deployment_without_restarts(
     podman, image, services, unique, imap_account, tmp_path
@@ -180,7 +186,13 @@ def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: 
         "MAILTAP__EWS__ACCOUNTS__0__USERNAME": EWS_USER,
         "MAILTAP__EWS__ACCOUNTS__0__PASSWORD": EWS_PASSWORD,
     }
-    deployments = [deploy.deployment_component(d) for d in deploy.k8s_workloads()]
+    # Not the graph-source: it needs Microsoft's authority and Graph over HTTPS, which the
+    # container cannot reach here (its own tests run it against tests/graph_server).
+    deployments = [
+        c
+        for c in (deploy.deployment_component(d) for d in deploy.k8s_workloads())
+        if c not in NOT_PLAYED
+    ]
     ports = {d: free_port() for d in deployments}
     play = tmp_path / "play.yaml"
     suffix = f"-{unique}"
