@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from test_streams_kafka import COMMAND, DEADLINE_S, EVENT, MAIL, REPO, TopicReader
 
 from connectors.core.config import KafkaSettings, TopicNames
@@ -190,7 +190,15 @@ def wait_for_members(kafka: KafkaSettings, group: str, count: int, watch: Watch)
     while True:
         assert watch.proc.poll() is None, f"a worker died:\n{watch.tail()}"
         assert time.monotonic() < deadline, f"group never had {count} members:\n{watch.tail()}"
-        (description,) = [f.result() for f in admin.describe_consumer_groups([group]).values()]
+        try:
+            (description,) = [
+                f.result()
+                for f in admin.describe_consumer_groups([group], request_timeout=10).values()
+            ]
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._TIMED_OUT:
+                raise
+            continue  # the coordinator did not answer in time (a rebalance under way): ask again
         holding = [
             m
             for m in description.members
