@@ -262,6 +262,8 @@ class Backfill:
             # The packs the parse processes wrote become durable while the records go out.
             durable = functools.partial(make_durable, unsynced) if unsynced else None
             self._commit(records, parts[-1][0].cursor, before_commit=durable)
+            # New mail another folder published meanwhile: published there again (batches.py).
+            self.index.republish_elsewhere(self._new)
             self._count(built)
             for part, _ in parts:
                 part.progress.add(part.uids)

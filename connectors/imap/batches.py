@@ -83,7 +83,9 @@ class FolderBatches:
             self.index.unplace(self._new)
             raise
         finally:
-            self._new = []
+            new, self._new = self._new, []
+        # New mail another folder published meanwhile (moved at once): published there again.
+        self.index.republish_elsewhere(new)
         self.count(built)
 
     def count(self, built: list[BuiltMail]) -> None:

@@ -139,6 +139,8 @@ class AccountIndex:
         self.changelog: ChangelogPartition | None = None
         #: How `load_indexes` built it.
         self.load: IndexLoad | None = None
+        #: folder -> UIDs its worker is asked to publish again (`republish_elsewhere`).
+        self._republish: dict[str, set[int]] = {}
 
     # --- publishing ------------------------------------------------------------------------------
 
@@ -271,6 +273,54 @@ class AccountIndex:
             tuple(keys),
         )
         return {key: [places, fingerprint] for key, places, fingerprint in rows}
+
+    # --- publishing order across folders --------------------------------------------------------
+
+    def republish_elsewhere(self, committed: Sequence[tuple[str, str, int]]) -> dict[str, set[int]]:
+        """After the commit of new mail ``(key, folder, uid)``: ask the workers of the other
+        folders that placed one of those keys meanwhile to publish it again; returns what was
+        asked, per folder.
+
+        A mail appended and moved at once is new to the first folder's worker and, while that
+        worker's transaction is still open, already known to the target's (the index is
+        shared): the target publishes UPDATED (its folder), and its transaction may commit
+        first. The ADDED committed after it names the folder the mail left, on ``mail.events``
+        and as the key's only record on the index changelog: a restart would then tombstone
+        the key once the first folder sees the expunge, although the mail is in the target
+        (soak seed 4). Published again after this commit, the target's event is the key's
+        last one again. Only keys with another location now need it: one lookup by key, and
+        a scan of the locations in the rare case that finds one.
+        """
+        asked: dict[str, set[int]] = {}
+        with self._lock:
+            names = {number: name for name, number in self._folders.items()}
+            for key, folder, _ in committed:
+                row = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
+                if row is None or row[0] < 2:
+                    continue  # only where this commit put it: nobody published it before us
+                rows = self._db.execute(
+                    "SELECT folder, uid FROM locations WHERE key = ? AND folder != ?",
+                    (key, self._folders.get(folder)),
+                )
+                for folder_id, uid in rows:
+                    asked.setdefault(names[folder_id], set()).add(uid)
+            for folder, uids in asked.items():
+                self._republish.setdefault(folder, set()).update(uids)
+        if asked:
+            self.rounds.ask(asked)
+        return asked
+
+    def ask_republish(self, folder: str, uids: Iterable[int]) -> None:
+        """Ask ``folder``'s worker to publish these UIDs again (a retry of `take_republish`)."""
+        with self._lock:
+            self._republish.setdefault(folder, set()).update(uids)
+        self.rounds.ask([folder])
+
+    def take_republish(self, folder: str) -> list[int]:
+        """The UIDs ``folder``'s worker was asked to publish again, ascending (taken: put them
+        back with `ask_republish` when their commit fails)."""
+        with self._lock:
+            return sorted(self._republish.pop(folder, ()))
 
     # --- reconciling expunges --------------------------------------------------------------------
 

@@ -77,6 +77,11 @@ class SyncRounds:
             self._waiting.add(folder)
             self._wanted.update(others)
 
+    def ask(self, folders: Iterable[str]) -> None:
+        """Ask ``folders`` to sync at their next chance (they have something to publish)."""
+        with self._lock:
+            self._wanted.update(folders)
+
     def settled(self, folder: str) -> None:
         """``folder`` has no decision pending any more."""
         with self._lock:

@@ -62,7 +62,7 @@ from connectors.imap.expunges import ExpungeTracker
 from connectors.imap.flagchanges import FlagChanges
 from connectors.imap.index import AccountIndex
 from connectors.imap.missingfolder import MissingFolder
-from connectors.imap.records import RecordBuilder
+from connectors.imap.records import ChangeKind, RecordBuilder
 from connectors.imap.sideeffects import SideEffects
 from connectors.imap.state import StateMachine, WorkerState
 from connectors.imap.waiting import ChangeWait
@@ -71,6 +71,10 @@ log = logging.getLogger(__name__)
 
 S = WorkerState
 SOURCE_KIND = "imap"
+
+
+def _updated(_mail: FetchedMail) -> ChangeKind:
+    return "UPDATED"
 
 
 class MailboxWorker(FolderWorker[WorkerState]):
@@ -343,6 +347,8 @@ class MailboxWorker(FolderWorker[WorkerState]):
             mails += self.flag_changes.sync_listed(conn)  # no MODSEQs: no CONDSTORE, or NOMODSEQ
         if status.uidnext - 1 > self.cursor.last_uid:
             mails += self._sync_new(conn, hms, status.uidnext)
+        if asked := self.index.take_republish(self.folder):
+            mails += self._republish(conn, asked)
         if reconcile:
             # The HIGHESTMODSEQ of the check only matters to a later QRESYNC SELECT: without
             # QRESYNC no watermark is kept (nor committed).
@@ -380,6 +386,30 @@ class MailboxWorker(FolderWorker[WorkerState]):
             self._publish_new(conn, group, fetched, hms)
             progress.add(len(group))
         return total
+
+    def _republish(self, conn: ImapConnection, uids: list[int]) -> int:
+        """Publish these mails again (UPDATED, as they are now): another folder's worker
+        committed their ADDED after our event (``AccountIndex.republish_elsewhere``). A UID
+        gone meanwhile is skipped: its expunge is reconciled as any other."""
+        cursor = self.cursor
+        assert cursor is not None
+        try:
+            fetched = conn.fetch([u for u in uids if u <= cursor.last_uid])
+            if fetched:
+                log.info(
+                    "imap %s/%s: uid %s published again: another folder committed its ADDED "
+                    "after our event",
+                    self.account.name,
+                    self.folder,
+                    ",".join(str(m.uid) for m in fetched),
+                )
+                with self.builder.staged_blobs() as blobs:
+                    built = self.batches.build_all(fetched, _updated, blobs)
+                    self.batches.commit(built, cursor, blobs)
+        except BaseException:
+            self.index.ask_republish(self.folder, uids)  # the next sync tries again
+            raise
+        return len(fetched)
 
     def _publish_new(
         self,

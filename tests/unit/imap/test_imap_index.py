@@ -40,6 +40,34 @@ def test_new_mail_whose_transaction_failed_is_new_again() -> None:
     assert index.uids_in("Archive", 3) == {5: "a/mid:old@y"}
 
 
+def test_new_mail_placed_elsewhere_before_its_commit_is_republished_there() -> None:
+    # Soak seed 4: INBOX placed a new mail; before INBOX committed, the mail moved to Work and
+    # Work's worker found it known (UPDATED, maybe committed first). After INBOX's commit,
+    # Work is asked to publish it again, and woken.
+    index = AccountIndex("a")
+    assert index.register("a/mid:moved@y", "INBOX", 7, 5) is False
+    assert index.register("a/mid:moved@y", "Work", 9, 1) is True
+    assert index.register("a/mid:alone@y", "INBOX", 7, 6) is False
+    asked = index.republish_elsewhere(
+        [("a/mid:moved@y", "INBOX", 5), ("a/mid:alone@y", "INBOX", 6)]
+    )
+    assert asked == {"Work": {1}}
+    assert index.rounds.wanted("Work") and not index.rounds.wanted("INBOX")
+    assert index.take_republish("INBOX") == []
+    assert index.take_republish("Work") == [1]
+    assert index.take_republish("Work") == []  # taken once
+    index.ask_republish("Work", [1])  # its commit failed: asked again
+    assert index.take_republish("Work") == [1]
+
+
+def test_a_copy_in_the_same_folder_is_not_republished() -> None:
+    index = AccountIndex("a")
+    index.register("a/mid:twice@y", "INBOX", 7, 1)
+    index.register("a/mid:twice@y", "INBOX", 7, 2)
+    assert index.republish_elsewhere([("a/mid:twice@y", "INBOX", 1)]) == {}
+    assert not index.rounds.wanted("INBOX")
+
+
 def test_uids_are_scoped_by_folder_and_uidvalidity() -> None:
     index = AccountIndex("a")
     index.register("a/mid:1@y", "INBOX", 7, 1)

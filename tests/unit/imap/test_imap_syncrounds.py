@@ -39,3 +39,11 @@ def test_a_waiting_folder_asks_the_others_and_is_woken_when_one_is_done() -> Non
     rounds.settled("INBOX")
     rounds.done("Archive", rounds.begin("Archive"))
     assert not rounds.wanted("INBOX")  # nothing pending any more: not woken again
+
+
+def test_a_folder_asked_to_sync_is_wanted_until_its_next_sync_begins() -> None:
+    rounds = SyncRounds()
+    rounds.ask(["Work"])
+    assert rounds.wanted("Work") and not rounds.wanted("INBOX")
+    rounds.begin("Work")
+    assert not rounds.wanted("Work")
