@@ -30,8 +30,11 @@ CI_SEED = 11
 #: (tests/integration/imap/test_imap_move_order.py).
 REGRESSION_SEEDS = (4,)
 #: Seeds that find a bug not fixed yet: run with ``MAILTAP_SOAK_OPEN_SEEDS=1`` (they are not
-#: collected otherwise, so CI stays the judge of what is fixed).
-OPEN_SEEDS: tuple[int, ...] = ()
+#: collected otherwise, so CI stays the judge of what is fixed). Seed 4 still fails now and
+#: then: a broker kill held both folders' transactions open until the mailbox moved to another
+#: instance, so the repair (published again after the ADDED) was lost with the old owner, and
+#: the changelog, one record per key, kept INBOX (docs/soak.md, "Open").
+OPEN_SEEDS: tuple[int, ...] = (4,)
 FIXED_SEEDS = tuple(s for s in REGRESSION_SEEDS if s not in OPEN_SEEDS)
 SEEDS_RUN = REGRESSION_SEEDS if os.environ.get("MAILTAP_SOAK_OPEN_SEEDS") == "1" else FIXED_SEEDS
 
