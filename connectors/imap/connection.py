@@ -41,7 +41,7 @@ from connectors.imap.errors import ConnectionLost, FolderMissing, ImapProtocolEr
 from connectors.imap.fetchparse import FetchResponse, parse_fetch
 from connectors.imap.idle import IdleOutcome, classify_untagged, idle_until
 from connectors.imap.qresync import QresyncRequest, parse_vanished
-from connectors.imap.search import message_ids_in, search
+from connectors.imap.search import any_message_id, message_ids_in, search
 from connectors.imap.session import log_in, open_client
 from connectors.imap.uidset import UidSet
 from connectors.imap.wire import text, wire
@@ -329,6 +329,25 @@ class ImapConnection:
         the caller re-selects its own folder."""
         esearch = b"ESEARCH" in self._capabilities
         return message_ids_in(self.client, folder, message_ids, esearch=esearch)
+
+    def locate_message_ids(
+        self, folder: str, message_ids: Sequence[str]
+    ) -> tuple[int, dict[str, list[int]]]:
+        """``(UIDVALIDITY, {message_id: UIDs})`` of those of ``message_ids`` that another
+        folder holds (:meth:`message_ids_in`, then a UID SEARCH per id found). Leaves
+        ``folder`` selected read-only: the caller re-selects its own folder."""
+        found = self.message_ids_in(folder, message_ids)
+        if not found:
+            return 0, {}
+        status = self.select(folder, readonly=True)
+        esearch = b"ESEARCH" in self._capabilities
+        where: dict[str, list[int]] = {}
+        for message_id in sorted(found):
+            with wire(f"search {folder}"):
+                uids = search(self.client, any_message_id([message_id]), esearch=esearch)
+            if uids:
+                where[message_id] = list(uids)
+        return status.uidvalidity, where
 
     # --- fetch -------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import Commit, Cursor
 from connectors.imap.index import AccountIndex
 from connectors.imap.qresync import ExpungeCheck, vanished_candidates
-from connectors.imap.records import RecordBuilder
+from connectors.imap.records import ChangeKind, Placement, RecordBuilder
 from connectors.imap.uidset import UidSet
 
 __all__ = ["ExpungeTracker"]
@@ -200,8 +200,9 @@ class ExpungeTracker:
         try:
             if decided and self._unwatched_target:
                 decided = self._not_in_unwatched_target(conn, decided)
+            found = self._found_in_watched_others(conn, decided) if decided else []
             forgotten = [key for key in decided if self.index.forget_unless_located(key)]
-            tombstones = [r for key in forgotten for r in self.builder.tombstones(key)]
+            tombstones = found + [r for key in forgotten for r in self.builder.tombstones(key)]
             if not self._expunged:
                 rounds.settled(self.folder)
             if tombstones:
@@ -227,6 +228,61 @@ class ExpungeTracker:
             self._commit(tombstones, target)
         if settled is not None:
             self._unsettled_check = None  # only once committed: a failed commit keeps it
+
+    def _found_in_watched_others(self, conn: ImapConnection, keys: list[str]) -> list[SourceRecord]:
+        """The UPDATED records of those of ``keys`` that another watched folder holds on the
+        server although the index has no location there; placed there in the index, so
+        they are not tombstoned.
+
+        The index should know every location, but it is restored from a changelog with one
+        record per key (KEYS.md): a mail in two folders at a restart (a copy; or a move whose
+        target's record was appended before the source's ADDED, soak seed 4) comes back in
+        one of them only. The server is the truth a tombstone must not contradict, so a
+        Message-ID key is looked for there first (one EXAMINE and SEARCH per other folder
+        and per batch of decisions, then a re-select); a fingerprint key cannot be searched.
+        """
+        wanted = {key: m for key in keys if (m := self.index.message_id(key)) is not None}
+        if not wanted or not self.watched_others:
+            return []
+        records: dict[tuple[str, bytes], SourceRecord] = {}
+        cursor = self._current()
+        try:
+            for other in self.watched_others:
+                uidvalidity, where = conn.locate_message_ids(other, sorted(set(wanted.values())))
+                uids = sorted({uid for found in where.values() for uid in found})
+                for mail in conn.fetch(uids) if uids else []:
+                    built = self.builder.build(
+                        mail,
+                        cursor.uidvalidity,
+                        self._placed_at(other, uidvalidity, mail.uid),
+                        folder=other,
+                        location=(uidvalidity, mail.uid),
+                    )
+                    if built.key is None:
+                        continue
+                    for record in built.records:
+                        if record.topic != self.builder.dlq_topic:
+                            records[(record.topic, record.key)] = record
+                    log.warning(
+                        "imap %s/%s: %s left this folder and is in %s (uid %d), where the key "
+                        "index did not place it: published there, not tombstoned",
+                        self.account.name,
+                        self.folder,
+                        built.key,
+                        other,
+                        mail.uid,
+                    )
+        finally:
+            self._reselect(conn)
+        return list(records.values())
+
+    def _placed_at(self, folder: str, uidvalidity: int, uid: int) -> Placement:
+        """The placement of a mail found in ``folder`` at ``uid``: an UPDATED of its key."""
+
+        def place(key: str, fingerprint: str | None) -> tuple[str, ChangeKind]:
+            return self.index.place(key, fingerprint, folder, uidvalidity, uid)[0], "UPDATED"
+
+        return place
 
     def _not_in_unwatched_target(self, conn: ImapConnection, keys: list[str]) -> list[str]:
         """``keys`` without those whose Message-ID is in the move target no worker watches

@@ -116,3 +116,42 @@ def test_a_move_committed_before_its_own_added_leaves_the_mail_where_it_is_after
     assert _folder(_last(events, key)) == "Work"
     assert republished, "the last event named INBOX before the handover"
     assert restored_from == "Work"
+
+
+def test_a_copy_the_restored_index_does_not_know_is_found_on_the_server_not_tombstoned(
+    imap: ImapHarness,
+) -> None:
+    # The changelog keeps one record per key: a mail copied to Work (both copies kept) comes
+    # back after a restart in Work only. Deleting the Work copy must not tombstone the key:
+    # the server is asked before a tombstone, finds the mail in INBOX and publishes it there.
+    client = imap.client(folder="")
+    client.create_folder("Work")
+    client.logout()
+    message_id = f"copied-{imap.unique}@example.com"
+    key = f"acct/mid:{message_id}"
+    imap.append([make_mail(message_id, "copied to Work")])
+    with running(imap, account=TWO_FOLDERS, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(1), "INBOX published")
+        client = imap.client()
+        client.copy([1], "Work")
+        client.logout()
+        wait_for(lambda: _folder(_last(imap.events(), key)) == "Work", "the copy published")
+    with running(imap, account=TWO_FOLDERS, catchup_poll_seconds=2):
+        client = imap.client("Work")
+        client.delete_messages([1])
+        client.expunge()
+        client.logout()
+        wait_for(
+            lambda: _folder(_last(imap.events(), key)) == "INBOX",
+            "the mail published again where it still is",
+            timeout=60,
+        )
+        time.sleep(4)  # catch-up polls of both folders: no tombstone follows
+    events = imap.events()
+    assert [r for r in events if r.key == key and r.value is None] == []
+    last = _last(events, key)
+    assert last is not None and last.value is not None
+    assert (last.value["change"], last.value["source"]["uid"]) == ("UPDATED", 1)
+    record = _last(imap.read(imap.kafka.topics.imap_index), key)
+    assert record is not None and record.raw_value is not None
+    assert json.loads(record.raw_value)["folder"] == "INBOX"
