@@ -121,7 +121,7 @@ def consume(
             enable_partition_eof=True,
         )
     )
-    decoder = AnyAvroDecoder(cfg.kafka.schema_registry_url)
+    decoder = AnyAvroDecoder(cfg.kafka.schema_registry_url, cfg.kafka.schema_registry)
     try:
         partitions = topic_partitions(consumer, cfg.kafka, topic, 10)
         if partitions is None:

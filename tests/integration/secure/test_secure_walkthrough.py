@@ -145,8 +145,14 @@ def test_the_readme_walkthrough_runs_against_a_secured_cluster(
         "MAILTAP__HEALTH__PORT": str(process.free_port("127.0.0.1")),
         "MAILTAP__STREAMS__DATA_DIR": str(workdir / "streams"),
     }
-    login = {"MAILTAP__KAFKA__SASL_USERNAME", "MAILTAP__KAFKA__SASL_PASSWORD"}
-    (workdir / "mailtap.env").write_text(filled_env_file(values, leave_out=login))
+    # Every command logs in as its own principal; the secured broker comes without a registry.
+    leave_out = {
+        "MAILTAP__KAFKA__SASL_USERNAME",
+        "MAILTAP__KAFKA__SASL_PASSWORD",
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY__BASIC_AUTH_USERNAME",
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY__BASIC_AUTH_PASSWORD",
+    }
+    (workdir / "mailtap.env").write_text(filled_env_file(values, leave_out=leave_out))
     (workdir / "mailtap.env").chmod(0o600)
 
     principals = secure_kafka.principals
