@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AclBinding, AdminClient  # type: ignore[attr-defined]
 from imapclient import IMAPClient
@@ -250,3 +251,29 @@ def _found_on_events_topic(secure_kafka: SecureKafka, topic: str, group: str, ne
         return False
     finally:
         consumer.close()
+
+
+def test_a_grant_by_a_login_without_alter_on_the_cluster_says_so(
+    secure_kafka: SecureKafka, tmp_path: Path
+) -> None:
+    """`mailtap acls --grant` as a principal that may not create ACLs: one line naming the
+    missing right and the way out, no traceback, nothing granted."""
+    config = tmp_path / "reader.yaml"
+    config.write_text(
+        yaml.safe_dump({"kafka": secure_kafka.kafka_section("other-team", "scram-sha-512")})
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAILTAP")}
+    refused = subprocess.run(
+        [
+            *(sys.executable, "-m", "mailtap.cli", "acls", "-c", str(config)),
+            *("--component", "reader", "--principal", "someone-else", "--grant"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "principal User:other-team-reader may not create ACLs" in refused.stderr
+    assert "without --grant" in refused.stderr
+    assert "Traceback" not in refused.stderr and refused.stdout == ""
