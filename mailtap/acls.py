@@ -27,8 +27,8 @@ def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
     (their ACLs follow from it); a source's section is optional (no group without it).
     """
     kafka = config.kafka
-    if component in ("imap-source", "ews-source"):
-        source: Literal["imap", "ews"] = "imap" if component == "imap-source" else "ews"
+    if component in ("imap-source", "ews-source", "graph-source"):
+        source: Literal["imap", "ews", "graph"] = _SOURCES[component]
         # A source's ACLs depend on its section only through the group (its work topic and
         # group id): a config without the section (the dev stack's, without Exchange) gets
         # those of an instance without a group.
@@ -53,6 +53,13 @@ def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
     raise ConfigError(f"unknown component {component!r}: one of {', '.join(COMPONENTS)}")
 
 
+_SOURCES: dict[str, Literal["imap", "ews", "graph"]] = {
+    "imap-source": "imap",
+    "ews-source": "ews",
+    "graph-source": "graph",
+}
+
+
 def _section(config: MailtapConfig, name: str) -> Any:
     # Each settings class is imported only for the component asked about: the connectors'
     # extras need not all be installed.
@@ -66,6 +73,10 @@ def _section(config: MailtapConfig, name: str) -> Any:
         from connectors.ews.config import EwsSourceSettings
 
         return config.section(name, EwsSourceSettings)
+    if name == "graph":
+        from connectors.graph.config import GraphSourceSettings
+
+        return config.section(name, GraphSourceSettings)
     if name == "smtp":
         from connectors.smtp.config import SmtpSinkSettings
 

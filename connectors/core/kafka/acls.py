@@ -47,11 +47,22 @@ Operation = Literal[
     "IdempotentWrite",
 ]
 
-COMPONENTS = ("imap-source", "ews-source", "streams", "smtp-sink", "admin", "reader")
+COMPONENTS = (
+    "imap-source",
+    "ews-source",
+    "graph-source",
+    "streams",
+    "smtp-sink",
+    "admin",
+    "reader",
+)
 
 #: Fixed names in the components' code; a unit test checks they match (tests/unit/core/kafka).
 IMAP_TRANSACTIONAL_PREFIX = "mailtap-imap-"  # connectors.imap.source.TRANSACTIONAL_PREFIX + "-"
 EWS_TRANSACTIONAL_PREFIX = "mailtap-ews-"  # connectors.ews.source.TRANSACTIONAL_ID_PREFIX + "-"
+GRAPH_TRANSACTIONAL_PREFIX = (
+    "mailtap-graph-"  # connectors.graph.source.TRANSACTIONAL_ID_PREFIX + "-"
+)
 IMAP_INDEX_GROUP = "mailtap-imap-index"  # connectors.imap.index / indexlog
 OFFSETS_GROUP = "mailtap-offsets-reader"  # connectors.core.kafka.offsets
 MAILBOXES_GROUP = "mailtap-mailboxes-reader"  # connectors.core.source.ownership.catalog
@@ -60,6 +71,12 @@ SUPPRESSIONS_GROUP_PREFIX = "mailtap-suppressions-"  # connectors.smtp.suppressi
 #: ``mailtap consume`` names its group so; the default group prefix of a reader.
 CONSUME_GROUP_PREFIX = "mailtap-consume-"
 
+
+_TRANSACTIONAL_PREFIXES = {
+    "imap": IMAP_TRANSACTIONAL_PREFIX,
+    "ews": EWS_TRANSACTIONAL_PREFIX,
+    "graph": GRAPH_TRANSACTIONAL_PREFIX,
+}
 
 #: operation -> the operations that imply it (granted with them by Kafka's authorizer).
 _IMPLIED: dict[str, set[str]] = {
@@ -187,10 +204,12 @@ def retry_topics(kafka: KafkaSettings, tiers: Iterable[str]) -> list[str]:
 def source_acls(
     kafka: KafkaSettings,
     *,
-    source: Literal["imap", "ews"],
+    source: Literal["imap", "ews", "graph"],
     group: Any = None,
 ) -> list[Acl]:
-    """The IMAP or EWS source: ``group`` is its ``GroupSettings`` (None: no group)."""
+    """The IMAP, EWS or Microsoft Graph source: ``group`` is its ``GroupSettings`` (None: no
+    group). The three share the source contract (connectors.core.source): the same topics,
+    cursors and catalog; only IMAP keeps a Message-ID index."""
     t = kafka.topics
     acls = _Acls(kafka)
     own = [t.events, t.offsets, t.mailboxes]
@@ -218,9 +237,7 @@ def source_acls(
             acls.qualify(IMAP_INDEX_GROUP), "Describe", reason="reads the index topic (assigned)"
         )
     acls.encoding_checked([t.events])
-    prefix = acls.qualify(
-        IMAP_TRANSACTIONAL_PREFIX if source == "imap" else EWS_TRANSACTIONAL_PREFIX
-    )
+    prefix = acls.qualify(_TRANSACTIONAL_PREFIXES[source])
     acls.transactional_ids(prefix, reason="one transactional id per mailbox folder")
     if group is not None:
         work = group.topic(source)

@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
-from connectors.core.config import MailtapConfig, load_config
+from connectors.core.config import MailtapConfig, config_from_dict, load_config
 from connectors.core.errors import ConfigError
 from connectors.core.kafka import acls
 from connectors.core.kafka.acls import Acl, markdown_row
@@ -35,12 +36,25 @@ def compose_config(name: str) -> MailtapConfig:
     return load_config(ROOT / "deploy" / "compose" / name, env=env)
 
 
+def graph_config() -> MailtapConfig:
+    """The Graph source's config of the Kubernetes component (compose has no Graph service);
+    its Kafka login and client secret come from Secrets, any value does for the names."""
+    manifest = yaml.safe_load((ROOT / "deploy/k8s/components/graph-source/config.yaml").read_text())
+    env = {
+        "MAILTAP__KAFKA__SASL_USERNAME": "mailtap-graph-source",
+        "MAILTAP__KAFKA__SASL_PASSWORD": "x",
+        "MAILTAP__GRAPH__CLIENT_SECRET": "x",
+    }
+    return config_from_dict(yaml.safe_load(manifest["data"]["mailtap.yaml"]), env=env)
+
+
 def readme_rows() -> list[str]:
     """The table of deploy/README.md, regenerated: one row per component."""
     main, ews = compose_config("mailtap.yaml"), compose_config("ews-source.yaml")
+    own = {"ews-source": ews, "graph-source": graph_config()}
     rows = []
     for component in acls.COMPONENTS:
-        cfg = ews if component == "ews-source" else main
+        cfg = own.get(component, main)
         rows.append(markdown_row(f"mailtap-{component}", component_acls(cfg, component)))
     return rows
 
@@ -60,10 +74,12 @@ def test_readme_table_is_the_computed_one() -> None:
 def test_fixed_names_match_the_components_code() -> None:
     from connectors.core.kafka import encoding
     from connectors.ews import source as ews_source
+    from connectors.graph import source as graph_source
     from connectors.imap import source as imap_source
 
     assert acls.IMAP_TRANSACTIONAL_PREFIX == imap_source.TRANSACTIONAL_PREFIX + "-"
     assert acls.EWS_TRANSACTIONAL_PREFIX == ews_source.TRANSACTIONAL_ID_PREFIX + "-"
+    assert acls.GRAPH_TRANSACTIONAL_PREFIX == graph_source.TRANSACTIONAL_ID_PREFIX + "-"
     sources = {
         acls.IMAP_INDEX_GROUP: ROOT / "connectors/imap/indexlog.py",
         acls.OFFSETS_GROUP: ROOT / "connectors/core/kafka/offsets.py",
