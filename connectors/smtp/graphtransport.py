@@ -261,7 +261,7 @@ class GraphTransport:
                 f"({type(exc).__name__}); Graph may have queued the message"
             )
             return unanswered(recipients, why, maybe_sent=True)
-        if response.status_code == 202 or 200 <= response.status_code < 300:
+        if 200 <= response.status_code < 300:  # 202 Accepted, as documented
             return accepted(recipients)
         return response
 
