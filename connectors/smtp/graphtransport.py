@@ -30,16 +30,19 @@ import logging
 import ssl
 import threading
 import time
-import urllib.request
 from typing import Any
 from urllib.parse import quote
 
 import httpx2
 import msal
 import requests
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 
+from connectors.core.entra import (
+    APP_SCOPES,
+    TOKEN_REFUSALS,
+    certificate_credential,
+    msal_http_session,
+)
 from connectors.core.redact import quiet_token_libraries
 from connectors.smtp.classify import DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import GraphSendSettings, SmtpSinkSettings
@@ -63,12 +66,6 @@ logging.getLogger("msal").setLevel(logging.WARNING)  # at DEBUG it logs token re
 logging.getLogger("httpx2").setLevel(logging.WARNING)  # at INFO it logs every request
 logging.getLogger("httpcore2").setLevel(logging.INFO)  # at DEBUG the headers (the token)
 
-#: App-only tokens name the resource's ``.default`` scope (the application's granted permissions).
-APP_SCOPES = ["https://graph.microsoft.com/.default"]
-#: The token endpoint's errors that no retry can fix.
-REFUSALS = frozenset(
-    {"invalid_client", "invalid_grant", "unauthorized_client", "invalid_scope", "access_denied"}
-)
 #: Without a Retry-After, a throttled transport waits this long (Graph sends one with 429).
 DEFAULT_RETRY_AFTER_S = 5.0
 #: A longer Retry-After is capped: the deferred commands come back through the retry tiers.
@@ -104,7 +101,7 @@ class _AppTokens:
         description = result.get("error_description")
         if description:  # names the tenant and the client, never the secret
             message += f" ({str(description).splitlines()[0][:200]})"
-        raise GraphTokenError(message, refused=error in REFUSALS)
+        raise GraphTokenError(message, refused=error in TOKEN_REFUSALS)
 
     def refused(self) -> None:
         """Graph refused the current token (401): forget it, the next call gets a new one."""
@@ -119,14 +116,14 @@ class _AppTokens:
         settings = self.settings
         options: dict[str, Any] = {
             "authority": f"{settings.authority_host}/{settings.tenant_id}",
-            "http_client": _session(settings.ca_file),
+            "http_client": msal_http_session(settings.ca_file),
         }
         if not settings.authority_host.startswith("https://login.microsoftonline.com"):
             options["instance_discovery"] = False  # a national cloud or the test server
         credential: Any = settings.secret()
         if settings.certificate_file is not None:
             password = settings.certificate_password
-            credential = _certificate_credential(
+            credential = certificate_credential(
                 settings.certificate_file.read_bytes(),
                 password.get_secret_value() if password else None,
             )
@@ -312,30 +309,3 @@ def _error(response: httpx2.Response) -> tuple[str, str]:
     if not isinstance(error, dict):
         return "", ""
     return str(error.get("code", "")), str(error.get("message", ""))
-
-
-def _session(ca_file: str | None) -> requests.Session:
-    """MSAL's HTTP session. With ``ca_file`` it trusts that CA: requests lets
-    ``REQUESTS_CA_BUNDLE`` win over ``Session.verify`` (psf/requests#3829), so the environment
-    is not read for certificates then; its proxies still apply."""
-    session = requests.Session()
-    if ca_file:
-        session.trust_env = False
-        session.verify = ca_file
-        session.proxies.update(urllib.request.getproxies())
-    return session
-
-
-def _certificate_credential(pem: bytes, password: str | None) -> dict[str, str]:
-    """MSAL's certificate credential: the private key and the certificate's SHA-1 thumbprint
-    (Entra ID names a certificate by it in the assertion's ``x5t`` header)."""
-    key = serialization.load_pem_private_key(pem, password=password.encode() if password else None)
-    cert = x509.load_pem_x509_certificate(pem)
-    return {
-        "private_key": key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ).decode(),
-        "thumbprint": cert.fingerprint(hashes.SHA1()).hex(),
-    }
