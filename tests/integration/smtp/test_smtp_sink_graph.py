@@ -4,11 +4,13 @@ on the session's Kafka broker."""
 
 from __future__ import annotations
 
+import asyncio
 import email
 import email.policy
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,11 @@ import yaml
 from smtp_harness import WAIT_S, TopicReader, command, produce_commands, run_until, sink_config
 from test_smtp_sink_crash import REPO, start_sink, wait_for
 
+from connectors.core.claimcheck.open import open_configured
+from connectors.core.config import config_from_dict
+from connectors.graph.source import GraphSource
+from connectors.smtp.bounce_reader import BounceReader
+from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.sink import SmtpSink
 from mailtap.dev import DevServices
@@ -64,7 +71,7 @@ async def test_reply_goes_out_through_graph_sendmail(
     )
     produce_commands(cfg, [cmd])
     events = TopicReader(cfg, cfg.kafka.topics.delivery)
-    sink = SmtpSink(cfg, cfg.section("smtp", type(_settings)))
+    sink = SmtpSink(cfg, cfg.section("smtp", SmtpSinkSettings))
     got = await run_until(sink, events, lambda ev: sum(e["status"] == "SENT" for e in ev) == 3)
     events.close()
 
@@ -255,3 +262,69 @@ def test_a_refused_secret_stops_the_start_with_a_sentence(
     assert "Traceback" not in done.stderr
     assert "not-the-secret" not in done.stderr + done.stdout
     assert graph_server.sent == []
+
+
+async def test_a_bounce_comes_back_as_an_ndr_read_through_the_graph_source(
+    services: DevServices, unique: str, graph_server: GraphTestServer, tmp_path: Path
+) -> None:
+    """Graph says 202 (SENT) for a recipient that later bounces; Exchange Online's NDR lands in
+    the sending mailbox, the Graph source publishes it, the bounce reader (smtp.bounce_accounts)
+    correlates it by the reply's Message-ID: BOUNCED, as on the SMTP path."""
+    account = f"m365-{unique}"
+    graph_server.bounce_recipient("gone@example.net")
+    _, _, raw = graph_sink_config(
+        services,
+        unique,
+        graph_server,
+        bounce_accounts=[account],
+        bounce_group_id=f"bounces-{unique}",
+    )
+    # The source's topics of this test only (the session broker is shared).
+    raw["kafka"]["topics"].update(
+        events=f"mail.events.{unique}",
+        offsets=f"mailtap.offsets.{unique}",
+        mailboxes=f"mailtap.mailboxes.{unique}",
+    )
+    raw["claim_check"] = {"url": (tmp_path / "claims").as_uri()}
+    raw["graph"] = {
+        "tenant_id": graph_server.tenant,
+        "client_id": CLIENT_ID,
+        "client_secret": CLIENT_SECRET,
+        "authority_host": graph_server.url,
+        "api_base": graph_server.graph_url,
+        "ca_file": str(graph_server.ca_file),
+        "accounts": [{"name": account, "user": USER, "start": "all"}],
+        "sweep_interval_seconds": 0.5,
+    }
+    cfg = config_from_dict(raw)
+    settings = cfg.section("smtp", SmtpSinkSettings)
+    cmd = command(["gone@example.net"], **{"from": {"name": "Support", "address": USER}})
+    produce_commands(cfg, [cmd])
+
+    source = GraphSource.from_config(cfg, serve_health=False)
+    source.start()
+    # The bounce reader reads the NDR's MIME where the source put it: the claim-check store.
+    reader = BounceReader(cfg, settings, fetch_blob=open_configured(cfg.claim_check).get)
+    sink = SmtpSink(cfg, settings)
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    sink.start()
+    reader.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while {e["status"] for e in events.values} < {"SENT", "BOUNCED"}:
+            assert time.monotonic() < deadline, events.values
+            await sink.poll_once()
+            reader.poll_once()
+            events.poll(0.05)
+            await asyncio.sleep(0)
+    finally:
+        reader.close()
+        await sink.close()
+        source.stop()
+        events.close()
+    [sent] = [e for e in events.values if e["status"] == "SENT"]
+    [bounced] = [e for e in events.values if e["status"] == "BOUNCED"]
+    assert sent["command_id"] == bounced["command_id"] == cmd["command_id"]
+    assert bounced["recipient"] == "gone@example.net"
+    assert bounced["bounce_type"] == "HARD" and bounced["enhanced_status"] == "5.1.1"
+    assert bounced["message_id"] == message_id_for(cmd["command_id"], "example.com")
