@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from connectors.core.config import MailtapConfig
 from connectors.core.errors import ConfigError
@@ -28,7 +28,7 @@ def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
     """
     kafka = config.kafka
     if component in ("imap-source", "ews-source", "graph-source"):
-        source: Literal["imap", "ews", "graph"] = _SOURCES[component]
+        source = cast(Literal["imap", "ews", "graph"], component.removesuffix("-source"))
         # A source's ACLs depend on its section only through the group (its work topic and
         # group id): a config without the section (the dev stack's, without Exchange) gets
         # those of an instance without a group.
@@ -51,13 +51,6 @@ def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
     if component == "reader":
         return reader_acls(kafka)
     raise ConfigError(f"unknown component {component!r}: one of {', '.join(COMPONENTS)}")
-
-
-_SOURCES: dict[str, Literal["imap", "ews", "graph"]] = {
-    "imap-source": "imap",
-    "ews-source": "ews",
-    "graph-source": "graph",
-}
 
 
 def _section(config: MailtapConfig, name: str) -> Any:

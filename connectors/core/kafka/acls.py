@@ -72,12 +72,6 @@ SUPPRESSIONS_GROUP_PREFIX = "mailtap-suppressions-"  # connectors.smtp.suppressi
 CONSUME_GROUP_PREFIX = "mailtap-consume-"
 
 
-_TRANSACTIONAL_PREFIXES = {
-    "imap": IMAP_TRANSACTIONAL_PREFIX,
-    "ews": EWS_TRANSACTIONAL_PREFIX,
-    "graph": GRAPH_TRANSACTIONAL_PREFIX,
-}
-
 #: operation -> the operations that imply it (granted with them by Kafka's authorizer).
 _IMPLIED: dict[str, set[str]] = {
     "Describe": {"Read", "Write", "Delete", "Alter"},
@@ -207,9 +201,7 @@ def source_acls(
     source: Literal["imap", "ews", "graph"],
     group: Any = None,
 ) -> list[Acl]:
-    """The IMAP, EWS or Microsoft Graph source: ``group`` is its ``GroupSettings`` (None: no
-    group). The three share the source contract (connectors.core.source): the same topics,
-    cursors and catalog; only IMAP keeps a Message-ID index."""
+    """The IMAP, EWS or Graph source: ``group`` is its ``GroupSettings`` (None: no group)."""
     t = kafka.topics
     acls = _Acls(kafka)
     own = [t.events, t.offsets, t.mailboxes]
@@ -236,8 +228,18 @@ def source_acls(
         acls.group(
             acls.qualify(IMAP_INDEX_GROUP), "Describe", reason="reads the index topic (assigned)"
         )
+    if source == "graph":
+        # A message Graph serves that cannot be parsed goes to the DLQ in the folder's
+        # transaction (connectors/graph/records.py).
+        acls.topic(t.dlq, "Write", reason="unparseable mail, in its transactions")
     acls.encoding_checked([t.events])
-    prefix = acls.qualify(_TRANSACTIONAL_PREFIXES[source])
+    prefix = acls.qualify(
+        {
+            "imap": IMAP_TRANSACTIONAL_PREFIX,
+            "ews": EWS_TRANSACTIONAL_PREFIX,
+            "graph": GRAPH_TRANSACTIONAL_PREFIX,
+        }[source]
+    )
     acls.transactional_ids(prefix, reason="one transactional id per mailbox folder")
     if group is not None:
         work = group.topic(source)
