@@ -147,9 +147,15 @@ def wait_until(condition: Callable[[], T], what: str, timeout: float) -> T:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def settled(instances: list[Instance], expected: set[str], timeout: float) -> dict[str, set[str]]:
-    """The ownership once every ``expected`` mailbox is owned by exactly one live instance,
-    the same in two reads in a row."""
+def settled(
+    instances: list[Instance],
+    expected: set[str],
+    timeout: float,
+    what: str = "every mailbox owned by exactly one instance",
+) -> dict[str, set[str]]:
+    """The ownership once every ``expected`` mailbox is owned by exactly one live instance and
+    every live instance owns some (one without mailboxes has not joined yet), the same in two
+    reads in a row: not a moment inside a rebalance."""
     seen: list[dict[str, set[str]] | None] = [None]
 
     def check() -> dict[str, set[str]] | None:
@@ -159,4 +165,4 @@ def settled(instances: list[Instance], expected: set[str], timeout: float) -> di
         seen[0] = now
         return now if stable else None
 
-    return wait_until(check, "every mailbox owned by exactly one instance", timeout)
+    return wait_until(check, what, timeout)
