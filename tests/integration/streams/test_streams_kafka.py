@@ -158,10 +158,19 @@ class TopicReader:
         self.consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         self.records: list[dict[str, Any]] = []
 
-    def until(self, done: Callable[[list[dict[str, Any]]], bool], worker: WorkerProcess) -> None:
+    def until(
+        self,
+        done: Callable[[list[dict[str, Any]]], bool],
+        worker: WorkerProcess,
+        missing: Callable[[list[dict[str, Any]]], object] | None = None,
+    ) -> None:
+        """Read until ``done``; on the deadline fail naming what is ``missing`` (when given)."""
         deadline = time.monotonic() + DEADLINE_S
         while not done(self.records):
-            assert time.monotonic() < deadline, f"timed out; worker log:\n{worker.tail()}"
+            assert time.monotonic() < deadline, (
+                f"timed out{f'; missing {missing(self.records)}' if missing else ''}"
+                f"; worker log:\n{worker.tail()}"
+            )
             assert worker.proc.poll() is None, f"worker exited:\n{worker.tail()}"
             msg = self.consumer.poll(0.5)
             if msg is None or msg.error():

@@ -303,17 +303,26 @@ def test_workers_share_conversations_and_survive_a_kill(
         pool.workers[busiest].kill()
         killed.add(busiest)
         print(f"killed worker {busiest} (-9) mid-stream")
-        commands.until(lambda got: len(answer_ids(got, firsts)) == THREADS, watch)
+        commands.until(
+            lambda got: len(answer_ids(got, firsts)) == THREADS,
+            watch,
+            missing=lambda got: firsts - {c["event_key"] for c in got},
+        )
         decided = {a["key"] for a in answers}
         commands.until(
             lambda got: {c["event_key"] for c in got if c["step"] == "decision"} == decided,
             watch,
+            missing=lambda got: decided - {c["event_key"] for c in got if c["step"] == "decision"},
         )
 
         # -- 3: the second follow-ups, with the two survivors ---------------------------------
         seconds = {m["key"] for m in rounds[2]}
         produce_to(kafka6, [(m, (t + 3) % PARTITIONS) for t, m in enumerate(rounds[2])])
-        commands.until(lambda got: len(answer_ids(got, seconds)) == THREADS, watch)
+        commands.until(
+            lambda got: len(answer_ids(got, seconds)) == THREADS,
+            watch,
+            missing=lambda got: seconds - {c["event_key"] for c in got},
+        )
         pending = requests[ANSWERED]["key"]
         commands.until(
             lambda got: any(c["event_key"] == pending and c["step"] == "reminder-2" for c in got),
