@@ -47,6 +47,7 @@ from typing import Any
 
 import yaml
 from confluent_kafka import Consumer, ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
 from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, TopicNames
@@ -401,7 +402,18 @@ def _round(
                 owned += len(health.get("mailboxes", []))
             return len(states) == owned == len(accounts) and set(states.values()) == {"IDLE"}
 
-        _wait(all_idle, "every mailbox IDLE", sources)
+        group_id, admin = config["imap"]["group"]["id"], admin_client(kafka)
+
+        def group_settled() -> bool:
+            """Every live instance holds work partitions in a stable group: a kill or a stop
+            during the join's two-step rebalance would time another scenario."""
+            return all(
+                member_holds_partitions(admin, group_id, s.proc.pid)
+                for s in sources
+                if s.proc.poll() is None
+            )
+
+        _wait(lambda: all_idle() and group_settled(), "every mailbox IDLE", sources)
         if n == 1:
             time.sleep(3)  # let the allocator settle after the backfill
             run["rss_bytes"] = rss_bytes(sources[0].proc.pid)
@@ -410,9 +422,8 @@ def _round(
             run.update(_failover(info, sources, users, watch, in_box))
             joiner = _spawn(config, work, f"r{round_tag}-i{n}")
             sources.append(joiner)
-            group_id = config["imap"]["group"]["id"]
             _wait(
-                lambda: member_holds_partitions(kafka, group_id, joiner.proc.pid) and all_idle(),
+                lambda: all_idle() and group_settled(),
                 "every mailbox IDLE after a new instance joined",
                 sources,
             )
@@ -473,14 +484,15 @@ def _handover(
     }
 
 
-def member_holds_partitions(kafka: KafkaSettings, group_id: str, pid: int) -> bool:
+def member_holds_partitions(admin: AdminClient, group_id: str, pid: int) -> bool:
     """The group is stable and the member of process ``pid`` holds work partitions: a joiner
     has got its share (the cooperative rebalance takes two steps: revoke, then assign), so the
-    instances' /healthz no longer shows the state before the join."""
+    instances' /healthz no longer shows the state before the join. False while the coordinator
+    does not answer (it may be busy rebalancing): the caller asks again."""
     try:
-        described = admin_client(kafka).describe_consumer_groups([group_id])[group_id]
-        group = described.result(10)
-    except KafkaException:
+        described = admin.describe_consumer_groups([group_id], request_timeout=10)[group_id]
+        group = described.result(15)
+    except (KafkaException, TimeoutError):
         return False
     if group.state != ConsumerGroupState.STABLE:
         return False

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from connectors.core.config import KafkaSettings, TopicNames
+from connectors.core.kafka.clients import admin_client
 from connectors.core.kafka.topics import ensure_topics
 from mailtap.bench.scale import EventWatch, member_holds_partitions
 from tests.ews_server import EwsTestServer
@@ -147,9 +148,15 @@ def one_round(
         ended: set[str] = set()
         instances = [start_instance("ews-source", config, work, f"{tag}-e{k}") for k in range(n)]
         try:
-            _wait(
-                lambda: _streaming(instances, expected), "every mailbox streaming", instances, ended
-            )
+            group, admin = config["ews"]["group"]["id"], admin_client(kafka)
+
+            def settled() -> bool:
+                # Every live instance holds work partitions in a stable group (not mid-join).
+                return _streaming(instances, expected) and all(
+                    member_holds_partitions(admin, group, i.proc.pid) for i in instances if i.alive
+                )
+
+            _wait(settled, "every mailbox streaming", instances, ended)
             _delays(ews, watch, in_box, accounts, time.monotonic(), instances, ended)
 
             victim, orphaned = _most_owned(instances)
@@ -164,16 +171,7 @@ def one_round(
 
             joiner = start_instance("ews-source", config, work, f"{tag}-e{n}")
             instances.append(joiner)
-            group = config["ews"]["group"]["id"]
-            _wait(
-                lambda: (
-                    member_holds_partitions(kafka, group, joiner.proc.pid)
-                    and _streaming(instances, expected)
-                ),
-                "settled after a join",
-                instances,
-                ended,
-            )
+            _wait(settled, "settled after a join", instances, ended)
             leaving, handed = _most_owned(instances)
             ended.add(leaving.name)
             leaving.proc.terminate()
