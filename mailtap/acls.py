@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from connectors.core.config import MailtapConfig
 from connectors.core.errors import ConfigError
@@ -27,8 +27,8 @@ def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
     (their ACLs follow from it); a source's section is optional (no group without it).
     """
     kafka = config.kafka
-    if component in ("imap-source", "ews-source"):
-        source: Literal["imap", "ews"] = "imap" if component == "imap-source" else "ews"
+    if component in ("imap-source", "ews-source", "graph-source"):
+        source = cast(Literal["imap", "ews", "graph"], component.removesuffix("-source"))
         # A source's ACLs depend on its section only through the group (its work topic and
         # group id): a config without the section (the dev stack's, without Exchange) gets
         # those of an instance without a group.
@@ -66,6 +66,10 @@ def _section(config: MailtapConfig, name: str) -> Any:
         from connectors.ews.config import EwsSourceSettings
 
         return config.section(name, EwsSourceSettings)
+    if name == "graph":
+        from connectors.graph.config import GraphSourceSettings
+
+        return config.section(name, GraphSourceSettings)
     if name == "smtp":
         from connectors.smtp.config import SmtpSinkSettings
 

@@ -8,8 +8,9 @@ Three grants, as the ``graph`` section's ``auth`` says:
 - ``refresh_token``: delegated, a user's refresh token redeemed for access tokens; the newest
   refresh token MSAL receives replaces it in memory (Entra ID rotates them).
 
-MSAL caches the access token and renews it before it expires (its ``refresh_in``), so
-:meth:`TokenSource.token` may be called before every request. :meth:`TokenSource.refused` drops
+The helpers shared with the SMTP sink's Graph transport (the same app registration) are in
+:mod:`connectors.core.entra`. MSAL caches the access token and renews it before it expires (its
+``refresh_in``), so :meth:`TokenSource.token` may be called before every request. :meth:`TokenSource.refused` drops
 the cached token after Graph answered 401 (a token revoked before its time): the next call gets a
 new one. A refusal by the token endpoint (``invalid_client``, ``invalid_grant``,
 ``unauthorized_client``) is :class:`~connectors.graph.errors.AccessDenied`; an unreachable
@@ -21,14 +22,17 @@ from __future__ import annotations
 
 import logging
 import threading
-import urllib.request
 from typing import Any
 
 import msal
 import requests
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
 
+from connectors.core.entra import (
+    APP_SCOPES,
+    TOKEN_REFUSALS,
+    certificate_credential,
+    msal_http_session,
+)
 from connectors.core.redact import quiet_token_libraries
 from connectors.graph.config import GraphSourceSettings
 from connectors.graph.errors import AccessDenied, ConnectionLost
@@ -37,14 +41,8 @@ log = logging.getLogger(__name__)
 quiet_token_libraries()
 logging.getLogger("msal").setLevel(logging.WARNING)  # at DEBUG it logs token responses
 
-#: App-only tokens name the resource's ``.default`` scope (the application's granted permissions).
-APP_SCOPES = ["https://graph.microsoft.com/.default"]
 #: Delegated tokens: the permissions the source needs of the signed-in user's mailbox.
 DELEGATED_SCOPES = ["https://graph.microsoft.com/Mail.Read"]
-#: The token endpoint's errors that no retry can fix.
-REFUSALS = frozenset(
-    {"invalid_client", "invalid_grant", "unauthorized_client", "invalid_scope", "access_denied"}
-)
 
 
 class TokenSource:
@@ -72,14 +70,17 @@ class TokenSource:
     @staticmethod
     def _application(settings: GraphSourceSettings) -> msal.ClientApplication:
         authority = f"{settings.authority_host}/{settings.tenant_id}"
-        common: dict[str, Any] = {"authority": authority, "http_client": _session(settings)}
+        common: dict[str, Any] = {
+            "authority": authority,
+            "http_client": msal_http_session(settings.ca_file),
+        }
         if not settings.authority_host.startswith("https://login.microsoftonline.com"):
             # A national cloud or the test server: no instance discovery at Microsoft's host.
             common["instance_discovery"] = False
         credential: Any
         if settings.auth == "client_certificate":
             assert settings.certificate_file is not None
-            credential = _certificate_credential(
+            credential = certificate_credential(
                 settings.certificate_file.read_bytes(),
                 settings.certificate_password.get_secret_value()
                 if settings.certificate_password
@@ -112,7 +113,7 @@ class TokenSource:
             description = result.get("error_description")
             if description:
                 message += f" ({str(description).splitlines()[0][:200]})"
-            if error in REFUSALS:
+            if error in TOKEN_REFUSALS:
                 raise AccessDenied(message)
             raise ConnectionLost(message)
 
@@ -137,31 +138,3 @@ class TokenSource:
             # A list first: search() is a generator over the dict remove_at() changes.
             for entry in list(cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN)):
                 cache.remove_at(entry)
-
-
-def _session(settings: GraphSourceSettings) -> requests.Session:
-    """MSAL's HTTP session. With ``ca_file`` the session trusts that CA: requests lets
-    ``REQUESTS_CA_BUNDLE`` / ``CURL_CA_BUNDLE`` win over ``Session.verify`` (psf/requests#3829),
-    so the environment is not read for certificates; its proxies still apply."""
-    session = requests.Session()
-    if settings.ca_file:
-        session.trust_env = False
-        session.verify = settings.ca_file
-        session.proxies.update(urllib.request.getproxies())
-    return session
-
-
-def _certificate_credential(pem: bytes, password: str | None) -> dict[str, str]:
-    """MSAL's certificate credential: the private key and the certificate's SHA-1 thumbprint
-    (Entra ID names a certificate by it in the assertion's ``x5t`` header)."""
-    key = serialization.load_pem_private_key(pem, password=password.encode() if password else None)
-    cert = x509.load_pem_x509_certificate(pem)
-    return {
-        "private_key": key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ).decode(),
-        "thumbprint": cert.fingerprint(hashes.SHA1()).hex(),
-        "public_certificate": cert.public_bytes(serialization.Encoding.PEM).decode(),
-    }

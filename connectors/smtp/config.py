@@ -12,12 +12,29 @@ Example::
       verp_domain: bounces.example.com
       retry_tiers: [5m, 15m, 1h, 4h]
       max_lifetime: 2d
+
+Sending through Microsoft Graph instead of a relay (``transport: graph``, for Microsoft 365
+tenants where SMTP AUTH is disabled; connectors/smtp/README.md, "Sending through Microsoft
+Graph")::
+
+    smtp:
+      transport: graph
+      from_address: support@contoso.com
+      pool_size: 4              # Graph allows 4 concurrent requests per app and mailbox
+      graph:
+        tenant_id: 72f988bf-86f1-41af-91ab-2d7cd011db47
+        client_id: 3f1c2b7e-0d4c-4a8e-9d35-5b1f0f3b9e21   # the app of the graph source will do
+        client_secret_file: /run/secrets/graph-secret      # or certificate_file
+        user: support@contoso.com                          # the mailbox that sends
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -127,12 +144,125 @@ class SuppressionSettings(StrictModel):
         return parse_duration(self.soft_bounce_window)
 
 
+#: Graph allows 4 concurrent requests per application per mailbox ("Outlook service limits",
+#: learn.microsoft.com/graph/throttling-limits); more are answered 429.
+GRAPH_CONCURRENCY_LIMIT = 4
+
+
+class GraphSendSettings(StrictModel):
+    """``smtp.graph``: the Microsoft Entra application and the mailbox that sends.
+
+    The same app registration as the Graph source's (``graph.tenant_id``, ``client_id``, its
+    secret or certificate) with the application permission ``Mail.Send`` granted; app-only
+    (client credentials), as a sink runs unattended.
+    """
+
+    tenant_id: str = Field(min_length=1, description="the Microsoft Entra tenant (id or domain)")
+    client_id: str = Field(min_length=1, description="the application (client) id")
+    client_secret: SecretStr | None = Field(
+        default=None, description="the application's secret (never logged)"
+    )
+    client_secret_file: Path | None = Field(
+        default=None, description="file holding the client secret (instead of client_secret)"
+    )
+    certificate_file: Path | None = Field(
+        default=None,
+        description="PEM with the application's certificate and its private key (instead of "
+        "a secret)",
+    )
+    certificate_password: SecretStr | None = Field(
+        default=None, description="passphrase of the certificate's private key, if any"
+    )
+    user: str = Field(
+        min_length=1,
+        description="user id or userPrincipalName of the mailbox that sends "
+        "(POST /users/{user}/sendMail); the From of a reply must be this mailbox or one it "
+        "may send as, and its NDRs arrive in its inbox",
+    )
+    save_to_sent_items: bool = Field(
+        default=True, description="keep a copy of every reply in the mailbox's Sent Items"
+    )
+    authority_host: str = Field(
+        default="https://login.microsoftonline.com",
+        description="the identity platform; the tenant is appended",
+    )
+    api_base: str = Field(
+        default="https://graph.microsoft.com/v1.0", description="Graph's REST root"
+    )
+    ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
+    request_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="waiting for Graph's answer to a sendMail; past it the outcome is UNKNOWN "
+        "and the mail is resent with the same Message-ID",
+    )
+
+    @field_validator("authority_host", "api_base")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme == "https" and parts.hostname:
+            return value.rstrip("/")
+        if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
+            return value.rstrip("/")
+        raise ValueError("expected an https:// URL (http only on loopback)")
+
+    @model_validator(mode="after")
+    def _one_credential(self) -> GraphSendSettings:
+        given = [
+            name
+            for name, value in (
+                ("client_secret", self.client_secret),
+                ("client_secret_file", self.client_secret_file),
+                ("certificate_file", self.certificate_file),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "set exactly one of client_secret, client_secret_file or certificate_file "
+                f"(the application's credential); got {given or 'none'}"
+            )
+        for path in (self.client_secret_file, self.certificate_file):
+            if path is not None and not path.is_file():
+                raise ValueError(f"{path} does not exist; write the secret there or fix the path")
+        return self
+
+    def secret(self) -> str | None:
+        """The client secret, from the YAML/env or its file."""
+        if self.client_secret is not None:
+            return self.client_secret.get_secret_value()
+        if self.client_secret_file is not None:
+            return self.client_secret_file.read_text(encoding="utf-8").strip()
+        return None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class SmtpSinkSettings(NamespacedModel):
     """Everything the sink needs besides Kafka (which comes from the ``kafka`` section)."""
 
     NAMESPACED = ("group_id", "bounce_group_id", "state_topic")
 
-    host: str = Field(description="relay host name; also the name checked in its certificate")
+    transport: Literal["smtp", "graph"] = Field(
+        default="smtp",
+        description="smtp = a relay (host, port, security...); graph = Microsoft Graph's "
+        "sendMail with the smtp.graph application, for tenants where SMTP AUTH is disabled",
+    )
+    graph: GraphSendSettings | None = Field(
+        default=None, description="transport graph: the application and the sending mailbox"
+    )
+    host: str = Field(
+        default="",
+        description="relay host name; also the name checked in its certificate (transport smtp)",
+    )
     port: int = Field(
         default=587, ge=1, le=65535, description="relay port (465 for tls, 587 or 25)"
     )
@@ -254,6 +384,33 @@ class SmtpSinkSettings(NamespacedModel):
     def _lifetime_is_duration(cls, value: str) -> str:
         parse_duration(value)
         return value
+
+    @model_validator(mode="after")
+    def _transport_is_complete(self) -> SmtpSinkSettings:
+        if self.transport == "smtp":
+            if not self.host:
+                raise ValueError("host is required with transport smtp (the relay's name)")
+            if self.graph is not None:
+                raise ValueError("graph applies to transport graph only; set transport: graph")
+            return self
+        if self.graph is None:
+            raise ValueError(
+                "transport graph needs the graph block (tenant_id, client_id, a secret or "
+                "certificate, user: the sending mailbox)"
+            )
+        if self.verp_domain:
+            raise ValueError(
+                "verp_domain does not apply to transport graph: Exchange Online sets the "
+                "return path to the sending mailbox, so bounces arrive there as NDRs; remove "
+                "verp_domain and list that mailbox's account in bounce_accounts"
+            )
+        if self.pool_size > GRAPH_CONCURRENCY_LIMIT:
+            raise ValueError(
+                f"pool_size {self.pool_size} exceeds Graph's {GRAPH_CONCURRENCY_LIMIT} concurrent "
+                f"requests per application and mailbox (more are answered 429); set pool_size "
+                f"to {GRAPH_CONCURRENCY_LIMIT} or less"
+            )
+        return self
 
     @model_validator(mode="after")
     def _auth_is_complete(self) -> SmtpSinkSettings:

@@ -13,6 +13,7 @@ import enum
 
 from connectors.core.errors import (
     AuthenticationError,
+    ConfigError,
     DataError,
     Disposition,
     MailtapError,
@@ -93,6 +94,20 @@ class SmtpAuthError(SmtpTransportError, AuthenticationError):
         super().__init__(f"{code} {message}", stage=SmtpStage.CONNECT)
         self.code = code
         self.reply = message
+
+
+class GraphTokenError(SmtpSinkError):
+    """No token for the ``smtp.graph`` application: refused by the token endpoint
+    (``refused``: a wrong secret, an unknown client) or the endpoint unreachable."""
+
+    def __init__(self, message: str, *, refused: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.refused = refused
+
+
+class GraphSetupError(SmtpSinkError, ConfigError):
+    """The ``smtp.graph`` application cannot send at all (found at start): fix the config."""
 
 
 def sink_disposition(exc: BaseException) -> Disposition:

@@ -9,7 +9,8 @@ only once it has. Every way it can end is an outcome per recipient on the comman
 - a recipient on the suppression list: SUPPRESSED, the others go on;
 - larger than ``smtp.max_message_bytes``: FAILED;
 - no rate slot within ``smtp.max_rate_wait`` of the batch's start: DEFERRED;
-- the relay's answer, classified per recipient (:mod:`connectors.smtp.classify`).
+- the relay's (or Graph's) answer, classified per recipient by the transport
+  (:mod:`connectors.smtp.transports`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,14 @@ import logging
 
 from connectors.core import tracing
 from connectors.smtp.admission import render_failed
-from connectors.smtp.classify import (
-    DeliveryStatus,
-    RecipientOutcome,
-    classify_error,
-    classify_report,
-)
+from connectors.smtp.classify import DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
-from connectors.smtp.errors import RenderError, SmtpAuthError, SmtpTlsError, SmtpTransportError
+from connectors.smtp.errors import RenderError
 from connectors.smtp.ratelimit import SendRateLimiter
 from connectors.smtp.recorder import Work
 from connectors.smtp.render import BlobFetcher, render
 from connectors.smtp.suppression import SuppressionTable, screen
-from connectors.smtp.transport import SmtpConnectionPool
+from connectors.smtp.transports import MailTransport
 
 __all__ = ["CommandSender"]
 
@@ -39,19 +35,19 @@ log = logging.getLogger(__name__)
 
 
 class CommandSender:
-    """Sends commands through the sink's connection pool; counts the sends made."""
+    """Sends commands through the sink's transport (a relay or Graph); counts the sends made."""
 
     def __init__(
         self,
         settings: SmtpSinkSettings,
-        pool: SmtpConnectionPool,
+        transport: MailTransport,
         *,
         suppressions: SuppressionTable | None,
         fetch_blob: BlobFetcher | None,
         tracing: bool,
     ) -> None:
         self.settings = settings
-        self.pool = pool
+        self.transport = transport
         self.suppressions = suppressions
         self.fetch_blob = fetch_blob
         self.tracing = tracing
@@ -111,14 +107,10 @@ class CommandSender:
                 for r in rendered.recipients
             ]
             return
-        try:
-            report = await self.pool.send(rendered, committed)
-            item.outcomes += classify_report(rendered.recipients, report)
+        outcomes = await self.transport.deliver(rendered, committed)
+        item.outcomes += outcomes
+        if any(o.status is DeliveryStatus.SENT for o in outcomes):
             self.sent_total += 1
-        except SmtpTransportError as exc:
-            if isinstance(exc, SmtpAuthError | SmtpTlsError):
-                log.error("relay refused us (check smtp settings): %s", exc)
-            item.outcomes += classify_error(rendered.recipients, exc)
         log.debug(
             "sent command_id=%s attempt=%d outcomes=%s",
             item.command_id,

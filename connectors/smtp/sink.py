@@ -84,7 +84,7 @@ from connectors.smtp.state import (
 )
 from connectors.smtp.suppression import SuppressionTable
 from connectors.smtp.topics import ensure_sink_topics
-from connectors.smtp.transport import SmtpConnectionPool
+from connectors.smtp.transports import open_transport
 
 log = logging.getLogger(__name__)
 #: The start line: shown at the default (WARNING) level too, see mailtap/logs.py.
@@ -125,7 +125,8 @@ class SmtpSink:
         }
         self.commands_serde = AvroSerde.for_schema("ReplyCommand", config.kafka)
         self.delivery_serde = AvroSerde.for_schema("DeliveryEvent", config.kafka)
-        self.pool = SmtpConnectionPool(settings)
+        self.transport = open_transport(settings)
+        """The way out (smtp.transport): a relay's session pool, or Microsoft Graph."""
         self.suppressions = (
             SuppressionTable(config.kafka, config.kafka.topics.suppressions)
             if settings.suppression.enabled
@@ -140,7 +141,7 @@ class SmtpSink:
         self.admission = CommandAdmission(settings, self.commands_serde, self.states, clock)
         self.sender = CommandSender(
             settings,
-            self.pool,
+            self.transport,
             suppressions=self.suppressions,
             fetch_blob=fetch_blob,
             tracing=self.kafka.tracing.enabled,
@@ -193,6 +194,9 @@ class SmtpSink:
         # The check waits for the cluster as every start does ("cannot reach Kafka"); the topics
         # it reads or writes that do not exist yet it creates (a sink started before the
         # streams worker or the admin's `topics ensure`), then checks them too.
+        # The transport's own check first (Graph: a token for the application), so a wrong
+        # secret stops the start with its sentence before anything of Kafka is touched.
+        self.transport.start()
         needed = sink_acls(self.kafka, self.settings)
         missing = check_permissions(self.kafka, needed)
         ensure_sink_topics(
@@ -234,10 +238,9 @@ class SmtpSink:
         )
         self._consumer = consumer
         lifecycle.info(
-            "smtp sink started instance=%s relay=%s:%d commands=%s tiers=%s pool=%d",
+            "smtp sink started instance=%s relay=%s commands=%s tiers=%s pool=%d",
             self.instance_id,
-            self.settings.host,
-            self.settings.port,
+            self.transport.description,
             self.topics.commands,
             ",".join(self.settings.retry_tiers),
             self.settings.pool_size,
@@ -269,7 +272,7 @@ class SmtpSink:
         log.info("revoked %s", sorted((p.topic, p.partition) for p in partitions))
 
     async def close(self) -> None:
-        await self.pool.close()
+        await self.transport.close()
         if self.suppressions is not None:
             self.suppressions.close()
         if self._consumer is not None:
@@ -300,7 +303,7 @@ class SmtpSink:
         if records:
             await self._process(records)
             self.records_total += len(records)
-            self.metrics.sessions_opened.set(self.pool.opened)
+            self.metrics.sessions_opened.set(self.transport.opened)
             self.metrics.paused_partitions.set(len(self.gate.paused))
         else:
             await asyncio.sleep(0)
@@ -377,7 +380,7 @@ class SmtpSink:
             (to_send if ready else known).append(item)
         # Within one batch, a relay that cannot be reached is not tried again for every message
         # (a batch must end well inside max.poll.interval.ms); the next batch tries afresh.
-        self.pool.reset_breaker()
+        self.transport.reset_breaker()
         await self.rounds.deliver(
             self.lanes.recorders,
             to_send,

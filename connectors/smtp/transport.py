@@ -38,7 +38,13 @@ from aiosmtplib import (
     SMTPTimeoutError,
 )
 
-from connectors.smtp.classify import SmtpReply, TransactionReport
+from connectors.smtp.classify import (
+    RecipientOutcome,
+    SmtpReply,
+    TransactionReport,
+    classify_error,
+    classify_report,
+)
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.errors import (
     SmtpAuthError,
@@ -292,6 +298,10 @@ class SmtpConnectionPool:
         self._idle: list[SmtpSession] = []
         self._open_failure: SmtpTransportError | None = None
         self.opened = 0
+        self.description = f"{settings.host}:{settings.port}"
+
+    def start(self) -> None:
+        """Nothing to check before the first send: sessions open on demand."""
 
     def reset_breaker(self) -> None:
         """Allow opening sessions again after a failure (called once per batch by the sink).
@@ -354,6 +364,18 @@ class SmtpConnectionPool:
                         raise
                     log.info("reused smtp session was closed by the relay; reconnecting")
         raise AssertionError("unreachable")
+
+    async def deliver(
+        self, message: RenderedMessage, ready: asyncio.Event | None = None
+    ) -> list[RecipientOutcome]:
+        """:meth:`send`, its report or error classified per recipient (connectors.smtp.classify)."""
+        try:
+            report = await self.send(message, ready)
+        except SmtpTransportError as exc:
+            if isinstance(exc, SmtpAuthError | SmtpTlsError):
+                log.error("relay refused us (check smtp settings): %s", exc)
+            return classify_error(message.recipients, exc)
+        return classify_report(message.recipients, report)
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []

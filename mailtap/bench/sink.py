@@ -228,7 +228,7 @@ def bench_sink(json_out: bool, messages: int = MESSAGES, rounds: int = ROUNDS) -
         "target_ratio": TARGET_RATIO,
         "pool_size": sink.settings.pool_size,
         "batch_size": sink.settings.batch_size,
-        "smtp_sessions_opened": sink.pool.opened,
+        "smtp_sessions_opened": sink.transport.opened,
         "sink_transactions": sink.rounds_total,
         "sink_transactions_per_message": round(sink.rounds_total / (rounds * messages + 1), 3),
     }

@@ -95,6 +95,8 @@ class _Failure:
     status: int
     retry_after: int | None
     path_contains: str | None
+    code: str | None = None
+    message: str | None = None
 
 
 class ServerExtension(Protocol):
@@ -441,13 +443,23 @@ class GraphTestServer:
         status: int = 429,
         retry_after: int | None = 1,
         path_contains: str | None = None,
+        code: str | None = None,
+        message: str | None = None,
     ) -> None:
         """The next ``count`` Graph calls (whose path contains ``path_contains``) fail with
-        ``status`` (429, 503 or 504) and ``Retry-After`` (throttling; errors#http-status-codes)."""
+        ``status`` (429, 503 or 504) and ``Retry-After`` (throttling; errors#http-status-codes).
+        Another 4xx/5xx needs Graph's error ``code`` and ``message`` for it (errors: e.g. 400
+        ``ErrorInvalidRecipients``, 500 ``generalException``), and has no Retry-After."""
         if status not in (429, 503, 504):
-            raise ValueError("status must be 429, 503 or 504")
+            if not (400 <= status < 600 and code and message):
+                raise ValueError(
+                    "status must be 429, 503 or 504, or a 4xx/5xx with code and message"
+                )
+            retry_after = None
         with self.store.cond:
-            self._failures.append(_Failure(count, status, retry_after, path_contains))
+            self._failures.append(
+                _Failure(count, status, retry_after, path_contains, code, message)
+            )
 
     def clear_failures(self) -> None:
         with self.store.cond:
@@ -628,7 +640,7 @@ class GraphTestServer:
                         429: ("TooManyRequests", "Please retry again later."),
                         503: ("serviceNotAvailable", "The service is temporarily unavailable."),
                         504: ("generalException", "The gateway timed out."),
-                    }[failure.status]
+                    }.get(failure.status, (failure.code or "", failure.message or ""))
                     return GraphError(failure.status, code, text, headers)
         return None
 

@@ -47,11 +47,22 @@ Operation = Literal[
     "IdempotentWrite",
 ]
 
-COMPONENTS = ("imap-source", "ews-source", "streams", "smtp-sink", "admin", "reader")
+COMPONENTS = (
+    "imap-source",
+    "ews-source",
+    "graph-source",
+    "streams",
+    "smtp-sink",
+    "admin",
+    "reader",
+)
 
 #: Fixed names in the components' code; a unit test checks they match (tests/unit/core/kafka).
 IMAP_TRANSACTIONAL_PREFIX = "mailtap-imap-"  # connectors.imap.source.TRANSACTIONAL_PREFIX + "-"
 EWS_TRANSACTIONAL_PREFIX = "mailtap-ews-"  # connectors.ews.source.TRANSACTIONAL_ID_PREFIX + "-"
+GRAPH_TRANSACTIONAL_PREFIX = (
+    "mailtap-graph-"  # connectors.graph.source.TRANSACTIONAL_ID_PREFIX + "-"
+)
 IMAP_INDEX_GROUP = "mailtap-imap-index"  # connectors.imap.index / indexlog
 OFFSETS_GROUP = "mailtap-offsets-reader"  # connectors.core.kafka.offsets
 MAILBOXES_GROUP = "mailtap-mailboxes-reader"  # connectors.core.source.ownership.catalog
@@ -187,10 +198,10 @@ def retry_topics(kafka: KafkaSettings, tiers: Iterable[str]) -> list[str]:
 def source_acls(
     kafka: KafkaSettings,
     *,
-    source: Literal["imap", "ews"],
+    source: Literal["imap", "ews", "graph"],
     group: Any = None,
 ) -> list[Acl]:
-    """The IMAP or EWS source: ``group`` is its ``GroupSettings`` (None: no group)."""
+    """The IMAP, EWS or Graph source: ``group`` is its ``GroupSettings`` (None: no group)."""
     t = kafka.topics
     acls = _Acls(kafka)
     own = [t.events, t.offsets, t.mailboxes]
@@ -217,9 +228,17 @@ def source_acls(
         acls.group(
             acls.qualify(IMAP_INDEX_GROUP), "Describe", reason="reads the index topic (assigned)"
         )
+    if source == "graph":
+        # A message Graph serves that cannot be parsed goes to the DLQ in the folder's
+        # transaction (connectors/graph/records.py).
+        acls.topic(t.dlq, "Write", reason="unparseable mail, in its transactions")
     acls.encoding_checked([t.events])
     prefix = acls.qualify(
-        IMAP_TRANSACTIONAL_PREFIX if source == "imap" else EWS_TRANSACTIONAL_PREFIX
+        {
+            "imap": IMAP_TRANSACTIONAL_PREFIX,
+            "ews": EWS_TRANSACTIONAL_PREFIX,
+            "graph": GRAPH_TRANSACTIONAL_PREFIX,
+        }[source]
     )
     acls.transactional_ids(prefix, reason="one transactional id per mailbox folder")
     if group is not None:

@@ -8,9 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
-from connectors.core.config import MailtapConfig, load_config
+from connectors.core.config import MailtapConfig, config_from_dict, load_config
 from connectors.core.errors import ConfigError
 from connectors.core.kafka import acls
 from connectors.core.kafka.acls import Acl, markdown_row
@@ -29,18 +30,32 @@ ENV = {
 }
 
 
+#: The components with a config file of their own; the others read compose's mailtap.yaml.
+OWN_FILES = {"ews-source": "ews-source.yaml", "graph-source": "graph-source.yaml"}
+#: The Graph source ships as a Kubernetes component only: its config is that ConfigMap's.
+GRAPH_CONFIGMAP = ROOT / "deploy" / "k8s" / "components" / "graph-source" / "config.yaml"
+
+
 def compose_config(name: str) -> MailtapConfig:
-    # ews-source.yaml has no smtp or streams section: its env file has no senders to give.
+    if name == "graph-source.yaml":
+        text = yaml.safe_load(GRAPH_CONFIGMAP.read_text())["data"]["mailtap.yaml"]
+        # Its secrets come from the Deployment's variables (Secrets), as in the pod.
+        env = {
+            "MAILTAP__GRAPH__CLIENT_SECRET": "x",
+            "MAILTAP__KAFKA__SASL_USERNAME": "mailtap-graph-source",
+            "MAILTAP__KAFKA__SASL_PASSWORD": "x",
+        }
+        return config_from_dict(yaml.safe_load(text), env=env)
+    # The sources' files have no smtp or streams section: their env has no senders to give.
     env = ENV if name == "mailtap.yaml" else {k: v for k, v in ENV.items() if "FROM_" not in k}
     return load_config(ROOT / "deploy" / "compose" / name, env=env)
 
 
 def readme_rows() -> list[str]:
     """The table of deploy/README.md, regenerated: one row per component."""
-    main, ews = compose_config("mailtap.yaml"), compose_config("ews-source.yaml")
     rows = []
     for component in acls.COMPONENTS:
-        cfg = ews if component == "ews-source" else main
+        cfg = compose_config(OWN_FILES.get(component, "mailtap.yaml"))
         rows.append(markdown_row(f"mailtap-{component}", component_acls(cfg, component)))
     return rows
 
@@ -60,10 +75,12 @@ def test_readme_table_is_the_computed_one() -> None:
 def test_fixed_names_match_the_components_code() -> None:
     from connectors.core.kafka import encoding
     from connectors.ews import source as ews_source
+    from connectors.graph import source as graph_source
     from connectors.imap import source as imap_source
 
     assert acls.IMAP_TRANSACTIONAL_PREFIX == imap_source.TRANSACTIONAL_PREFIX + "-"
     assert acls.EWS_TRANSACTIONAL_PREFIX == ews_source.TRANSACTIONAL_ID_PREFIX + "-"
+    assert acls.GRAPH_TRANSACTIONAL_PREFIX == graph_source.TRANSACTIONAL_ID_PREFIX + "-"
     sources = {
         acls.IMAP_INDEX_GROUP: ROOT / "connectors/imap/indexlog.py",
         acls.OFFSETS_GROUP: ROOT / "connectors/core/kafka/offsets.py",
@@ -74,6 +91,16 @@ def test_fixed_names_match_the_components_code() -> None:
     for name, path in sources.items():
         assert name in path.read_text(), f"{path} no longer uses the group {name}"
     assert acls.ENCODING_CHECK_GROUP_PREFIX in Path(encoding.__file__).read_text()
+
+
+def test_graph_source_gets_its_transactions_dlq_and_group() -> None:
+    graph = component_acls(compose_config("graph-source.yaml"), "graph-source")
+    assert Acl("transactional-id", "mailtap-graph-", "Write", "prefixed") in graph
+    assert Acl("topic", "mail.events", "Write") in graph
+    assert Acl("topic", "mail.commands.dlq", "Write") in graph
+    assert Acl("group", "mailtap-graph", "Read") in graph
+    assert Acl("topic", "mailtap.graph-work", "Read") in graph  # the group's work topic
+    assert not [a for a in graph if "imap" in a.name or "ews" in a.name]
 
 
 def test_sink_needs_nothing_of_the_sources_topics() -> None:
@@ -161,8 +188,7 @@ def test_cli_prints_kafka_acls_lines_and_json(tmp_path: Path) -> None:
 def test_implied_operations_are_left_out() -> None:
     """Read/Write imply Describe, AlterConfigs implies DescribeConfigs (Kafka's authorizer)."""
     for component in acls.COMPONENTS:
-        name = "ews-source.yaml" if component == "ews-source" else "mailtap.yaml"
-        needed = component_acls(compose_config(name), component)
+        needed = component_acls(compose_config(OWN_FILES.get(component, "mailtap.yaml")), component)
         held = {(a.resource_type, a.name, a.pattern, a.operation) for a in needed}
         for a in needed:
             key = (a.resource_type, a.name, a.pattern)
