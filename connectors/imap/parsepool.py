@@ -95,8 +95,6 @@ class ParsePool:
         self.workers = workers
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
-        #: Set while warm_up() waits for the processes to start.
-        self._warming = threading.Event()
 
     def submit(
         self, spec: BuilderSpec, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
@@ -113,21 +111,11 @@ class ParsePool:
             return self._running().submit(_build_batch, spec, batch, uidvalidity, rescan_until)
 
     def warm_up(self) -> None:
-        """Start the processes now (spawning and importing takes ~1 s, several on a busy
-        machine), not in the middle of the first backfill; :attr:`ready` is False meanwhile."""
-        self._warming.set()
-        try:
-            executor = self._running()
-            for done in [executor.submit(_ready) for _ in range(self.workers)]:
-                done.result()
-        finally:
-            self._warming.clear()
-
-    @property
-    def ready(self) -> bool:
-        """False while warm_up() waits for the processes: a batch submitted now would wait
-        for them too (a failed warm-up ends the wait; the first batch starts them then)."""
-        return not self._warming.is_set()
+        """Start the processes now (spawning and importing takes ~1 s), not in the middle of
+        the first backfill."""
+        executor = self._running()
+        for done in [executor.submit(_ready) for _ in range(self.workers)]:
+            done.result()
 
     def _running(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -225,10 +213,6 @@ class MailboxParsing:
     @property
     def workers(self) -> int:
         return self.pool.workers
-
-    @property
-    def ready(self) -> bool:
-        return self.pool.ready
 
     def submit(
         self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int

@@ -367,24 +367,12 @@ class MailboxWorker(FolderWorker[WorkerState]):
                 uids[0],
                 uids[-1],
             )
-        backfill = self._backfill
         if (
-            backfill is not None
+            self._backfill is not None
             and self.account.after_commit == "none"
             and total > self.settings.batch_size
         ):
-            done = 0
-            if not backfill.parsing.ready:
-                # The parse processes are still starting (spawn and imports: ~1 s, several
-                # on a busy machine). Batches published here meanwhile put the first event on
-                # Kafka at once instead of after them; the pool takes the rest once it is up.
-                for group in fetch_groups(conn, uids, self.settings):
-                    self._publish_new(conn, group, conn.fetch(group), hms)
-                    done += len(group)
-                    if backfill.parsing.ready or self.stop.is_set():
-                        break
-            if done < total and not self.stop.is_set():
-                backfill.run(conn, uids[done:], hms)
+            self._backfill.run(conn, uids, hms)
             return total
         progress = Progress(self.account.name, self.folder, total)
         for group in fetch_groups(conn, uids, self.settings):
