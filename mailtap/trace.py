@@ -245,7 +245,7 @@ def read_records(
             enable_partition_eof=True,
         )
     )
-    decoder = AnyAvroDecoder(kafka.schema_registry_url)
+    decoder = AnyAvroDecoder(kafka.schema_registry_url, kafka.schema_registry)
     records: list[TopicRecord] = []
     try:
         names = list(topics)

@@ -216,6 +216,10 @@ class KafkaSettings(StrictModel):
         default=None,
         description="Confluent-compatible registry; when unset, Avro single-object encoding is used",
     )
+    schema_registry: SchemaRegistryClientSettings = Field(
+        default_factory=lambda: SchemaRegistryClientSettings(),
+        description="how mailtap logs in to the schema registry (basic auth, TLS, mTLS)",
+    )
     schema_compatibility: Compatibility = Field(
         default=DEFAULT_COMPATIBILITY,
         description="compatibility mailtap sets on its registry subjects before registering",
@@ -270,6 +274,32 @@ class KafkaSettings(StrictModel):
             if not host or not port.isdigit():
                 raise ValueError(f"expected host:port[,host:port], got {server.strip()!r}")
         return value
+
+    @model_validator(mode="after")
+    def _registry_login_fits_the_url(self) -> KafkaSettings:
+        """The registry's login settings against its URL: confluent-kafka's client would
+        refuse a login given twice only when it is built, and ignore TLS files for http://."""
+        registry = self.schema_registry
+        if registry == SchemaRegistryClientSettings():
+            return self
+        url = self.schema_registry_url
+        if not url:
+            raise ValueError(
+                "schema_registry (the registry's login) is set but schema_registry_url is not: "
+                "set the URL, or remove the login"
+            )
+        first = urlsplit(url.split(",")[0].strip())
+        if registry.basic_auth_username is not None and (first.username or first.password):
+            raise ValueError(
+                "the registry's login is given twice: in schema_registry_url (user:password@) "
+                "and in schema_registry.basic_auth_*; remove it from the URL"
+            )
+        tls_files = registry.ssl_ca_location or registry.ssl_certificate_location
+        if tls_files and first.scheme != "https":
+            raise ValueError(
+                "schema_registry.ssl_* settings are used only with an https:// schema_registry_url"
+            )
+        return self
 
     @model_validator(mode="after")
     def _security_is_complete(self) -> KafkaSettings:
@@ -378,6 +408,64 @@ class ClientCredentialsSettings(StrictModel):
         if parts.scheme != "https" or not parts.hostname:
             raise ValueError("expected an https:// URL (tokens never travel in plaintext)")
         return value
+
+
+class SchemaRegistryClientSettings(StrictModel):
+    """How mailtap's registry client (confluent-kafka's ``SchemaRegistryClient``) logs in to
+    ``kafka.schema_registry_url``: HTTP basic auth, the CA that signed the registry's
+    certificate, a client certificate and key (mTLS). Secrets are ``SecretStr`` (never logged);
+    :meth:`client_config` is the only place they are revealed, for the client itself."""
+
+    basic_auth_username: str | None = Field(
+        default=None, description="HTTP basic auth user (Confluent: an API key), with the password"
+    )
+    basic_auth_password: SecretStr | None = Field(
+        default=None,
+        description="HTTP basic auth password (Confluent: the API secret; never logged)",
+    )
+    ssl_ca_location: str | None = Field(
+        default=None, description="CA bundle (PEM) for an https registry; the system store if unset"
+    )
+    ssl_certificate_location: str | None = Field(
+        default=None, description="client certificate (PEM) when the registry asks for one (mTLS)"
+    )
+    ssl_key_location: str | None = Field(
+        default=None, description="the client certificate's private key (PEM)"
+    )
+    ssl_key_password: SecretStr | None = Field(
+        default=None, description="when the private key file is encrypted (never logged)"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SchemaRegistryClientSettings:
+        if (self.basic_auth_username is None) != (self.basic_auth_password is None):
+            raise ValueError("set both basic_auth_username and basic_auth_password, or neither")
+        if self.basic_auth_username is not None and ":" in self.basic_auth_username:
+            # The client sends "user:password"; a colon in the user would split it elsewhere.
+            raise ValueError("basic_auth_username may not contain ':' (RFC 7617)")
+        if (self.ssl_certificate_location is None) != (self.ssl_key_location is None):
+            raise ValueError(
+                "set both ssl_certificate_location and ssl_key_location (mTLS), or neither"
+            )
+        if self.ssl_key_password is not None and self.ssl_key_location is None:
+            raise ValueError("ssl_key_password needs ssl_key_location")
+        return self
+
+    def client_config(self) -> dict[str, str]:
+        """The ``SchemaRegistryClient`` settings besides ``url``; secrets in clear (for the
+        client only, never for a log line)."""
+        conf: dict[str, str] = {}
+        if self.basic_auth_username is not None and self.basic_auth_password is not None:
+            password = self.basic_auth_password.get_secret_value()
+            conf["basic.auth.user.info"] = f"{self.basic_auth_username}:{password}"
+        if self.ssl_ca_location:
+            conf["ssl.ca.location"] = self.ssl_ca_location
+        if self.ssl_certificate_location and self.ssl_key_location:
+            conf["ssl.certificate.location"] = self.ssl_certificate_location
+            conf["ssl.key.location"] = self.ssl_key_location
+            if self.ssl_key_password is not None:
+                conf["ssl.key.password"] = self.ssl_key_password.get_secret_value()
+        return conf
 
 
 # KafkaSettings.sasl_oauthbearer names ClientCredentialsSettings, defined after it.

@@ -3,6 +3,8 @@
 Computed by :mod:`connectors.core.kafka.acls` from the topic names, group ids, retry tiers and
 transactional-id prefixes of the config; nothing is asked of the broker. ``--format kafka-acls``
 prints one ``kafka-acls.sh --add`` command line per binding, ``--format json`` a list.
+``--grant`` creates them on the cluster instead, logged in as the config's Kafka login (a
+principal allowed to create ACLs), and prints each binding it created.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import click
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError
 from connectors.core.kafka.acls import COMPONENTS
+from mailtap.aclgrant import grant
 from mailtap.acls import component_acls
 from mailtap.commands.common import config_option
 
@@ -39,16 +42,38 @@ from mailtap.commands.common import config_option
     show_default=True,
     help="Put into the kafka-acls command lines (the admin's listener).",
 )
+@click.option(
+    "--grant",
+    "apply",
+    is_flag=True,
+    help="Create the ACLs on the cluster, logged in as the config's kafka login (an admin's).",
+)
 def acls(
-    config_path: str, component: str, output: str, principal: str | None, bootstrap_server: str
+    config_path: str,
+    component: str,
+    output: str,
+    principal: str | None,
+    bootstrap_server: str,
+    apply: bool,
 ) -> None:
-    """Print exactly the ACLs COMPONENT needs for this config."""
+    """Print exactly the ACLs COMPONENT needs for this config (or create them: --grant)."""
     try:
         cfg = load_config(config_path)
         needed = component_acls(cfg, component)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     user = principal or cfg.kafka.sasl_username or f"mailtap-{component}"
+    if apply:
+        if principal is None:
+            # The login is the admin's here: granting its own name would be a silent mistake.
+            raise click.UsageError("--grant needs --principal: the user the ACLs are for")
+        try:
+            grant(cfg.kafka, user, needed)
+        except ConfigError as exc:  # refused login, no right to create ACLs, no answer
+            raise click.ClickException(str(exc)) from None
+        for acl in needed:
+            click.echo(f"granted User:{user}: {acl}")
+        return
     if output == "json":
         click.echo(
             json.dumps(

@@ -27,7 +27,7 @@ from confluent_kafka import (
 
 from connectors.core import tracing
 from connectors.core.avro.serde import AnyAvroDecoder
-from connectors.core.config import load_config
+from connectors.core.config import KafkaSettings, TopicNames, load_config
 from connectors.core.errors import ConfigError, DataError
 from connectors.core.kafka.clients import consumer_config, unreachable
 from connectors.core.kafka.errors import KafkaTimeout, TopicReadError
@@ -58,6 +58,22 @@ def _default(value: Any) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     raise TypeError(f"cannot show {type(value).__name__}")
+
+
+def _in_namespace(kafka: KafkaSettings, topic: str) -> str:
+    """With ``kafka.namespace``, one of mailtap's default topic names (``mail.events``) means
+    this deployment's topic (``prod.mail.events``, or the name ``kafka.topics`` gives it), so
+    that one command line serves every deployment; any other name is read as given."""
+    if kafka.namespace is None:
+        return topic
+    defaults = TopicNames()
+    for role in TopicNames.model_fields:
+        if getattr(defaults, role) == topic:
+            resolved: str = getattr(kafka.topics, role)
+            if resolved != topic:
+                click.echo(f"reading {resolved} (kafka.namespace {kafka.namespace})", err=True)
+            return resolved
+    return topic
 
 
 @click.command()
@@ -96,6 +112,7 @@ def consume(
         raise click.ClickException(str(exc)) from None
     if not (from_beginning or offset is not None or from_time):
         follow = True
+    topic = _in_namespace(cfg.kafka, topic)
     consumer = Consumer(
         consumer_config(
             cfg.kafka,
@@ -104,7 +121,7 @@ def consume(
             enable_partition_eof=True,
         )
     )
-    decoder = AnyAvroDecoder(cfg.kafka.schema_registry_url)
+    decoder = AnyAvroDecoder(cfg.kafka.schema_registry_url, cfg.kafka.schema_registry)
     try:
         partitions = topic_partitions(consumer, cfg.kafka, topic, 10)
         if partitions is None:

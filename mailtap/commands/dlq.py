@@ -157,7 +157,9 @@ def decoded(cfg: MailtapConfig, seen: Seen) -> Any:
         text = value.decode("utf-8", "replace")
         return {"raw_size": len(value), "raw_head": text[:2000]}
     try:
-        schema, record = AnyAvroDecoder(cfg.kafka.schema_registry_url).decode(value)
+        schema, record = AnyAvroDecoder(
+            cfg.kafka.schema_registry_url, cfg.kafka.schema_registry
+        ).decode(value)
     except DataError as exc:
         return {"undecodable": str(exc), "value_head": value[:200].decode("utf-8", "replace")}
     return {"schema": schema, "record": record}
@@ -238,7 +240,7 @@ def details(cfg: MailtapConfig, seen: Seen, note: Any) -> dict[str, Any]:
 
 def delivered_ids(kafka: KafkaSettings) -> set[str]:
     """Command ids with a SENT outcome on mail.delivery."""
-    decoder = AnyAvroDecoder(kafka.schema_registry_url)
+    decoder = AnyAvroDecoder(kafka.schema_registry_url, kafka.schema_registry)
     sent = set()
     for seen in scan(kafka, kafka.topics.delivery):
         if seen.value is None:

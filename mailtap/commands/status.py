@@ -65,7 +65,7 @@ def collect(
     cfg: MailtapConfig, *, window_s: float = 3600.0, health_urls: tuple[str, ...] = ()
 ) -> dict[str, Any]:
     kafka, topics = cfg.kafka, cfg.kafka.topics
-    decoder = AnyAvroDecoder(kafka.schema_registry_url)
+    decoder = AnyAvroDecoder(kafka.schema_registry_url, kafka.schema_registry)
     now_ms = int(time.time() * 1000)
     since_ms = now_ms - int(window_s * 1000)
     mailboxes: dict[str, dict[str, Any]] = {}

@@ -67,7 +67,7 @@ class Tracer:
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="demo-tracer", daemon=True)
         self._seen_files: set[str] = set()
-        self._decoder = AnyAvroDecoder(kafka.schema_registry_url)
+        self._decoder = AnyAvroDecoder(kafka.schema_registry_url, kafka.schema_registry)
 
     def start(self) -> Tracer:
         self._seen_files = received_names(self.received_dir)

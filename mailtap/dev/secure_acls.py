@@ -11,7 +11,6 @@ are deleted.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
@@ -24,11 +23,13 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from connectors.core.config import load_config
-from connectors.core.kafka.acls import Acl
+from mailtap.aclgrant import bindings
 from mailtap.acls import component_acls
 from mailtap.dev.secure import PRINCIPALS, SecureKafka
 
 log = logging.getLogger(__name__)
+
+__all__ = ["bindings", "grant_component_acls", "principal_bindings", "wanted_bindings"]
 
 #: dev component -> the ``mailtap acls --component`` it is granted as.
 GRANTED_AS = {
@@ -41,36 +42,6 @@ GRANTED_AS = {
 #: The written config whose names are used (every mechanism's config holds the same names).
 CONFIG_MECHANISM = "scram-sha-512"
 TIMEOUT_S = 30.0
-
-_KINDS = {
-    "topic": ResourceType.TOPIC,
-    "group": ResourceType.GROUP,
-    "transactional-id": ResourceType.TRANSACTIONAL_ID,
-    "cluster": ResourceType.BROKER,
-}
-_OPERATIONS = {
-    "DescribeConfigs": AclOperation.DESCRIBE_CONFIGS,
-    "AlterConfigs": AclOperation.ALTER_CONFIGS,
-    "IdempotentWrite": AclOperation.IDEMPOTENT_WRITE,
-}
-
-
-def bindings(principal: str, acls: Iterable[Acl]) -> list[AclBinding]:
-    """``acls`` as confluent-kafka's ALLOW bindings of ``User:principal`` from any host."""
-    return [
-        AclBinding(
-            _KINDS[acl.resource_type],
-            acl.name if acl.resource_type != "cluster" else "kafka-cluster",
-            ResourcePatternType.PREFIXED
-            if acl.pattern == "prefixed"
-            else ResourcePatternType.LITERAL,
-            f"User:{principal}",
-            "*",
-            _OPERATIONS.get(acl.operation) or AclOperation[acl.operation.upper()],
-            AclPermissionType.ALLOW,
-        )
-        for acl in acls
-    ]
 
 
 def wanted_bindings(info: SecureKafka) -> dict[str, list[AclBinding]]:

@@ -20,13 +20,19 @@ Wire sample (Confluent REST API, which Apicurio serves under ``/apis/ccompat/v7`
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable
 from functools import cache, partial
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-from connectors.core.config import DEFAULT_COMPATIBILITY, Compatibility
+from connectors.core.config import (
+    DEFAULT_COMPATIBILITY,
+    Compatibility,
+    SchemaRegistryClientSettings,
+)
 from connectors.core.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -44,9 +50,24 @@ REGISTRY_ATTEMPTS = 5
 REGISTRY_RETRY_PAUSE_S = 0.4
 
 
+def registry_client(url: str, login: SchemaRegistryClientSettings | None = None) -> Any:
+    """One client per registry URL, login and process: its schema-id cache is shared by every
+    serde. ``login`` (``kafka.schema_registry``): basic auth, the CA, a client certificate.
+
+    Raises ConfigError naming the setting when a file of the login cannot be used (a missing
+    CA, a key that does not open): confluent-kafka's client loads them as it is built.
+    """
+    # No login and an empty one are the same client (one schema-id cache, one mock:// store).
+    return _client(url, None if login == SchemaRegistryClientSettings() else login)
+
+
+def forget_clients() -> None:
+    """Forget every cached client (their schema-id caches), as a restart does (tests)."""
+    _client.cache_clear()
+
+
 @cache
-def registry_client(url: str) -> Any:
-    """One client per registry URL and process: its schema-id cache is shared by every serde."""
+def _client(url: str, login: SchemaRegistryClientSettings | None) -> Any:
     try:
         from confluent_kafka.schema_registry import SchemaRegistryClient
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -54,18 +75,61 @@ def registry_client(url: str) -> Any:
             "a schema registry is configured but confluent-kafka's registry support is "
             "missing: pip install 'confluent-kafka[avro,schemaregistry]'"
         ) from exc
-    return SchemaRegistryClient.new_client({"url": url})
+    try:
+        return SchemaRegistryClient.new_client({"url": url, **_login_config(login)})
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ConfigError(
+            f"schema registry {shown(url)}: cannot use the login settings "
+            f"(kafka.schema_registry.ssl_*: {_reason(exc)}); check the files and the key's "
+            f"password"
+        ) from None
+
+
+def _login_config(login: SchemaRegistryClientSettings | None) -> dict[str, str]:
+    return login.client_config() if login is not None else {}
+
+
+def _reason(exc: BaseException) -> str:
+    # An OSError's strerror and file name, an SSLError's reason; never the settings' values.
+    if isinstance(exc, ssl.SSLError):
+        return str(exc.reason or exc.strerror or type(exc).__name__)
+    if isinstance(exc, OSError):
+        where = f" {exc.filename}" if exc.filename else ""
+        return f"{exc.strerror or type(exc).__name__}{where}"
+    return str(exc)
+
+
+def shown(url: str) -> str:
+    """``url`` fit for a log line or an error: a ``user:password@`` in it is left out."""
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def prepare_subjects(
-    url: str, topic: str, value_schema: str, compatibility: Compatibility = DEFAULT_COMPATIBILITY
+    url: str,
+    topic: str,
+    value_schema: str,
+    compatibility: Compatibility = DEFAULT_COMPATIBILITY,
+    login: SchemaRegistryClientSettings | None = None,
 ) -> int:
     """Set both subjects' compatibility and register key and value schema; once per process and
-    (url, topic, schema). Returns the value schema's id."""
+    (url, topic, schema). Returns the value schema's id.
+
+    Raises ConfigError with a sentence naming the setting to change when the registry refuses
+    the schema, the login (HTTP 401/403) or the TLS handshake.
+    """
     from confluent_kafka.schema_registry import Schema
+
+    # The HTTP library the client itself uses (httpx2 or httpx, confluent-kafka's choice): its
+    # TransportError is what a failed TLS handshake or connection raises.
+    from confluent_kafka.schema_registry.common._httpx_compat import httpx
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-    client = registry_client(url)
+    client = registry_client(url, login)
     schema_id = 0
     with _lock:
         # confluent-kafka's in-memory mock registry (mock://, unit tests) has no /config.
@@ -80,7 +144,9 @@ def prepare_subjects(
                     partial(client.register_schema, subject, Schema(text, "AVRO"))
                 )
             except SchemaRegistryError as exc:
-                raise _refused(url, subject, compatibility, exc) from exc
+                raise _refused(url, subject, compatibility, exc) from None
+            except httpx.TransportError as exc:
+                raise _unreachable(url, exc) from None
         if not done:
             _prepared.add((url, topic, value_schema))
             log.info(
@@ -124,8 +190,39 @@ def _retrying(call: Callable[[], Any]) -> Any:
     raise AssertionError("unreachable")
 
 
+def _unreachable(url: str, exc: Exception) -> ConfigError:
+    """A request that got no HTTP answer: the TLS handshake failed, or nothing listens."""
+    cause: BaseException = exc
+    while cause.__context__ is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return ConfigError(
+            f"the schema registry at {shown(url)} presented a certificate mailtap does not trust "
+            f"({cause.verify_message}): set kafka.schema_registry.ssl_ca_location to the CA "
+            f"that signed it"
+        )
+    if isinstance(cause, ssl.SSLError):
+        return ConfigError(
+            f"the TLS handshake with the schema registry at {shown(url)} failed "
+            f"({cause.reason}): if it asks for a client certificate, set "
+            f"kafka.schema_registry.ssl_certificate_location and ssl_key_location"
+        )
+    return ConfigError(
+        f"cannot reach the schema registry at {shown(url)} ({type(exc).__name__}: {exc}); "
+        f"check kafka.schema_registry_url and that the registry runs"
+    )
+
+
 def _refused(url: str, subject: str, compatibility: str, exc: Any) -> ConfigError:
     status = exc.http_status_code
+    url = shown(url)
+    if status in (401, 403):
+        what = "refused mailtap's login" if status == 401 else "denied mailtap's login access"
+        return ConfigError(
+            f"the schema registry at {url} {what} for {subject} (HTTP {status}: "
+            f"{exc.error_message}); check kafka.schema_registry.basic_auth_username and "
+            f"basic_auth_password (or the client certificate), and the registry's permissions"
+        )
     if status == 409:
         return ConfigError(
             f"the schema registry at {url} refuses the schema for {subject}: it is not "

@@ -40,7 +40,12 @@ from connectors.core.avro.schemas import (
     load_schema,
     schemas_dir,
 )
-from connectors.core.config import DEFAULT_COMPATIBILITY, Compatibility, KafkaSettings
+from connectors.core.config import (
+    DEFAULT_COMPATIBILITY,
+    Compatibility,
+    KafkaSettings,
+    SchemaRegistryClientSettings,
+)
 from connectors.core.errors import DataError, RegistryUnavailable
 
 __all__ = [
@@ -88,7 +93,7 @@ def _record_unions(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return tuple(found)
 
 
-_SHARED: dict[tuple[str, str | None, str], AvroSerde] = {}
+_SHARED: dict[tuple[str, str | None, str, SchemaRegistryClientSettings], AvroSerde] = {}
 _SHARED_LOCK = threading.Lock()
 
 
@@ -108,9 +113,11 @@ class AvroSerde:
         schema: LoadedSchema,
         registry_url: str | None = None,
         compatibility: Compatibility = DEFAULT_COMPATIBILITY,
+        registry_login: SchemaRegistryClientSettings | None = None,
     ) -> None:
         self.schema = schema
         self._registry_url = registry_url
+        self._registry_login = registry_login
         self._compatibility = compatibility
         self._schema_str = json.dumps(schema.raw)
         self._prepared_topics: set[str] = set()
@@ -125,7 +132,12 @@ class AvroSerde:
     def for_schema(cls, name: SchemaName, kafka: KafkaSettings | None = None) -> AvroSerde:
         if kafka is None:
             return cls(load_schema(name))
-        return cls(load_schema(name), kafka.schema_registry_url, kafka.schema_compatibility)
+        return cls(
+            load_schema(name),
+            kafka.schema_registry_url,
+            kafka.schema_compatibility,
+            kafka.schema_registry,
+        )
 
     @classmethod
     def shared(cls, name: SchemaName, kafka: KafkaSettings) -> AvroSerde:
@@ -137,7 +149,7 @@ class AvroSerde:
         construction (the topics it prepared, the serializer's caches) only grows, and a
         topic prepared twice by two threads is registered twice, idempotently.
         """
-        key = (name, kafka.schema_registry_url, kafka.schema_compatibility)
+        key = (name, kafka.schema_registry_url, kafka.schema_compatibility, kafka.schema_registry)
         with _SHARED_LOCK:
             serde = _SHARED.get(key)
             if serde is None:
@@ -150,7 +162,7 @@ class AvroSerde:
         return "confluent" if self._registry_url else "single-object"
 
     def _init_registry(self, url: str) -> None:
-        client = registry_client(url)
+        client = registry_client(url, self._registry_login)
         from confluent_kafka.schema_registry import topic_subject_name_strategy
         from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 
@@ -205,7 +217,13 @@ class AvroSerde:
         key and value schemas (connectors.core.avro.registry). :meth:`encode` does it before
         the first write to a topic; a component may call it at start to fail there instead."""
         if self._registry_url:
-            prepare_subjects(self._registry_url, topic, self._schema_str, self._compatibility)
+            prepare_subjects(
+                self._registry_url,
+                topic,
+                self._schema_str,
+                self._compatibility,
+                self._registry_login,
+            )
             self._prepared_topics.add(topic)
 
     def _with_branches(self, value: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -277,8 +295,13 @@ class AnyAvroDecoder:
     Single-object records are resolved by fingerprint; Confluent-framed ones through the registry.
     """
 
-    def __init__(self, registry_url: str | None = None) -> None:
+    def __init__(
+        self,
+        registry_url: str | None = None,
+        registry_login: SchemaRegistryClientSettings | None = None,
+    ) -> None:
         self._registry_url = registry_url
+        self._registry_login = registry_login
         self._deserializer: Any = None
 
     def decode(self, data: bytes, topic: str = "") -> tuple[str, dict[str, Any]]:
@@ -295,7 +318,9 @@ class AnyAvroDecoder:
             if self._deserializer is None:
                 from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-                self._deserializer = AvroDeserializer(registry_client(self._registry_url))
+                self._deserializer = AvroDeserializer(
+                    registry_client(self._registry_url, self._registry_login)
+                )
             from confluent_kafka.serialization import MessageField, SerializationContext
 
             decoded: dict[str, Any] = self._deserializer(

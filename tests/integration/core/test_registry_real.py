@@ -175,7 +175,7 @@ def register(url: str, subject: str, schema: str) -> int:
 def forget_prepared_subjects() -> None:
     """What a restart of the component does: no subject prepared, no cached ids."""
     schemaregistry._prepared.clear()
-    schemaregistry.registry_client.cache_clear()
+    schemaregistry.forget_clients()
 
 
 def test_a_subject_with_the_first_released_schema_needs_backward_transitive_once(

@@ -41,7 +41,7 @@ def flaky(monkeypatch: pytest.MonkeyPatch) -> Any:
 
     def install(failures: list[Exception]) -> FlakyRegistry:
         fake = FlakyRegistry(failures)
-        monkeypatch.setattr(schemaregistry, "registry_client", lambda url: fake)
+        monkeypatch.setattr(schemaregistry, "registry_client", lambda url, login=None: fake)
         return fake
 
     yield install
@@ -76,3 +76,24 @@ def test_a_registry_that_keeps_failing_stops_with_the_sentence(flaky: Any) -> No
     flaky([SchemaRegistryError(503, 50003, "unavailable")] * schemaregistry.REGISTRY_ATTEMPTS)
     with pytest.raises(ConfigError, match=r"check kafka\.schema_registry_url"):
         schemaregistry.prepare_subjects(URL, "t", '"string"')
+
+
+def test_a_refused_login_names_the_settings_and_hides_the_url_password(flaky: Any) -> None:
+    url = "https://team:url-secret@registry.example.com/apis/ccompat/v7"
+    flaky([SchemaRegistryError(401, 40101, "Unauthorized")])
+
+    with pytest.raises(ConfigError) as refused:
+        schemaregistry.prepare_subjects(url, "t", '"string"')
+
+    message = str(refused.value)
+    assert "refused mailtap's login" in message and "HTTP 401" in message
+    assert "kafka.schema_registry.basic_auth_username" in message
+    assert "url-secret" not in message
+    assert "https://registry.example.com/apis/ccompat/v7" in message
+
+
+def test_shown_drops_only_the_user_info() -> None:
+    assert (
+        schemaregistry.shown("https://u:p@r.example.com:8081/x") == "https://r.example.com:8081/x"
+    )
+    assert schemaregistry.shown("http://r:8080/apis") == "http://r:8080/apis"
