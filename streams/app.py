@@ -85,6 +85,7 @@ from streams.conversation import conversation_key
 from streams.kafka_security import faust_credentials
 from streams.partitions import PartitionedTable
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
+from streams.stall import StallGuard
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ TABLE_NAMES = ("runs", "rates", "state")
 #: How often final workflow state older than ``streams.state_retention_days`` is deleted: the
 #: retention is counted in days, so an hour late costs nothing, and a sweep walks every key.
 SWEEP_INTERVAL_S = 3600.0
+#: How often a settled worker looks for a stalled stream partition (streams.stall).
+STALL_CHECK_S = 5.0
 
 
 def conversations_topic_name(app_id: str) -> str:
@@ -230,6 +233,9 @@ class StreamsWorker:
         self.command_serde = AvroSerde.for_schema("ReplyCommand", kafka)
         self.workflow_serde = AvroSerde.for_schema("WorkflowEvent", kafka)
         self._lock = asyncio.Lock()
+        #: Re-seeks a stream partition faust stopped delivering (streams.stall).
+        self.stall_guard = StallGuard()
+        self._stall_checked = 0.0
         self._settling_generation: int | None = None
         self._reseeked_generation: int | None = None
         self.app = StreamsApp(
@@ -283,6 +289,7 @@ class StreamsWorker:
 
     async def _repartition(self, stream: Any) -> None:
         async for event in stream.events():
+            self.stall_guard.delivered(event.message.tp, event.message.offset)
             await self.forward(event.key, event.value, event.headers)
 
     async def forward(
@@ -309,6 +316,7 @@ class StreamsWorker:
 
     async def _consume(self, stream: Any) -> None:
         async for event in stream.events():
+            self.stall_guard.delivered(event.message.tp, event.message.offset)
             outcome = await self.on_record(
                 event.key, event.value, event.headers, partition=event.message.partition
             )
@@ -358,8 +366,10 @@ class StreamsWorker:
 
     async def _tick(self) -> None:
         if self.app.in_recovery or self.app.rebalancing:
+            self.stall_guard.forget()
             return  # the tables are incomplete; the next tick comes soon enough
         await self._reseek_after_rebalance()
+        await self._check_stalls()
         now = dt.datetime.now(dt.UTC)
         outcome = await self.on_tick(now)
         for hook in self.outcome_hooks:
@@ -425,11 +435,33 @@ class StreamsWorker:
                 log.warning("generation %s: re-seek timed out, tried again", generation)
                 return
         self._reseeked_generation = generation
+        self.stall_guard.expect(targets)
         log.info(
             "generation %s settled: re-read from %s",
             generation,
             {f"{tp.topic}/{tp.partition}": offset for tp, offset in targets.items()},
         )
+
+    async def _check_stalls(self) -> None:
+        """Every few seconds of a settled generation: seek a stalled stream partition again
+        (:mod:`streams.stall`)."""
+        generation = self.app.consumer_generation_id
+        if generation != self._reseeked_generation:
+            self.stall_guard.forget()
+            return
+        now = time.monotonic()
+        if now - self._stall_checked < STALL_CHECK_S:
+            return
+        self._stall_checked = now
+        async with self._lock:
+            if self.app.rebalancing or self.app.consumer_generation_id != generation:
+                return
+            try:
+                await self.stall_guard.check(
+                    self.app.consumer, transactional=[self.kafka.topics.events]
+                )
+            except (IllegalStateError, TimeoutError) as exc:  # revoked meanwhile: next check
+                log.info("stall check of generation %s left to the next: %r", generation, exc)
 
     async def on_tick(self, now: dt.datetime) -> Outcome:
         """Time-driven steps (reminders) for the conversations of every partition this worker

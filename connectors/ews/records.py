@@ -17,10 +17,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import ClaimCheckBatch
 from connectors.core.kafka.transactions import SourceRecord
-from connectors.core.mail.event import MailEvent
 from connectors.core.source.records import MailRecordBuilder
 from connectors.ews.connection import FetchedItem
 
@@ -57,34 +55,16 @@ class EwsRecordBuilder(MailRecordBuilder):
         """The records of ``item`` as a ``change`` (ADDED / UPDATED). Raises ClaimCheckError
         when the store fails: that is not a bad mail, and the batch must be retried rather than
         published without its content."""
-        source = self.source_block(item_id=item.item_id, change_key=item.change_key)
-        located = (("mailtap.source.item_id", item.item_id.encode()),)
-        try:
-            parsed = self.parse_raw(
-                item.mime,
-                source=source,
-                flags=flags_of(item),
-                internal_date=item.received,
-                blobs=blobs,
-                change=change,
-            )
-            event: MailEvent = parsed.event.copy()
-            key = parsed.key
-            value = self._records.encode(event)
-        except ClaimCheckError:
-            raise  # the store is down, not the mail bad: fail the batch and retry it
-        except Exception as exc:  # a parser bug must not stop the mailbox
-            log.exception(
-                "ews %s/%s item %s: mail could not be turned into an event",
-                self.account,
-                self.folder,
-                item.item_id,
-            )
-            fallback = f"{self.account}/{self.folder}/{item.item_id}"
-            dlq = self._records.dlq(fallback, item.mime, "unparseable", repr(exc), None, located)
-            return BuiltItem(item.item_id, None, (dlq,), dlq=True)
-        records = self._records.event_records(key, event, value, item.mime, located)
-        return BuiltItem(item.item_id, key, tuple(records), dlq=bool(event["parse_error"]))
+        key, records, dlq = self.item_records(
+            item.mime,
+            item_id=item.item_id,
+            change_key=item.change_key,
+            flags=flags_of(item),
+            internal_date=item.received,
+            blobs=blobs,
+            change=change,
+        )
+        return BuiltItem(item.item_id, key, records, dlq=dlq)
 
     def key_of(self, item: FetchedItem) -> str | None:
         """The key ``item`` is published under, without storing anything (the tombstone check

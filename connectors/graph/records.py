@@ -19,10 +19,9 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import ClaimCheckBatch
 from connectors.core.kafka.transactions import SourceRecord
-from connectors.core.mail.event import ChangeKindSymbol, MailEvent
+from connectors.core.mail.event import ChangeKindSymbol
 from connectors.core.source.records import MailRecordBuilder
 from connectors.graph.delta import MessageState
 
@@ -53,33 +52,13 @@ class GraphRecordBuilder(MailRecordBuilder):
         by a callable: a mail new to this folder is UPDATED when another watched folder holds
         its key). Raises ClaimCheckError when the store fails: the batch is retried rather than
         published without its content."""
-        source = self.source_block(item_id=message.message_id, change_key=message.change_key)
-        located = (("mailtap.source.item_id", message.message_id.encode()),)
-        try:
-            parsed = self.parse_raw(
-                mime,
-                source=source,
-                flags=message.flags,
-                internal_date=message.received,
-                blobs=blobs,
-                change=change if isinstance(change, str) else "ADDED",
-            )
-            event: MailEvent = parsed.event.copy()
-            key = parsed.key
-            if not isinstance(change, str):
-                event["change"] = change(key)
-            value = self._records.encode(event)
-        except ClaimCheckError:
-            raise
-        except Exception as exc:  # a parser bug must not stop the mailbox
-            log.exception(
-                "graph %s/%s message %s: mail could not be turned into an event",
-                self.account,
-                self.folder,
-                message.message_id,
-            )
-            fallback = f"{self.account}/{self.folder}/{message.message_id}"
-            dlq = self._records.dlq(fallback, mime, "unparseable", repr(exc), None, located)
-            return BuiltMessage(message.message_id, None, (dlq,), dlq=True)
-        records = self._records.event_records(key, event, value, mime, located)
-        return BuiltMessage(message.message_id, key, tuple(records), dlq=bool(event["parse_error"]))
+        key, records, dlq = self.item_records(
+            mime,
+            item_id=message.message_id,
+            change_key=message.change_key,
+            flags=message.flags,
+            internal_date=message.received,
+            blobs=blobs,
+            change=change,
+        )
+        return BuiltMessage(message.message_id, key, records, dlq=dlq)

@@ -25,15 +25,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from connectors.core import checkpoints
-from connectors.core.avro.serde import AvroSerde
-from connectors.core.claimcheck.open import open_configured
 from connectors.core.config import MailtapConfig
-from connectors.core.kafka.transactions import TransactionalSourceWriter
-from connectors.core.mail import ParseLimits, parse_mail
 from connectors.core.metrics import SourceMetrics
-from connectors.core.source.location import SourceLocation
 from connectors.core.source.ownership.group import by_account
-from connectors.core.source.runtime import STOP_JOIN_S, FolderRun, FolderSourceRuntime
+from connectors.core.source.runtime import FolderRun, FolderSourceRuntime
 from connectors.graph.auth import TokenSource
 from connectors.graph.client import GraphClient
 from connectors.graph.config import SECTION, GraphAccountSettings, GraphSourceSettings
@@ -55,6 +50,7 @@ TRANSACTIONAL_ID_PREFIX = "mailtap-graph"
 class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
     source_kind = SOURCE_KIND
     placement = staticmethod(by_account)
+    transactional_prefix = TRANSACTIONAL_ID_PREFIX
 
     def __init__(
         self,
@@ -65,8 +61,6 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
         serve_health: bool = True,
     ) -> None:
         super().__init__(cfg, settings, metrics=metrics, serve_health=serve_health)
-        self._claim_check = open_configured(cfg.claim_check)
-        self._limits = ParseLimits(**settings.limits.overrides())
         self._tokens = TokenSource(settings)
         self._mailboxes: dict[str, tuple[GraphAccountSettings, GraphMailbox]] = {}
         self._mailboxes_lock = threading.Lock()
@@ -91,8 +85,7 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
             self.event_hub.start()
         super().start()
 
-    def stop(self, timeout: float = STOP_JOIN_S) -> None:
-        super().stop(timeout)
+    def _closed(self) -> None:
         if self.webhook is not None:
             self.webhook.stop()
         if self.event_hub is not None:
@@ -133,34 +126,16 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
     def _worker(
         self, account: GraphAccountSettings, folder: str, stop: threading.Event
     ) -> GraphFolderWorker:
-        kafka = self.cfg.kafka
-        parser = functools.partial(parse_mail, limits=self._limits, claim_check=self._claim_check)
-        builder = GraphRecordBuilder(
-            account=account.name,
-            folder=folder,
-            parser=parser,
-            serde=AvroSerde.shared("MailEvent", kafka),
-            events_topic=kafka.topics.events,
-            dlq_topic=kafka.topics.dlq,
-            max_record_bytes=self.settings.max_record_bytes,
-            claim_check=self._claim_check,
-        )
         mailbox = self.mailbox(account)
         mailbox.watch(folder)
         return GraphFolderWorker(
             account=account,
             folder=folder,
             settings=self.settings,
-            builder=builder,
+            builder=GraphRecordBuilder(**self._builder_args(account.name, folder)),
             mailbox=mailbox,
-            metrics=self.metrics,
-            stop=stop,
-            writer_factory=functools.partial(TransactionalSourceWriter, kafka),
-            read_offsets=self.offset_reads,
-            transactional_id=SourceLocation(SOURCE_KIND, account.name, folder).transactional_id(
-                kafka.qualify(TRANSACTIONAL_ID_PREFIX)
-            ),
             before_commit=functools.partial(checkpoints.reached, "before_write"),
+            **self._folder_runtime(account.name, folder, stop),
         )
 
     def _ended(self, runs: Sequence[FolderRun[GraphFolderWorker]]) -> None:

@@ -12,7 +12,12 @@ instance count n, on fresh topics:
    (RSS(M) - RSS(1)) / (M - 1) per idle IDLE mailbox; the baseline is printed;
 3. n >= 2: ``kill -9`` of the instance owning most mailboxes, one new mail in each mailbox it
    owned, and the **failover time** kill -> that mail's event per orphaned mailbox (p50, max),
-   against the target session timeout + 2 s.
+   against the target session timeout + 2 s;
+4. n >= 2: a new instance joins in place of the killed one (it takes a share: the
+   cooperative rebalance moves only what it gets), then the instance owning most is stopped
+   cleanly (SIGTERM: it leaves the group), one new mail in each mailbox it owned, and the
+   **hand-over time** SIGTERM -> that mail's event (p50, max): a clean leave must not wait for
+   the session timeout.
 
 ``--with-startup`` also runs ``mailtap bench startup`` (1,000,000 events of other accounts,
 minutes): the start-up figure of the issue. Figures, not assertions; the topics are deleted.
@@ -41,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import Consumer, ConsumerGroupState, KafkaException
+from confluent_kafka.admin import AdminClient
 from imapclient import IMAPClient
 
 from connectors.core.config import KafkaSettings, TopicNames
@@ -105,6 +111,8 @@ class Source:
     proc: subprocess.Popen[bytes]
     health_port: int
     log: Path
+    #: Killed or stopped by the bench: its exit is no failure.
+    ended_on_purpose: bool = False
 
     def health(self) -> dict[str, Any] | None:
         url = f"http://127.0.0.1:{self.health_port}/healthz"
@@ -211,6 +219,7 @@ def bench_scale(
             figures["rss_mb_per_idle_mailbox"] = round(per_idle, 3)
             figures["rss_meets_target"] = per_idle <= RSS_TARGET_MB
         failovers = [r["failover_s_p50"] for r in runs if "failover_s_p50" in r]
+        failovers += [r["handover_s_p50"] for r in runs if "handover_s_p50" in r]
         if failovers:
             figures["failover_meets_target"] = all(
                 f <= session_timeout + FAILOVER_MARGIN_S for f in failovers
@@ -299,7 +308,7 @@ def _spawn(config: dict[str, Any], work: Path, name: str) -> Source:
 def _wait(condition: Any, what: str, sources: list[Source]) -> None:
     deadline = time.monotonic() + PHASE_TIMEOUT_S
     while not condition():
-        dead = [s for s in sources if s.proc.poll() is not None and s.proc.returncode != -9]
+        dead = [s for s in sources if s.proc.poll() is not None and not s.ended_on_purpose]
         if dead or time.monotonic() > deadline:
             tail = (
                 "\n".join(dead[0].log.read_text(errors="replace").splitlines()[-30:])
@@ -380,21 +389,45 @@ def _round(
             run["events"] = watch.count()
 
         def all_idle() -> bool:
+            """Every mailbox IDLE, each on exactly one of the live instances."""
             states: dict[str, str] = {}
+            owned = 0
             for source in sources:
+                if source.proc.poll() is not None:
+                    continue  # killed or stopped on purpose
                 health = source.health()
                 if health is None:
                     return False
                 states.update(health.get("states", {}))
-            return len(states) == len(accounts) and set(states.values()) == {"IDLE"}
+                owned += len(health.get("mailboxes", []))
+            return len(states) == owned == len(accounts) and set(states.values()) == {"IDLE"}
 
-        _wait(all_idle, "every mailbox IDLE", sources)
+        group_id, admin = config["imap"]["group"]["id"], admin_client(kafka)
+
+        def group_settled() -> bool:
+            """Every live instance holds work partitions in a stable group: a kill or a stop
+            during the join's two-step rebalance would time another scenario."""
+            return all(
+                member_holds_partitions(admin, group_id, s.proc.pid)
+                for s in sources
+                if s.proc.poll() is None
+            )
+
+        _wait(lambda: all_idle() and group_settled(), "every mailbox IDLE", sources)
         if n == 1:
             time.sleep(3)  # let the allocator settle after the backfill
             run["rss_bytes"] = rss_bytes(sources[0].proc.pid)
             run["rss_mb"] = round(run["rss_bytes"] / 2**20, 1)
         if n >= 2:
             run.update(_failover(info, sources, users, watch, in_box))
+            joiner = _spawn(config, work, f"r{round_tag}-i{n}")
+            sources.append(joiner)
+            _wait(
+                lambda: all_idle() and group_settled(),
+                "every mailbox IDLE after a new instance joined",
+                sources,
+            )
+            run.update(_handover(info, sources, users, watch, in_box))
     finally:
         for source in sources:
             source.stop()
@@ -414,24 +447,91 @@ def _failover(
     watch: EventWatch,
     in_box: dict[str, int],
 ) -> dict[str, Any]:
-    owned = {i: _owned(s) or set() for i, s in enumerate(sources)}
-    victim = max(owned, key=lambda i: len(owned[i]))
-    orphaned = sorted(m.split("/")[1] for m in owned[victim])  # imap/<account>/INBOX
+    victim, orphaned = _most_owned(sources)
+    sources[victim].ended_on_purpose = True
     sources[victim].proc.kill()
     killed = time.monotonic()
+    _say(f"  kill -9 of instance {victim} ({len(orphaned)} mailboxes) at {_wall()}")
     sources[victim].proc.wait(10)
-    before = {a: in_box[a] for a in orphaned}
-    for account in orphaned:
-        _append(info, users[account], [f"{account}-after-kill-{before[account]}"])
-        in_box[account] += 1
-    _wait(
-        lambda: all(watch.count(a) > before[a] for a in orphaned),
-        f"the new mail of {len(orphaned)} orphaned mailboxes",
-        sources,
-    )
-    delays = sorted(watch.seen[a][before[a]] - killed for a in orphaned)
+    delays = _new_mail_delays(info, sources, users, watch, in_box, orphaned, killed)
     return {
         "orphaned_mailboxes": len(orphaned),
         "failover_s_p50": round(statistics.median(delays), 2),
         "failover_s_max": round(delays[-1], 2),
     }
+
+
+def _handover(
+    info: DevServices,
+    sources: list[Source],
+    users: dict[str, str],
+    watch: EventWatch,
+    in_box: dict[str, int],
+) -> dict[str, Any]:
+    """SIGTERM of the live instance owning most: it stops its mailboxes and leaves the group,
+    the others take them over at once (no session timeout)."""
+    leaving, handed = _most_owned(sources)
+    sources[leaving].ended_on_purpose = True
+    sources[leaving].proc.terminate()
+    stopped = time.monotonic()
+    _say(f"  SIGTERM of instance {leaving} ({len(handed)} mailboxes) at {_wall()}")
+    delays = _new_mail_delays(info, sources, users, watch, in_box, handed, stopped)
+    sources[leaving].proc.wait(60)
+    return {
+        "left_mailboxes": len(handed),
+        "handover_s_p50": round(statistics.median(delays), 2),
+        "handover_s_max": round(delays[-1], 2),
+    }
+
+
+def member_holds_partitions(admin: AdminClient, group_id: str, pid: int) -> bool:
+    """The group is stable and the member of process ``pid`` holds work partitions: a joiner
+    has got its share (the cooperative rebalance takes two steps: revoke, then assign), so the
+    instances' /healthz no longer shows the state before the join. False while the coordinator
+    does not answer (it may be busy rebalancing): the caller asks again."""
+    try:
+        described = admin.describe_consumer_groups([group_id], request_timeout=10)[group_id]
+        group = described.result(15)
+    except (KafkaException, TimeoutError):
+        return False
+    if group.state != ConsumerGroupState.STABLE:
+        return False
+    suffix = f":{pid}"  # member_client_id: mailtap-<source>@<host>:<pid>
+    return any(
+        m.client_id.endswith(suffix) and m.assignment and m.assignment.topic_partitions
+        for m in group.members
+    )
+
+
+def _most_owned(sources: list[Source]) -> tuple[int, list[str]]:
+    """The live instance owning most mailboxes, and their accounts."""
+    owned = {i: _owned(s) or set() for i, s in enumerate(sources) if s.proc.poll() is None}
+    chosen = max(owned, key=lambda i: len(owned[i]))
+    return chosen, sorted(m.split("/")[1] for m in owned[chosen])  # imap/<account>/INBOX
+
+
+def _wall() -> str:
+    """Wall-clock time as the sources' log lines print it, to place an event in their logs."""
+    return time.strftime("%H:%M:%S") + f",{int(time.time() * 1000) % 1000:03d}"
+
+
+def _new_mail_delays(
+    info: DevServices,
+    sources: list[Source],
+    users: dict[str, str],
+    watch: EventWatch,
+    in_box: dict[str, int],
+    accounts: list[str],
+    since: float,
+) -> list[float]:
+    """One new mail in each of ``accounts``; sorted delays ``since`` -> its event."""
+    before = {a: in_box[a] for a in accounts}
+    for account in accounts:
+        _append(info, users[account], [f"{account}-moved-{before[account]}"])
+        in_box[account] += 1
+    _wait(
+        lambda: all(watch.count(a) > before[a] for a in accounts),
+        f"the new mail of {len(accounts)} mailboxes that moved",
+        sources,
+    )
+    return sorted(watch.seen[a][before[a]] - since for a in accounts)

@@ -7,8 +7,9 @@ import logging
 
 from connectors.core.config import load_config
 from connectors.core.source.reload import reload_on_sighup
+from connectors.core.source.runtime import run_forever
 from connectors.ews.config import SECTION, EwsSourceSettings
-from connectors.ews.source import EwsSource, run_forever
+from connectors.ews.source import EwsSource
 from mailtap.commands.common import install_stop_signals
 
 log = logging.getLogger(__name__)

@@ -3,21 +3,26 @@ what, read from each instance's /healthz the way an operator would."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from connectors.core.source.ownership.group import Placement, WorkUnit, partition_of
 from mailtap.dev.process import die_with_parent, free_port
+
+T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -111,3 +116,53 @@ def stop_instances(instances: Iterable[Instance]) -> None:
         except subprocess.TimeoutExpired:
             instance.proc.kill()
             instance.proc.wait(10)
+
+
+def names_covering(
+    source: str, placement: Placement, name_of: Callable[[int], str], count: int, partitions: int
+) -> list[str]:
+    """``count`` account names ``name_of(i)`` whose inboxes cover every work partition (each
+    instance of a group owns some)."""
+    names: list[str] = []
+    covered: set[int] = set()
+    for i in itertools.count():
+        name = name_of(i)
+        p = partition_of(placement(WorkUnit(source, name, "inbox")), partitions)
+        if p not in covered or len(covered) == partitions:
+            names.append(name)
+            covered.add(p)
+        if len(names) == count:
+            return names
+    raise AssertionError("unreachable")
+
+
+def wait_until(condition: Callable[[], T], what: str, timeout: float) -> T:
+    """``condition()``'s first true value within ``timeout`` seconds, else an AssertionError."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def settled(
+    instances: list[Instance],
+    expected: set[str],
+    timeout: float,
+    what: str = "every mailbox owned by exactly one instance",
+) -> dict[str, set[str]]:
+    """The ownership once every ``expected`` mailbox is owned by exactly one live instance and
+    every live instance owns some (one without mailboxes has not joined yet), the same in two
+    reads in a row: not a moment inside a rebalance."""
+    seen: list[dict[str, set[str]] | None] = [None]
+
+    def check() -> dict[str, set[str]] | None:
+        now = ownership(instances)
+        ok = now is not None and all(now.values()) and exactly_once(now, expected)
+        stable = ok and now == seen[0]
+        seen[0] = now
+        return now if stable else None
+
+    return wait_until(check, what, timeout)

@@ -228,10 +228,10 @@ def source_acls(
         acls.group(
             acls.qualify(IMAP_INDEX_GROUP), "Describe", reason="reads the index topic (assigned)"
         )
-    if source == "graph":
-        # A message Graph serves that cannot be parsed goes to the DLQ in the folder's
-        # transaction (connectors/graph/records.py).
-        acls.topic(t.dlq, "Write", reason="unparseable mail, in its transactions")
+    # A mail that cannot be parsed goes to the DLQ in the folder's transaction
+    # (connectors/core/source/records.py), for every source: without Write there, one broken
+    # mail fails every transaction of its folder on a secured cluster.
+    acls.topic(t.dlq, "Write", reason="unparseable mail, in its transactions")
     acls.encoding_checked([t.events])
     prefix = acls.qualify(
         {

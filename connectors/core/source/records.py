@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, NotRequired, TypedDict, Unpack
 
 from connectors.core.avro.serde import AvroSerde
+from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore, staged_batch
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail import ParsedMail
-from connectors.core.mail.event import MailEvent, SourceCoordinates, SourceKindSymbol
+from connectors.core.mail.event import (
+    ChangeKindSymbol,
+    MailEvent,
+    SourceCoordinates,
+    SourceKindSymbol,
+)
 
-__all__ = ["MailEventRecords", "MailRecordBuilder", "Parser"]
+__all__ = ["ItemRecords", "MailEventRecords", "MailRecordBuilder", "Parser"]
+
+log = logging.getLogger(__name__)
 
 #: ``parse(raw, account=, source=, flags=, internal_date=, observed_at=)`` -> ParsedMail
 #: (``connectors.core.mail.parse_mail`` with limits and the claim-check store bound by the caller).
@@ -124,6 +133,11 @@ class MailEventRecords:
 
     def tombstone(self, key: str) -> SourceRecord:
         return SourceRecord(self.events_topic, key.encode(), None)
+
+
+#: What :meth:`MailRecordBuilder.item_records` returns: the mail's key (None when it could not
+#: be turned into an event), its records, and whether a DLQ report is among them.
+ItemRecords = tuple[str | None, tuple[SourceRecord, ...], bool]
 
 
 class MailRecordBuilderArgs(TypedDict):
@@ -224,3 +238,53 @@ class MailRecordBuilder:
     def tombstone(self, key: str) -> SourceRecord:
         """The record that deletes ``key``: the mail is gone from every watched folder."""
         return self._records.tombstone(key)
+
+    def item_records(
+        self,
+        mime: bytes,
+        *,
+        item_id: str,
+        change_key: str | None,
+        flags: Sequence[str],
+        internal_date: dt.datetime | None,
+        blobs: ClaimCheckBatch | None = None,
+        change: str | Callable[[str], ChangeKindSymbol] = "ADDED",
+    ) -> ItemRecords:
+        """The records of the mail a server names by ``item_id`` (an EWS item id, a Graph
+        immutable id) as a ``change`` (ADDED / UPDATED, or decided from the key by a callable:
+        a mail new to this folder is UPDATED when another watched folder holds its key). Its
+        DLQ reports carry ``mailtap.source.item_id``; one the parser cannot handle at all is a
+        DLQ report keyed ``<account>/<folder>/<item id>``. Raises ClaimCheckError when the
+        store fails: that is not a bad mail, and the batch must be retried rather than
+        published without its content."""
+        source = self.source_block(item_id=item_id, change_key=change_key)
+        located = (("mailtap.source.item_id", item_id.encode()),)
+        try:
+            parsed = self.parse_raw(
+                mime,
+                source=source,
+                flags=flags,
+                internal_date=internal_date,
+                blobs=blobs,
+                change=change if isinstance(change, str) else "ADDED",
+            )
+            event: MailEvent = parsed.event.copy()
+            key = parsed.key
+            if not isinstance(change, str):
+                event["change"] = change(key)
+            value = self._records.encode(event)
+        except ClaimCheckError:
+            raise  # the store is down, not the mail bad: fail the batch and retry it
+        except Exception as exc:  # a parser bug must not stop the mailbox
+            log.exception(
+                "%s %s/%s item %s: mail could not be turned into an event",
+                self.source_kind.lower(),
+                self.account,
+                self.folder,
+                item_id,
+            )
+            fallback = f"{self.account}/{self.folder}/{item_id}"
+            dlq = self._records.dlq(fallback, mime, "unparseable", repr(exc), None, located)
+            return None, (dlq,), True
+        records = self._records.event_records(key, event, value, mime, located)
+        return key, tuple(records), bool(event["parse_error"])

@@ -42,8 +42,8 @@ What holds after a crash (kill -9) at each point:
 
 A source subclass sets ``connection_lost`` (its exception for "the connection is gone": logged
 without a traceback) and implements :meth:`_session`, :meth:`_drop_connection` and
-:meth:`_connecting`; the hooks :meth:`_on_new_writer`, :meth:`_after_error` and :meth:`_close`
-default to nothing, and :meth:`_waiting_state` (the state shown during the wait after an error)
+:meth:`_connecting`; the hooks :meth:`_on_new_writer`, :meth:`_after_error`, :meth:`_close` and
+:meth:`interrupt` (the runtime's, when it stops the worker) default to nothing, and :meth:`_waiting_state` (the state shown during the wait after an error)
 to ``BACKOFF``.
 """
 
@@ -145,6 +145,10 @@ class FolderWorker(ABC, Generic[E]):
     @abstractmethod
     def _connecting(self) -> bool:
         """Whether the worker is connecting or logging in (an error now is a connect failure)."""
+
+    def interrupt(self) -> None:
+        """From another thread, after ``stop`` is set: end a wait for change that does not
+        look at ``stop`` at least about once a second (a stream read). Default: nothing."""
 
     def _on_new_writer(self) -> None:
         """A new writer fenced the older ones: the cursor must be read again from Kafka."""

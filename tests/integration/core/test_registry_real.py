@@ -464,7 +464,7 @@ def test_the_imap_source_and_the_smtp_sink_refuse_a_registry_at_start(
             source.prepare()
         assert f"{names['events']}-value" in str(refused.value)
     finally:
-        source.close()
+        source.stop()
     # start() lets the mailboxes start while the schema registers (the first FETCH does not
     # wait for it) but returns only with the registry's answer: the refusal stops the source
     # there, closed, before any transaction; nothing reached the events topic.

@@ -5,39 +5,37 @@ and every mail is on mail.events exactly once."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import yaml
 from click.testing import CliRunner
 
 from connectors.core.config import KafkaSettings
-from connectors.core.source.ownership.group import WorkUnit, by_folder, partition_of
+from connectors.core.source.ownership.group import by_folder
 from mailtap.cli import main
 from tests.ews_server import EwsTestServer
 from tests.integration.ews.ews_kafka import read_events, source_config
-from tests.support.scaleout import Instance, exactly_once, ownership, start_instance, stop_instances
+from tests.support.scaleout import (
+    Instance,
+    names_covering,
+    settled,
+    start_instance,
+    stop_instances,
+    wait_until,
+)
 
 MAILBOXES = 6
 PARTITIONS = 2
 WAIT_S = 120.0
+T = TypeVar("T")
 
 
 def _names(unique: str) -> list[str]:
-    """Account names whose inboxes cover both work partitions (each instance owns some)."""
-    names: list[str] = []
-    covered: set[int] = set()
-    for i in itertools.count():
-        name = f"ex{i}-{unique}"
-        p = partition_of(by_folder(WorkUnit("ews", name, "inbox")), PARTITIONS)
-        if p not in covered or len(covered) == PARTITIONS:
-            names.append(name)
-            covered.add(p)
-        if len(names) == MAILBOXES:
-            return names
-    raise AssertionError("unreachable")
+    return names_covering("ews", by_folder, lambda i: f"ex{i}-{unique}", MAILBOXES, PARTITIONS)
 
 
 def _mime(account: str, n: int) -> bytes:
@@ -49,28 +47,12 @@ def _mime(account: str, n: int) -> bytes:
     ).encode()
 
 
-def _wait(condition, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+def _wait(condition: Callable[[], T], what: str) -> T:
+    return wait_until(condition, what, WAIT_S)
 
 
 def _settled(instances: list[Instance], expected: set[str]) -> dict[str, set[str]]:
-    seen: list[dict[str, set[str]] | None] = [None]
-
-    def check() -> dict[str, set[str]] | None:
-        now = ownership(instances)
-        ok = now is not None and all(now.values()) and exactly_once(now, expected)
-        stable = ok and now == seen[0]
-        seen[0] = now
-        return now if stable else None
-
-    result: dict[str, set[str]] = _wait(check, "every mailbox owned by exactly one instance")
-    return result
+    return settled(instances, expected, WAIT_S)
 
 
 def test_two_ews_instances_split_the_mailboxes_and_one_takes_over_after_a_kill(

@@ -7,10 +7,8 @@ import collections
 import datetime as dt
 import json
 import logging
-import os
 import signal
 import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.request
@@ -20,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from confluent_kafka import Producer
 
 from connectors.core.config import KafkaSettings, MailtapConfig, config_from_dict
@@ -37,8 +34,9 @@ from tests.integration.ews.ews_kafka import (
     source_config,
 )
 from tests.support.crashpoints import EXIT_CODE, crash_env
+from tests.support.sourceproc import ENV, REPO, restarted
+from tests.support.sourceproc import source_command as run_command
 
-REPO = Path(__file__).resolve().parents[3]
 #: Generous: waits end as soon as the condition holds; the bound only turns a hang into a failure.
 WAIT_S = 60.0
 
@@ -185,33 +183,20 @@ def test_dropped_stream_expired_subscription_and_lost_events_give_every_item_onc
 def source_command(
     kafka: KafkaSettings, ews: EwsTestServer, tmp_path: Path, **overrides: object
 ) -> list[str]:
-    config_file = tmp_path / "mailtap.yaml"
-    config_file.write_text(
-        yaml.safe_dump(source_config(kafka, ews, tmp_path / "claims", **overrides))
-    )
-    code = (
-        "import sys; from mailtap.commands.ews import run_ews_source; run_ews_source(sys.argv[1])"
-    )
-    return [sys.executable, "-c", code, str(config_file)]
+    config = source_config(kafka, ews, tmp_path / "claims", **overrides)
+    return run_command("mailtap.commands.ews:run_ews_source", config, tmp_path)
 
 
 def restart_and_expect(
     run: list[str], ews: EwsTestServer, kafka: KafkaSettings, raws: list[bytes]
 ) -> None:
     """Run the source again until every mail is in Kafka, then check: each exactly once."""
-    restarted = subprocess.Popen(run, env=ENV, cwd=REPO, stderr=subprocess.DEVNULL)
-    try:
+    with restarted(run, WAIT_S):
         assert ews.wait_until(lambda: len(read_events(kafka)) >= len(raws), WAIT_S)
         assert ews.wait_until(lambda: streaming(ews), WAIT_S)
-    finally:
-        restarted.terminate()
-        restarted.wait(timeout=WAIT_S)
     keys = [k for k, _ in read_events(kafka)]
     assert sorted(keys) == sorted(imap_key(raw) for raw in raws)
     assert len(keys) == len(set(keys))
-
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def test_kill_9_mid_batch_then_restart_loses_and_duplicates_nothing(

@@ -3,13 +3,9 @@ backfill and during live changes, and a zombie instance fenced by the next one."
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
-
-import yaml
 
 from connectors.core.config import KafkaSettings, MailtapConfig
 from connectors.graph.source import GraphSource
@@ -23,36 +19,25 @@ from tests.integration.graph.graph_kafka import (
     source_config,
 )
 from tests.support.crashpoints import EXIT_CODE, crash_env
+from tests.support.sourceproc import ENV, REPO, restarted
+from tests.support.sourceproc import source_command as run_command
 
-REPO = Path(__file__).resolve().parents[3]
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 WAIT_S = 60.0
 
 
 def source_command(
     kafka: KafkaSettings, graph: GraphTestServer, tmp_path: Path, **overrides: object
 ) -> list[str]:
-    config_file = tmp_path / "mailtap.yaml"
-    config_file.write_text(
-        yaml.safe_dump(source_config(kafka, graph, tmp_path / "claims", **overrides))
-    )
-    code = (
-        "import sys; from mailtap.commands.graph import run_graph_source; "
-        "run_graph_source(sys.argv[1])"
-    )
-    return [sys.executable, "-c", code, str(config_file)]
+    config = source_config(kafka, graph, tmp_path / "claims", **overrides)
+    return run_command("mailtap.commands.graph:run_graph_source", config, tmp_path)
 
 
 def restart_and_expect(
     run: list[str], graph: GraphTestServer, kafka: KafkaSettings, raws: list[bytes]
 ) -> None:
     """Run the source again until every mail is in Kafka, then check: each key exactly once."""
-    restarted = subprocess.Popen(run, env=ENV, cwd=REPO, stderr=subprocess.DEVNULL)
-    try:
+    with restarted(run, WAIT_S):
         assert graph.wait_until(lambda: len(read_events(kafka)) >= len(raws), WAIT_S)
-    finally:
-        restarted.terminate()
-        restarted.wait(timeout=WAIT_S)
     keys = [k for k, _ in read_events(kafka)]
     assert sorted(keys) == sorted(imap_key(raw) for raw in raws)
 

@@ -5,8 +5,6 @@ mail is on mail.events exactly once."""
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -16,11 +14,18 @@ import yaml
 from click.testing import CliRunner
 
 from connectors.core.config import KafkaSettings
-from connectors.core.source.ownership.group import WorkUnit, by_account, partition_of
+from connectors.core.source.ownership.group import by_account
 from mailtap.cli import main
 from tests.graph_server import GraphTestServer
 from tests.integration.graph.graph_kafka import read_events, source_config
-from tests.support.scaleout import Instance, exactly_once, ownership, start_instance, stop_instances
+from tests.support.scaleout import (
+    Instance,
+    names_covering,
+    settled,
+    start_instance,
+    stop_instances,
+    wait_until,
+)
 
 MAILBOXES = 6
 PARTITIONS = 2
@@ -29,18 +34,7 @@ T = TypeVar("T")
 
 
 def _names(unique: str) -> list[str]:
-    """Account names that cover both work partitions (each instance owns some)."""
-    names: list[str] = []
-    covered: set[int] = set()
-    for i in itertools.count():
-        name = f"gr{i}-{unique}"
-        p = partition_of(by_account(WorkUnit("graph", name, "inbox")), PARTITIONS)
-        if p not in covered or len(covered) == PARTITIONS:
-            names.append(name)
-            covered.add(p)
-        if len(names) == MAILBOXES:
-            return names
-    raise AssertionError("unreachable")
+    return names_covering("graph", by_account, lambda i: f"gr{i}-{unique}", MAILBOXES, PARTITIONS)
 
 
 def _mime(account: str, n: int) -> bytes:
@@ -52,26 +46,11 @@ def _mime(account: str, n: int) -> bytes:
 
 
 def _wait(condition: Callable[[], T], what: str) -> T:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(condition, what, WAIT_S)
 
 
 def _settled(instances: list[Instance], expected: set[str]) -> dict[str, set[str]]:
-    seen: list[dict[str, set[str]] | None] = [None]
-
-    def check() -> dict[str, set[str]] | None:
-        now = ownership(instances)
-        ok = now is not None and all(now.values()) and exactly_once(now, expected)
-        stable = ok and now == seen[0]
-        seen[0] = now
-        return now if stable else None
-
-    return _wait(check, "every mailbox owned by exactly one instance")
+    return settled(instances, expected, WAIT_S)
 
 
 def test_two_graph_instances_split_the_mailboxes_and_one_takes_over_after_a_kill(

@@ -315,4 +315,4 @@ def running(harness: ImapHarness, **overrides: Any) -> Iterator[ImapSource]:
     try:
         yield source
     finally:
-        source.close()
+        source.stop()

@@ -106,8 +106,8 @@ def _latest(records: list[Any]) -> dict[str, Any]:
 
 def _only_index(source: Any) -> AccountIndex:
     # The key index of the source's one owned account.
-    (run,) = source._runs.values()
-    return run.index  # type: ignore[no-any-return]
+    (worker,) = source.workers
+    return worker.index  # type: ignore[no-any-return]
 
 
 def test_a_start_restores_only_its_changelog_partition_and_keeps_fp8_keys_and_tombstones(

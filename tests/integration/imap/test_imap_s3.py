@@ -45,7 +45,7 @@ def test_raw_mails_and_attachments_go_to_the_bucket_and_read_back_exactly(
     try:
         wait_for(lambda: imap.cursor_at(25), "cursor at uid 25")
     finally:
-        source.close()
+        source.stop()
 
     events = [e.value for e in imap.events() if e.value is not None]
     assert len(events) == 25

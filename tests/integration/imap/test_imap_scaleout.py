@@ -23,14 +23,13 @@ from connectors.core.source.ownership.group import (
     WorkUnit,
     by_account,
     describe_owners,
-    partition_of,
 )
 from mailtap.dev import DevServices
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, wait_for
 from tests.support.scaleout import (
     Instance,
-    exactly_once,
-    ownership,
+    names_covering,
+    settled,
     start_instance,
     stop_instances,
 )
@@ -45,17 +44,7 @@ SESSION_S = 6
 def _account_names(unique: str) -> list[str]:
     """Ten names that together cover every work partition: whichever partitions an instance
     holds, it owns mailboxes (so killing one always orphans some, and a newcomer gets some)."""
-    names: list[str] = []
-    covered: set[int] = set()
-    for i in itertools.count():
-        name = f"so{i}-{unique}"
-        partition = partition_of(name, PARTITIONS)
-        if partition not in covered or len(covered) == PARTITIONS:
-            names.append(name)
-            covered.add(partition)
-        if len(names) == ACCOUNTS:
-            return names
-    raise AssertionError("unreachable")
+    return names_covering("imap", by_account, lambda i: f"so{i}-{unique}", ACCOUNTS, PARTITIONS)
 
 
 @dataclass
@@ -138,23 +127,7 @@ def _config(
 
 
 def _settled(instances: list[Instance], expected: set[str], what: str) -> dict[str, set[str]]:
-    """Wait until each expected mailbox is owned by exactly one live instance and every live
-    instance owns some (every partition holds an account: an instance without mailboxes has not
-    joined yet), twice in a row: not a moment inside a rebalance."""
-    seen: list[dict[str, set[str]] | None] = [None]
-
-    def check() -> dict[str, set[str]] | None:
-        now = ownership(instances)
-        joined = now is not None and all(now.values())
-        stable = joined and exactly_once(now, expected) and now == seen[0]
-        seen[0] = now
-        return now if stable else None
-
-    def poll() -> dict[str, set[str]] | None:
-        time.sleep(0.5)
-        return check()
-
-    return wait_for(poll, what, timeout=120)
+    return settled(instances, expected, 120, what)
 
 
 def test_three_instances_share_thirty_mailboxes_through_a_kill_and_a_newcomer(

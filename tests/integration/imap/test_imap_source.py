@@ -309,7 +309,7 @@ def test_healthz_reports_sync_age_and_fails_for_a_mailbox_that_cannot_sync(
             text = answer.read().decode()
         assert 'mailtap_connect_failures_total{account="down"' in text
     finally:
-        source.close()
+        source.stop()
 
 
 def test_many_accounts_and_folders_in_one_process_each_mail_once(imap: ImapHarness) -> None:
@@ -341,7 +341,7 @@ def test_many_accounts_and_folders_in_one_process_each_mail_once(imap: ImapHarne
             "three mailboxes published",
         )
     finally:
-        source.close()
+        source.stop()
     events = imap.events()
     assert len(events) == 16
     assert keys_of(events) == (

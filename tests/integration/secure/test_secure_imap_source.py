@@ -27,6 +27,11 @@ from tests.integration.imap.imap_harness import ImapHarness, wait_for
 from tests.integration.secure.conftest import KafkaSettingsFor, allow, bindings, grant
 
 PRINCIPAL = "mailtap-imap-source"
+BROKEN = (
+    b"From: a@example.org\r\nTo: b@example.org\r\nMessage-ID: <b64-dlq@x>\r\nSubject: broken\r\n"
+    b"Content-Type: text/plain\r\nContent-Transfer-Encoding: base64\r\n\r\n"
+    b"!!!not*base64===\r\nYWJj=ZGVm\r\n"
+)
 
 
 def _denials(log: Path, principal: str, since: int) -> list[str]:
@@ -63,9 +68,17 @@ def test_imap_source_publishes_as_its_own_principal(
         log_start = authorizer_log.stat().st_size if authorizer_log.exists() else 0
         source = harness.spawn(path)
         ids = harness.append_numbered(2, tag="secure")
-        wait_for(lambda: len(harness.events()) >= 2 or source.poll() is not None, "two events")
+        # A broken mail: its dead letter goes to the DLQ in the folder's transaction, so Write
+        # on the DLQ is among the source's ACLs (it was not: the folder's transactions failed).
+        harness.append([BROKEN])
+        wait_for(
+            lambda: (len(harness.events()) >= 3 and harness.dlq()) or source.poll() is not None,
+            "three events and the dead letter",
+        )
         assert source.poll() is None, harness.log()
-        assert len(harness.events()) == 2
+        assert len(harness.events()) == 3
+        (dead,) = harness.dlq()
+        assert b"!!!not*base64===" in (dead.raw_value or b"")
         assert _denials(authorizer_log, PRINCIPAL, log_start) == []
 
         # Another team: Read on the events topic and its own group, nothing else.

@@ -11,6 +11,7 @@ import pytest
 
 from connectors.core.config import config_from_dict
 from connectors.core.errors import ConfigError
+from connectors.core.source import runtime as runtime_module
 from connectors.core.source.ownership.wiring import MailboxesRead
 from connectors.imap import source as source_module
 from connectors.imap.source import ImapSource
@@ -48,12 +49,12 @@ def test_the_mailboxes_topic_is_read_while_the_source_prepares(
 
     monkeypatch.setattr(source_module, "read_mailboxes", read_mailboxes)
     monkeypatch.setattr(ImapSource, "prepare", prepare)
-    monkeypatch.setattr(source_module, "start_sharing", start_sharing)
+    monkeypatch.setattr(runtime_module, "start_sharing", start_sharing)
     source = ImapSource.from_config(config_from_dict(CONFIG))
     try:
         source.start()
     finally:
-        source.close()
+        source.stop()
     assert handed == {
         "read_started_during_prepare": True,
         "mailboxes": read,  # start_sharing does not read the topic a second time
@@ -80,7 +81,7 @@ def test_a_failed_prepare_closes_the_mailboxes_reader(monkeypatch: pytest.Monkey
         with pytest.raises(RuntimeError, match="refused the schema"):
             source.start()
     finally:
-        source.close()
+        source.stop()
     assert closed.is_set()
 
 
@@ -101,9 +102,9 @@ def _prepared_without_services(
 ) -> dict[str, Any]:
     """Everything prepare() and start() wait on stubbed out, except the schema registration."""
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(source_module, "check_permissions", lambda kafka, acls: [])
-    monkeypatch.setattr(source_module, "check_created", lambda kafka, acls, topics: None)
-    monkeypatch.setattr(source_module, "ensure_topics", lambda kafka, only=None: {})
+    monkeypatch.setattr(runtime_module, "check_permissions", lambda kafka, acls: [])
+    monkeypatch.setattr(runtime_module, "check_created", lambda kafka, acls, topics: None)
+    monkeypatch.setattr(runtime_module, "ensure_topics", lambda kafka, only=None: {})
     monkeypatch.setattr(source_module, "load_indexes", lambda kafka, serde, names: {})
     monkeypatch.setattr(source_module, "open_configured", lambda claim_check, threads: None)
     monkeypatch.setattr(
@@ -114,7 +115,7 @@ def _prepared_without_services(
         ),  # type: ignore[arg-type]
     )
     monkeypatch.setattr(
-        source_module, "start_sharing", lambda *args, **kwargs: _Sharing(seen, started)
+        runtime_module, "start_sharing", lambda *args, **kwargs: _Sharing(seen, started)
     )
     monkeypatch.setattr(source_module.AvroSerde, "prepare", register)
     return seen
@@ -135,7 +136,7 @@ def test_the_mailboxes_start_while_the_schema_registers(monkeypatch: pytest.Monk
         source.start()
         assert source.started.is_set()
     finally:
-        source.close()
+        source.stop()
     assert started_before_registered == [True] and seen == {"sharing": "closed"}
 
 

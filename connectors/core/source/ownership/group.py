@@ -183,6 +183,22 @@ def work_partition_count(
         time.sleep(0.2)
 
 
+#: The longest heartbeat interval. A member learns of a rebalance (a member died or left) only
+#: from a heartbeat's answer, and the coordinator completes it once every live member rejoined:
+#: at Kafka's 3 s a failover waited up to 3 s more after the session timeout (the slowest of the
+#: survivors), 1 s bounds that to 1 s, for a heartbeat a second per instance.
+MAX_HEARTBEAT_MS = 1000
+
+
+def heartbeat_interval_ms(session_ms: int) -> int:
+    """At least three heartbeats per session timeout, as Kafka advises, and one a second at most.
+
+    >>> heartbeat_interval_ms(10_000), heartbeat_interval_ms(2_000)
+    (1000, 666)
+    """
+    return max(100, min(MAX_HEARTBEAT_MS, session_ms // 3))
+
+
 def member_client_id(source: str) -> str:
     """``mailtap-imap@host:pid``: what :func:`describe_owners` reports for a member."""
     return f"mailtap-{source}@{socket.gethostname()}:{os.getpid()}"
@@ -229,8 +245,7 @@ class GroupMembership:
                     "client.id": self.client_id,
                     "partition.assignment.strategy": "cooperative-sticky",
                     "session.timeout.ms": session_ms,
-                    # Three heartbeats per session timeout, as Kafka advises.
-                    "heartbeat.interval.ms": max(500, min(3000, session_ms // 3)),
+                    "heartbeat.interval.ms": heartbeat_interval_ms(session_ms),
                 },
             )
         )
