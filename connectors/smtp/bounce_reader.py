@@ -35,7 +35,7 @@ from connectors.core.config import MailtapConfig
 from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.clients import consumer_config, init_transactions, producer_config
 from connectors.core.kafka.transactions import COMMIT_TIMEOUT_S
-from connectors.core.kafka.watchdog import bounded
+from connectors.core.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, bounded
 from connectors.smtp import suppression
 from connectors.smtp.arf import parse_complaints, unsubscriber
 from connectors.smtp.bounce import Bounce, parse_bounce
@@ -172,8 +172,10 @@ class BounceReader:
         positions = [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
         group = self._consumer.consumer_group_metadata()
         bounded(
-            lambda: self._producer.send_offsets_to_transaction(positions, group, COMMIT_TIMEOUT_S),
-            COMMIT_TIMEOUT_S,
+            lambda: self._producer.send_offsets_to_transaction(
+                positions, group, SEND_OFFSETS_TIMEOUT_S
+            ),
+            SEND_OFFSETS_TIMEOUT_S,
             "send_offsets_to_transaction (bounce reader)",
         )
         self._producer.commit_transaction(COMMIT_TIMEOUT_S)

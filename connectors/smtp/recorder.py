@@ -27,7 +27,7 @@ from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import TopicNames
 from connectors.core.kafka.transactions import COMMIT_TIMEOUT_S
-from connectors.core.kafka.watchdog import bounded
+from connectors.core.kafka.watchdog import SEND_OFFSETS_TIMEOUT_S, bounded
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.identity import message_id_for
@@ -151,9 +151,9 @@ class DeliveryRecorder:
                 group = consumer.consumer_group_metadata() if consumer else None
                 bounded(
                     lambda: producer.send_offsets_to_transaction(
-                        positions, group, TXN_CALL_TIMEOUT_S
+                        positions, group, SEND_OFFSETS_TIMEOUT_S
                     ),
-                    TXN_CALL_TIMEOUT_S,
+                    SEND_OFFSETS_TIMEOUT_S,
                     "send_offsets_to_transaction (smtp sink)",
                 )
             for attempt in range(COMMIT_RETRIES):

@@ -32,6 +32,12 @@ T = TypeVar("T")
 EXIT_KAFKA_HUNG = 75
 #: How long past its own timeout a call may block before the process gives up.
 GRACE_S = 5.0
+#: The timeout given to ``send_offsets_to_transaction``, shorter than the other transactional
+#: calls': it is the call that hangs (#5456/#5511), and the process gives up on it at this plus
+#: ``GRACE_S``. At 60 + 5 s a hang that began after a broker restart outlasted the soak's 60 s
+#: recovery limit (seed 4); on a healthy cluster the call takes milliseconds, and a
+#: coordinator still loading after 20 s ends in the restart that a hang would have anyway.
+SEND_OFFSETS_TIMEOUT_S = 20.0
 
 
 def bounded(call: Callable[[], T], timeout_s: float, what: str) -> T:
