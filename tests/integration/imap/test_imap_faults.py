@@ -11,13 +11,12 @@ import signal
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from mailtap.commands.imap import EXIT_FENCED
-from mailtap.dev import Account, DevServices, dovecot, kafka, process
+from mailtap.dev import Account, DevServices, dovecot, process
 from tests.integration.imap.imap_harness import (
     ImapHarness,
     changes,
@@ -26,6 +25,7 @@ from tests.integration.imap.imap_harness import (
     wait_for,
 )
 from tests.support.crashpoints import EXIT_CODE, crash_env
+from tests.support.private_kafka import PrivateKafka, private_broker
 from tests.support.tcp_proxy import TcpProxy
 
 
@@ -208,36 +208,11 @@ def test_dovecot_stopped_and_restarted_the_source_recovers_and_catches_up(
     assert_once_each(imap, ids)
 
 
-@dataclass
-class PrivateKafka:
-    layout: kafka.KafkaLayout
-    bootstrap: str
-    pids: list[int]
-
-    def stop(self) -> None:
-        process.stop_group(self.pids[-1])
-
-    def start(self) -> None:
-        self.pids.append(kafka.start(self.layout))
-        kafka.wait_ready(self.layout, self.pids[-1], self.bootstrap)
-
-
 @pytest.fixture
 def private_kafka() -> Iterator[PrivateKafka]:
     """A Kafka broker of this test alone, so it can be stopped and started again."""
-    root = Path(tempfile.mkdtemp(prefix="mailtap-imap-kafka-"))
-    layout = kafka.KafkaLayout(root)
-    broker, controller = process.free_port(), process.free_port()
-    kafka.render(layout, "127.0.0.1", broker, controller)
-    kafka.prepare_storage(layout, broker, controller)
-    broker_ = PrivateKafka(layout, f"127.0.0.1:{broker}", [])
-    broker_.start()
-    try:
-        yield broker_
-    finally:
-        for pid in broker_.pids:
-            process.stop_group(pid)
-        shutil.rmtree(root, ignore_errors=True)
+    with private_broker("mailtap-imap-kafka-") as broker:
+        yield broker
 
 
 def test_kafka_stopped_and_restarted_nothing_lost_nothing_duplicated(
