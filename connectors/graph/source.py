@@ -28,7 +28,8 @@ from connectors.core import checkpoints
 from connectors.core.config import MailtapConfig
 from connectors.core.metrics import SourceMetrics
 from connectors.core.source.ownership.group import by_account
-from connectors.core.source.runtime import FolderRun, FolderSourceRuntime
+from connectors.core.source.ownership.wiring import MailboxesRead
+from connectors.core.source.runtime import FolderRun, FolderSourceRuntime, ensure_own_topics
 from connectors.graph.auth import TokenSource
 from connectors.graph.client import GraphClient
 from connectors.graph.config import SECTION, GraphAccountSettings, GraphSourceSettings
@@ -76,6 +77,13 @@ class GraphSource(FolderSourceRuntime[GraphSourceSettings, GraphFolderWorker]):
                 self.webhook = WebhookListener(notes, inbox)
             else:
                 self.event_hub = EventHubReader(notes, inbox)
+
+    def _prepare(self) -> MailboxesRead | None:
+        # As IMAP and EWS: every Kafka permission of the source first (a missing ACL is one
+        # sentence and the start fails), then its own topics, created when missing, and the
+        # encoding of mail.events checked.
+        ensure_own_topics(self.cfg.kafka, "graph", self.settings.group)
+        return None
 
     def start(self) -> None:
         # Before the first subscription: Graph validates the endpoint at once.

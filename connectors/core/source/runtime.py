@@ -114,7 +114,7 @@ class FolderRun(Generic[W]):
 
 def ensure_own_topics(
     kafka: KafkaSettings,
-    source: Literal["imap", "ews"],
+    source: Literal["imap", "ews", "graph"],
     group: GroupSettings | None,
     specs: Mapping[str, Callable[[], TopicSpec]] | None = None,
 ) -> None:
