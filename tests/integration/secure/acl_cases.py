@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, config_from_dict
 from connectors.core.kafka.acls import Acl
 from connectors.core.kafka.clients import consumer_config
+from connectors.core.kafka.retry import retry_retriable
 from mailtap.acls import component_acls
 from mailtap.dev.certs import CertificateAuthority
 from mailtap.dev.secure import SecureKafka
@@ -267,8 +268,12 @@ def records_on(kafka: KafkaSettings, topics: list[str]) -> int:
         metadata = consumer.list_topics(timeout=30).topics
         for topic in topics:
             for partition in metadata[topic].partitions if topic in metadata else {}:
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=30, cached=False
+                # A topic created a moment ago may have no leader yet (NOT_LEADER_FOR_PARTITION).
+                tp = TopicPartition(topic, partition)
+                low, high = retry_retriable(
+                    lambda tp=tp: consumer.get_watermark_offsets(tp, timeout=30, cached=False),
+                    time.monotonic() + 60,
+                    f"the offsets of {topic}/{partition}",
                 )
                 total += high - low
         return total
