@@ -126,15 +126,26 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
     def _prepare(self) -> MailboxesRead:
         # The mailboxes topic is read while prepare() checks the topics and loads the indexes:
         # all waits on the broker, which start-up would otherwise pay one after the other.
-        with ThreadPoolExecutor(1, thread_name_prefix="imap-mailboxes") as reader:
-            reading = reader.submit(read_mailboxes, self.cfg.kafka, SOURCE_KIND, self._configured())
+        reading: Future[MailboxesRead] = Future()
+        configured = self._configured()
+
+        def read() -> None:
             try:
-                self.prepare(wait_for_registry=False)
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    reading.result().watcher.close()
-                raise
-            mailboxes = reading.result()
+                reading.set_result(read_mailboxes(self.cfg.kafka, SOURCE_KIND, configured))
+            except BaseException as exc:
+                reading.set_exception(exc)
+
+        # A daemon thread: when prepare() refuses, the refusal goes out at once. The reader
+        # may be waiting out its own timeout on the same refusal (no Read on the mailboxes
+        # topic: 30 s, past the 30 s a missing ACL may take to be named), and must not hold
+        # the refusal, nor the process's exit, until then; it closes its watcher if it ends.
+        threading.Thread(target=read, name="imap-mailboxes", daemon=True).start()
+        try:
+            self.prepare(wait_for_registry=False)
+        except BaseException:
+            reading.add_done_callback(_close_watcher)
+            raise
+        mailboxes = reading.result()
         if self._pool is not None:
             # In the background: a mailbox with nothing to catch up must not wait for it.
             threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
@@ -228,3 +239,9 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         self._preloaded.clear()
         store, self._claim_check = self._claim_check, None
         close_store(store)
+
+
+def _close_watcher(done: Future[MailboxesRead]) -> None:
+    """The mailboxes watcher of a read that ended after the start was refused."""
+    with contextlib.suppress(Exception):
+        done.result().watcher.close()
