@@ -9,6 +9,7 @@ that imports ``msal``.
 from __future__ import annotations
 
 import urllib.request
+from typing import Any
 
 import requests
 from cryptography import x509
@@ -34,6 +35,17 @@ def msal_http_session(ca_file: str | None) -> requests.Session:
         session.verify = ca_file
         session.proxies.update(urllib.request.getproxies())
     return session
+
+
+def forget_access_tokens(app: Any) -> None:
+    """Drop the access tokens an MSAL application cached (Graph refused the current one with
+    401): its next ``acquire_token_*`` asks the token endpoint again."""
+    import msal  # the graph extra: only its users (the Graph source and transport) call this
+
+    cache = app.token_cache
+    # A list first: search() is a generator over the dict remove_at() changes.
+    for entry in list(cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN)):
+        cache.remove_at(entry)
 
 
 def certificate_credential(pem: bytes, password: str | None) -> dict[str, str]:

@@ -31,6 +31,7 @@ from connectors.core.entra import (
     APP_SCOPES,
     TOKEN_REFUSALS,
     certificate_credential,
+    forget_access_tokens,
     msal_http_session,
 )
 from connectors.core.redact import quiet_token_libraries
@@ -134,7 +135,4 @@ class TokenSource:
         with self._lock:
             if self._app is None:
                 return
-            cache = self._app.token_cache
-            # A list first: search() is a generator over the dict remove_at() changes.
-            for entry in list(cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN)):
-                cache.remove_at(entry)
+            forget_access_tokens(self._app)

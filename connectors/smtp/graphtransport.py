@@ -41,6 +41,7 @@ from connectors.core.entra import (
     APP_SCOPES,
     TOKEN_REFUSALS,
     certificate_credential,
+    forget_access_tokens,
     msal_http_session,
 )
 from connectors.core.redact import quiet_token_libraries
@@ -108,9 +109,7 @@ class _AppTokens:
         with self._lock:
             if self._app is None:
                 return
-            cache = self._app.token_cache
-            for entry in list(cache.search(msal.TokenCache.CredentialType.ACCESS_TOKEN)):
-                cache.remove_at(entry)
+            forget_access_tokens(self._app)
 
     def _application(self) -> msal.ConfidentialClientApplication:
         settings = self.settings
