@@ -218,7 +218,8 @@ class KafkaSettings(StrictModel):
     )
     schema_registry: SchemaRegistryClientSettings = Field(
         default_factory=lambda: SchemaRegistryClientSettings(),
-        description="how mailtap logs in to the schema registry (basic auth, TLS, mTLS)",
+        description="how mailtap logs in to the schema registry (basic auth or a bearer "
+        "token, TLS, mTLS)",
     )
     schema_compatibility: Compatibility = Field(
         default=DEFAULT_COMPATIBILITY,
@@ -298,6 +299,16 @@ class KafkaSettings(StrictModel):
         if tls_files and first.scheme != "https":
             raise ValueError(
                 "schema_registry.ssl_* settings are used only with an https:// schema_registry_url"
+            )
+        if registry.bearer_auth is not None and first.scheme != "https":
+            raise ValueError(
+                "schema_registry.bearer_auth sends access tokens, which never travel in "
+                "plaintext: use an https:// schema_registry_url"
+            )
+        if registry.bearer_auth is not None and (first.username or first.password):
+            raise ValueError(
+                "the registry's login is given twice: in schema_registry_url (user:password@) "
+                "and in schema_registry.bearer_auth; remove it from the URL"
             )
         return self
 
@@ -412,9 +423,10 @@ class ClientCredentialsSettings(StrictModel):
 
 class SchemaRegistryClientSettings(StrictModel):
     """How mailtap's registry client (confluent-kafka's ``SchemaRegistryClient``) logs in to
-    ``kafka.schema_registry_url``: HTTP basic auth, the CA that signed the registry's
-    certificate, a client certificate and key (mTLS). Secrets are ``SecretStr`` (never logged);
-    :meth:`client_config` is the only place they are revealed, for the client itself."""
+    ``kafka.schema_registry_url``: HTTP basic auth or an OAuth2 bearer token (client
+    credentials), the CA that signed the registry's certificate, a client certificate and key
+    (mTLS). Secrets are ``SecretStr`` (never logged): :meth:`client_config` reveals them to the
+    client itself, :mod:`connectors.core.oauth2` the client secret to the token endpoint."""
 
     basic_auth_username: str | None = Field(
         default=None, description="HTTP basic auth user (Confluent: an API key), with the password"
@@ -435,11 +447,40 @@ class SchemaRegistryClientSettings(StrictModel):
     ssl_key_password: SecretStr | None = Field(
         default=None, description="when the private key file is encrypted (never logged)"
     )
+    bearer_auth: ClientCredentialsSettings | None = Field(
+        default=None,
+        description="instead of basic auth: the OIDC token endpoint and the client credentials "
+        "mailtap asks it for access tokens with, sent as 'Authorization: Bearer' (refreshed "
+        "before they expire); needs an https:// schema_registry_url",
+    )
+    bearer_auth_logical_cluster: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Confluent Cloud only, with bearer_auth: the registry's logical cluster id "
+        "(lsrc-...), sent as target-sr-cluster; leave unset for any other registry",
+    )
+    bearer_auth_identity_pool_id: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Confluent Cloud only, with bearer_auth: the identity pool id(s) "
+        "(pool-..., comma-separated), sent as Confluent-Identity-Pool-Id",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> SchemaRegistryClientSettings:
         if (self.basic_auth_username is None) != (self.basic_auth_password is None):
             raise ValueError("set both basic_auth_username and basic_auth_password, or neither")
+        if self.bearer_auth is not None and self.basic_auth_username is not None:
+            raise ValueError(
+                "the registry's login is given twice: set basic_auth_username/basic_auth_password "
+                "or bearer_auth, not both"
+            )
+        confluent_cloud = self.bearer_auth_logical_cluster or self.bearer_auth_identity_pool_id
+        if confluent_cloud and self.bearer_auth is None:
+            raise ValueError(
+                "bearer_auth_logical_cluster and bearer_auth_identity_pool_id are sent with a "
+                "bearer token only: set bearer_auth too, or remove them"
+            )
         if self.basic_auth_username is not None and ":" in self.basic_auth_username:
             # The client sends "user:password"; a colon in the user would split it elsewhere.
             raise ValueError("basic_auth_username may not contain ':' (RFC 7617)")

@@ -23,6 +23,18 @@ class AuthenticationError(MailtapError):
     """The server refused our credentials. Retrying at full speed would only lock the account."""
 
 
+class TokenRequestRefused(AuthenticationError):
+    """The OAuth2 token endpoint refused the client (``invalid_client``, ``invalid_scope``, any
+    4xx). ``error`` is the endpoint's RFC 6749 5.2 error code, so a caller can word its own
+    sentence naming its own settings."""
+
+    def __init__(self, message: str, token_url: str, client_id: str, error: str) -> None:
+        super().__init__(message)
+        self.token_url = token_url
+        self.client_id = client_id
+        self.error = error
+
+
 class DataError(MailtapError):
     """One input item is bad; skip it (with a record of why) and move on."""
 

@@ -11,11 +11,11 @@ for short-lived ones), shared by every connection of the account, and dropped wh
 refused it (revoked before its time): the next login fetches a new one.
 
 Failures: the endpoint refusing the client (``invalid_client``, ``unauthorized_client``,
-``invalid_scope``, any 4xx) is an :class:`~connectors.core.errors.AuthenticationError` (a retry
-at full speed would not help); an unreachable endpoint or a 5xx answer is transient
-(:class:`TokenEndpointUnavailable`, an OSError: back off and retry). The endpoint is reached
-over HTTPS with certificate verification only (DESIGN.md security rules); ``ca_file`` names a
-private CA. The secret and the tokens never appear in a message.
+``invalid_scope``, any 4xx) is a :class:`~connectors.core.errors.TokenRequestRefused`, an
+``AuthenticationError`` (a retry at full speed would not help); an unreachable endpoint or a 5xx
+answer is transient (:class:`TokenEndpointUnavailable`, an OSError: back off and retry). The
+endpoint is reached over HTTPS with certificate verification only (DESIGN.md security rules);
+``ca_file`` names a private CA. The secret and the tokens never appear in a message.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from oauthlib.oauth2 import BackendApplicationClient, OAuth2Error
 from requests_oauthlib import OAuth2Session
 
 from connectors.core.config import ClientCredentialsSettings
-from connectors.core.errors import AuthenticationError, TokenEndpointUnavailable
+from connectors.core.errors import TokenEndpointUnavailable, TokenRequestRefused
 from connectors.core.redact import quiet_token_libraries
 
 log = logging.getLogger(__name__)
@@ -97,10 +97,13 @@ class ClientCredentials:
                 raise TokenEndpointUnavailable(
                     f"token endpoint {s.token_url} failed ({status} {exc.error})"
                 ) from None
-            raise AuthenticationError(
+            raise TokenRequestRefused(
                 f"token endpoint {s.token_url} refused client {s.client_id}: {exc.error}"
                 f"{' (' + exc.description + ')' if exc.description else ''}; check the "
-                "client id, secret and scope"
+                "client id, secret and scope",
+                s.token_url,
+                s.client_id,
+                exc.error,
             ) from None
         except requests.RequestException as exc:
             raise TokenEndpointUnavailable(

@@ -28,12 +28,14 @@ from functools import cache, partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from connectors.core.avro.registry_bearer import SETTING as BEARER_SETTING
+from connectors.core.avro.registry_bearer import bearer_config, token_unavailable
 from connectors.core.config import (
     DEFAULT_COMPATIBILITY,
     Compatibility,
     SchemaRegistryClientSettings,
 )
-from connectors.core.errors import ConfigError
+from connectors.core.errors import ConfigError, TokenEndpointUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,8 @@ REGISTRY_RETRY_PAUSE_S = 0.4
 
 def registry_client(url: str, login: SchemaRegistryClientSettings | None = None) -> Any:
     """One client per registry URL, login and process: its schema-id cache is shared by every
-    serde. ``login`` (``kafka.schema_registry``): basic auth, the CA, a client certificate.
+    serde. ``login`` (``kafka.schema_registry``): basic auth or a bearer token
+    (:mod:`connectors.core.avro.registry_bearer`), the CA, a client certificate.
 
     Raises ConfigError naming the setting when a file of the login cannot be used (a missing
     CA, a key that does not open): confluent-kafka's client loads them as it is built.
@@ -85,8 +88,8 @@ def _client(url: str, login: SchemaRegistryClientSettings | None) -> Any:
         ) from None
 
 
-def _login_config(login: SchemaRegistryClientSettings | None) -> dict[str, str]:
-    return login.client_config() if login is not None else {}
+def _login_config(login: SchemaRegistryClientSettings | None) -> dict[str, Any]:
+    return {**login.client_config(), **bearer_config(login)} if login is not None else {}
 
 
 def _reason(exc: BaseException) -> str:
@@ -120,7 +123,8 @@ def prepare_subjects(
     (url, topic, schema). Returns the value schema's id.
 
     Raises ConfigError with a sentence naming the setting to change when the registry refuses
-    the schema, the login (HTTP 401/403) or the TLS handshake.
+    the schema, the login (HTTP 401/403) or the TLS handshake, or when no bearer token can be
+    had (the token endpoint refuses the client, or does not answer).
     """
     from confluent_kafka.schema_registry import Schema
 
@@ -144,9 +148,12 @@ def prepare_subjects(
                     partial(client.register_schema, subject, Schema(text, "AVRO"))
                 )
             except SchemaRegistryError as exc:
-                raise _refused(url, subject, compatibility, exc) from None
+                raise _refused(url, subject, compatibility, exc, login) from None
             except httpx.TransportError as exc:
                 raise _unreachable(url, exc) from None
+            except TokenEndpointUnavailable as exc:
+                assert login is not None and login.bearer_auth is not None  # only it fetches
+                raise token_unavailable(login.bearer_auth, exc) from None
         if not done:
             _prepared.add((url, topic, value_schema))
             log.info(
@@ -165,10 +172,13 @@ def _transient(exc: Exception) -> bool:
     schema ``"string"`` is one content for every ``T-key``), then a 409 "already exists" for
     the subject the failed request half-created, or a 200 without an id (confluent-kafka's
     client then fails on ``int(None)``). The same request alone succeeds. A 5xx from any
-    registry (restarting, overloaded) is worth the same few retries.
+    registry (restarting, overloaded) is worth the same few retries, and so is a token endpoint
+    that did not answer (the bearer token is fetched inside the registry call).
     """
     from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+    if isinstance(exc, TokenEndpointUnavailable):
+        return True
     if isinstance(exc, SchemaRegistryError):
         status = exc.http_status_code or 0
         return status >= 500 or (status == 409 and "already exists" in str(exc.error_message))
@@ -213,16 +223,18 @@ def _unreachable(url: str, exc: Exception) -> ConfigError:
     )
 
 
-def _refused(url: str, subject: str, compatibility: str, exc: Any) -> ConfigError:
+def _refused(
+    url: str,
+    subject: str,
+    compatibility: str,
+    exc: Any,
+    login: SchemaRegistryClientSettings | None = None,
+) -> ConfigError:
     status = exc.http_status_code
+    refusal = login_refused(url, exc, login, f" for {subject}")
+    if refusal is not None:
+        return refusal
     url = shown(url)
-    if status in (401, 403):
-        what = "refused mailtap's login" if status == 401 else "denied mailtap's login access"
-        return ConfigError(
-            f"the schema registry at {url} {what} for {subject} (HTTP {status}: "
-            f"{exc.error_message}); check kafka.schema_registry.basic_auth_username and "
-            f"basic_auth_password (or the client certificate), and the registry's permissions"
-        )
     if status == 409:
         return ConfigError(
             f"the schema registry at {url} refuses the schema for {subject}: it is not "
@@ -241,4 +253,29 @@ def _refused(url: str, subject: str, compatibility: str, exc: Any) -> ConfigErro
     return ConfigError(
         f"the schema registry at {url} failed for {subject} (HTTP {status}: "
         f"{exc.error_message}); check kafka.schema_registry_url and that the registry runs"
+    )
+
+
+def login_refused(
+    url: str, exc: Any, login: SchemaRegistryClientSettings | None, what: str = ""
+) -> ConfigError | None:
+    """The sentence for a registry answer of HTTP 401/403 (``exc``, a ``SchemaRegistryError``)
+    naming the login settings in use, or None for any other answer. ``what`` says what was
+    asked (`` for mail.events-value``)."""
+    status = getattr(exc, "http_status_code", None)
+    if status not in (401, 403):
+        return None
+    refused = "refused mailtap's login" if status == 401 else "denied mailtap's login access"
+    answer = f"HTTP {status}: {exc.error_message}"
+    if login is not None and login.bearer_auth is not None:
+        return ConfigError(
+            f"the schema registry at {shown(url)} {refused}{what} ({answer}) with a bearer token "
+            f"of client {login.bearer_auth.client_id}; check {BEARER_SETTING} (the scope it "
+            f"asks for, and that the registry trusts tokens of {login.bearer_auth.token_url}) "
+            f"and the registry's permissions"
+        )
+    return ConfigError(
+        f"the schema registry at {shown(url)} {refused}{what} ({answer}); check "
+        f"kafka.schema_registry.basic_auth_username and basic_auth_password (or the client "
+        f"certificate), and the registry's permissions"
     )

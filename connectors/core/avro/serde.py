@@ -30,7 +30,8 @@ from typing import Any
 
 import fastavro
 
-from connectors.core.avro.registry import prepare_subjects, registry_client
+from connectors.core.avro.registry import login_refused, prepare_subjects, registry_client
+from connectors.core.avro.registry_bearer import token_unavailable
 from connectors.core.avro.schemas import (
     SCHEMAS_DIR_ENV,
     TOPIC_SCHEMAS,
@@ -46,7 +47,7 @@ from connectors.core.config import (
     KafkaSettings,
     SchemaRegistryClientSettings,
 )
-from connectors.core.errors import DataError, RegistryUnavailable
+from connectors.core.errors import DataError, RegistryUnavailable, TokenEndpointUnavailable
 
 __all__ = [
     "CONFLUENT_MAGIC",
@@ -268,6 +269,11 @@ class AvroSerde:
                         f"the schema registry did not answer while decoding a record of "
                         f"{topic or self.schema.name}: {exc}"
                     ) from exc
+                refusal = login_refused(
+                    self._registry_url or "", exc, self._registry_login, f" for {topic}"
+                )
+                if refusal is not None:
+                    raise refusal from None
                 raise
             return decoded
         raise DataError(f"not an Avro record of a known encoding (first bytes {data[:4].hex()})")
@@ -323,8 +329,20 @@ class AnyAvroDecoder:
                 )
             from confluent_kafka.serialization import MessageField, SerializationContext
 
-            decoded: dict[str, Any] = self._deserializer(
-                data, SerializationContext(topic, MessageField.VALUE)
-            )
+            try:
+                decoded: dict[str, Any] = self._deserializer(
+                    data, SerializationContext(topic, MessageField.VALUE)
+                )
+            except TokenEndpointUnavailable as exc:
+                # A tool has no backoff to wait in: say which setting to check, as at start.
+                assert self._registry_login is not None and self._registry_login.bearer_auth
+                raise token_unavailable(self._registry_login.bearer_auth, exc) from None
+            except Exception as exc:
+                refusal = login_refused(
+                    self._registry_url, exc, self._registry_login, f" for {topic}"
+                )
+                if refusal is not None:
+                    raise refusal from None
+                raise
             return "confluent", decoded
         raise DataError(f"not an Avro record of a known encoding (first bytes {data[:4].hex()})")

@@ -1,5 +1,7 @@
 """``kafka.schema_registry``: the registry client's login, validated at start and mapped once
-onto confluent-kafka's ``SchemaRegistryClient`` settings; its secrets never in a repr."""
+onto confluent-kafka's ``SchemaRegistryClient`` settings; its secrets never in a repr. The
+bearer login's conversation with a real token endpoint and registry is in
+tests/integration/core/test_registry_bearer.py."""
 
 from __future__ import annotations
 
@@ -7,10 +9,18 @@ from typing import Any
 
 import pytest
 
+from connectors.core.avro.registry import registry_client
+from connectors.core.avro.registry_bearer import bearer_config
 from connectors.core.config import KafkaSettings, SchemaRegistryClientSettings, config_from_dict
 from connectors.core.errors import ConfigError
 
 URL = "https://registry.example.com/apis/ccompat/v7"
+BEARER = {
+    "token_url": "https://idp.example.com/oauth2/token",
+    "client_id": "mailtap",
+    "client_secret": "cs-4711",
+    "scope": "registry",
+}
 
 
 def kafka(url: str | None = URL, **login: Any) -> KafkaSettings:
@@ -40,9 +50,28 @@ def test_the_login_maps_onto_the_client_settings() -> None:
     assert SchemaRegistryClientSettings().client_config() == {}
 
 
+def test_the_bearer_login_maps_onto_a_custom_token_provider() -> None:
+    login = kafka(bearer_auth=BEARER).schema_registry
+
+    conf = bearer_config(login)
+
+    # confluent-kafka's own OAUTHBEARER source is not used (registry_bearer.py says why).
+    assert conf["bearer.auth.credentials.source"] == "CUSTOM"
+    assert conf["bearer.auth.custom.provider.config"] == {}
+    assert callable(conf["bearer.auth.custom.provider.function"])
+    assert "cs-4711" not in repr(conf) and login.client_config() == {}
+    assert (
+        bearer_config(kafka(basic_auth_username="k", basic_auth_password="p").schema_registry) == {}
+    )
+    # The client accepts the mapping as it is built (no request is sent yet).
+    assert registry_client(URL, login) is registry_client(URL, login)
+
+
 def test_secrets_stay_out_of_the_settings_repr() -> None:
     settings = kafka(basic_auth_username="key", basic_auth_password="pw-123", ssl_key_password=None)
     assert "pw-123" not in repr(settings) and "pw-123" not in str(settings)
+    bearer = kafka(bearer_auth=BEARER)
+    assert "cs-4711" not in repr(bearer) and "cs-4711" not in str(bearer)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +96,20 @@ def test_secrets_stay_out_of_the_settings_repr() -> None:
             {"basic_auth_username": "key", "basic_auth_password": "pw"},
             "login is given twice",
         ),
+        (
+            URL,
+            {"bearer_auth": BEARER, "basic_auth_username": "k", "basic_auth_password": "pw"},
+            "set basic_auth_username/basic_auth_password or bearer_auth, not both",
+        ),
+        ("https://u:p@r:8080", {"bearer_auth": BEARER}, "login is given twice"),
+        ("http://r:8080", {"bearer_auth": BEARER}, "never travel in plaintext: use an https://"),
+        (
+            URL,
+            {"bearer_auth": {**BEARER, "token_url": "http://idp/token"}},
+            "expected an https:// URL",
+        ),
+        (URL, {"bearer_auth_logical_cluster": "lsrc-1"}, "set bearer_auth too, or remove them"),
+        (URL, {"bearer_auth_identity_pool_id": "pool-1"}, "set bearer_auth too, or remove them"),
     ],
 )
 def test_an_inconsistent_login_fails_at_start(
@@ -75,3 +118,4 @@ def test_an_inconsistent_login_fails_at_start(
     with pytest.raises(ConfigError, match=sentence) as refused:
         kafka(url, **login)
     assert "pw" not in str(refused.value).replace("password", "")
+    assert "cs-4711" not in str(refused.value)
