@@ -403,7 +403,15 @@ class ClientCredentialsSettings(StrictModel):
         "https://login.microsoftonline.com/<tenant>/oauth2/v2.0/token"
     )
     client_id: str = Field(min_length=1, description="the application (client) id")
-    client_secret: SecretStr = Field(description="the application's secret (never logged)")
+    client_secret: SecretStr | None = Field(
+        default=None,
+        description="the application's secret (never logged); or client_secret_file",
+    )
+    client_secret_file: Path | None = Field(
+        default=None,
+        description="a file holding the secret instead (a mounted Kubernetes secret), read "
+        "when a client is built",
+    )
     scope: str = Field(
         description="space-separated; Microsoft 365 IMAP: https://outlook.office365.com/.default"
     )
@@ -419,6 +427,24 @@ class ClientCredentialsSettings(StrictModel):
         if parts.scheme != "https" or not parts.hostname:
             raise ValueError("expected an https:// URL (tokens never travel in plaintext)")
         return value
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> ClientCredentialsSettings:
+        if (self.client_secret is None) == (self.client_secret_file is None):
+            raise ValueError("set client_secret or client_secret_file (exactly one)")
+        if self.client_secret_file is not None and not self.client_secret_file.is_file():
+            raise ValueError(
+                f"client_secret_file {self.client_secret_file} does not exist; write the secret "
+                "there or fix the path"
+            )
+        return self
+
+    def secret(self) -> str:
+        """The client secret, from the settings or its file (never for a log line)."""
+        if self.client_secret is not None:
+            return self.client_secret.get_secret_value()
+        assert self.client_secret_file is not None  # _one_secret
+        return self.client_secret_file.read_text(encoding="utf-8").strip()
 
 
 class SchemaRegistryClientSettings(StrictModel):

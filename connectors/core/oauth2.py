@@ -86,7 +86,7 @@ class ClientCredentials:
         try:
             answer = session.fetch_token(
                 s.token_url,
-                client_secret=s.client_secret.get_secret_value(),
+                client_secret=s.secret(),
                 scope=s.scope.split(),
                 timeout=s.timeout_seconds,
                 verify=s.ca_file or True,

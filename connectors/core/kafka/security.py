@@ -64,7 +64,7 @@ def librdkafka_security(kafka: KafkaSettings) -> dict[str, Any]:
                 "sasl.oauthbearer.method": "oidc",
                 "sasl.oauthbearer.token.endpoint.url": oauth.token_url,
                 "sasl.oauthbearer.client.id": oauth.client_id,
-                "sasl.oauthbearer.client.secret": oauth.client_secret.get_secret_value(),
+                "sasl.oauthbearer.client.secret": oauth.secret(),
                 "sasl.oauthbearer.scope": oauth.scope,
             }
         )

@@ -223,8 +223,9 @@ def test_a_token_past_its_expiry_is_replaced_by_a_fresh_one(setup: Setup, unique
 def test_consume_decodes_through_the_bearer_login(
     setup: Setup, services: DevServices, unique: str, tmp_path: Path
 ) -> None:
-    """`mailtap consume` resolves the writer's schema through the same login; with a wrong
-    secret it ends in the sentence, exit 1, no traceback."""
+    """`mailtap consume` resolves the writer's schema through the same login (its secret read
+    from client_secret_file); with a wrong secret it ends in the sentence, exit 1, no
+    traceback."""
     topic = f"mail.workflow.consume-{unique}"
     kafka = setup.kafka(services.kafka.bootstrap_servers)
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
@@ -238,16 +239,21 @@ def test_consume_decodes_through_the_bearer_login(
     )
     assert producer.flush(30) == 0
 
-    def consume(settings: KafkaSettings) -> Any:
+    def consume(client_secret: str, name: str) -> Any:
+        """`mailtap consume` with the secret in a file (client_secret_file), as a mounted
+        Kubernetes secret."""
+        # A file per secret: this process caches tokens per settings (a new process would not).
+        secret_file = tmp_path / name
+        secret_file.write_text(client_secret + "\n")
+        section = json.loads(kafka.model_dump_json(exclude_none=True))
+        bearer = section["schema_registry"]["bearer_auth"]
+        del bearer["client_secret"]
+        bearer["client_secret_file"] = str(secret_file)
         config = tmp_path / "mailtap.yaml"
-        section = json.loads(settings.model_dump_json())
-        section["schema_registry"]["bearer_auth"]["client_secret"] = (
-            settings.schema_registry.bearer_auth.client_secret.get_secret_value()  # type: ignore[union-attr]
-        )
         config.write_text(yaml.safe_dump({"kafka": section}))
         return CliRunner().invoke(main, ["consume", topic, "-c", str(config), "--from-beginning"])
 
-    done = consume(kafka)
+    done = consume(SECRET, "client-secret")
     assert done.exit_code == 0, done.output
     record = json.loads(done.output.splitlines()[0])
     assert record["value"]["status"] == "OPENED" and record["schema"] == "confluent"
@@ -256,7 +262,7 @@ def test_consume_decodes_through_the_bearer_login(
     from connectors.core.avro.registry import forget_clients
 
     forget_clients()
-    refused = consume(setup.kafka(services.kafka.bootstrap_servers, client_secret="wrong-one"))
+    refused = consume("wrong-one", "wrong-client-secret")
     assert refused.exit_code == 1, refused.output
     assert "Error: the token endpoint" in refused.output
     assert "check kafka.schema_registry.bearer_auth.client_id, client_secret and scope" in (

@@ -5,6 +5,7 @@ tests/integration/core/test_registry_bearer.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,6 +66,38 @@ def test_the_bearer_login_maps_onto_a_custom_token_provider() -> None:
     )
     # The client accepts the mapping as it is built (no request is sent yet).
     assert registry_client(URL, login) is registry_client(URL, login)
+
+
+def test_the_client_secret_can_come_from_a_file(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("cs-from-file\n")
+    bearer = {k: v for k, v in BEARER.items() if k != "client_secret"}
+
+    login = kafka(bearer_auth={**bearer, "client_secret_file": str(secret_file)}).schema_registry
+
+    assert login.bearer_auth is not None and login.bearer_auth.secret() == "cs-from-file"
+    with pytest.raises(ConfigError, match="set client_secret or client_secret_file"):
+        kafka(bearer_auth={**BEARER, "client_secret_file": str(secret_file)})
+    with pytest.raises(ConfigError, match="set client_secret or client_secret_file"):
+        kafka(bearer_auth=bearer)
+    with pytest.raises(ConfigError, match="does not exist; write the secret there"):
+        kafka(bearer_auth={**bearer, "client_secret_file": str(tmp_path / "missing")})
+
+
+def test_the_bearer_login_comes_from_the_environment_as_deploy_readme_says() -> None:
+    env = {
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY__BEARER_AUTH__TOKEN_URL": BEARER["token_url"],
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY__BEARER_AUTH__CLIENT_ID": "mailtap",
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY__BEARER_AUTH__CLIENT_SECRET": "0777",
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY__BEARER_AUTH__SCOPE": "registry",
+        "MAILTAP__KAFKA__SCHEMA_REGISTRY__BEARER_AUTH_LOGICAL_CLUSTER": "lsrc-1",
+    }
+    raw = {"kafka": {"bootstrap_servers": "k:9092", "schema_registry_url": URL}}
+
+    login = config_from_dict(raw, env=env).kafka.schema_registry
+
+    assert login.bearer_auth is not None and login.bearer_auth.secret() == "0777"
+    assert login.bearer_auth_logical_cluster == "lsrc-1"
 
 
 def test_secrets_stay_out_of_the_settings_repr() -> None:

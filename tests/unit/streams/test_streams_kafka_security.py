@@ -155,7 +155,7 @@ def _aiokafka_view(kwargs: dict[str, Any], m: Material) -> dict[str, Any]:
     if provider is not None:
         assert isinstance(provider, ClientCredentialsTokenProvider)
         s = provider.settings
-        oauth = (s.token_url, s.client_id, s.client_secret.get_secret_value(), s.scope, s.ca_file)
+        oauth = (s.token_url, s.client_id, s.secret(), s.scope, s.ca_file)
     mechanism = kwargs.get("sasl_mechanism")
     user = (None, None)
     if mechanism not in (None, "OAUTHBEARER"):
