@@ -24,7 +24,6 @@ national cloud, or the test server on loopback: plain ``http://`` is accepted th
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -32,6 +31,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from connectors.core.config import KafkaSettings, StrictModel
+from connectors.core.entra_settings import EntraAppSettings, read_secret, require_files
 from connectors.core.source.settings import (
     START_DESCRIPTION,
     SourceSettings,
@@ -161,28 +161,16 @@ class NotificationSettings(StrictModel):
         return f"{base}/notify", f"{base}/lifecycle"
 
 
-class GraphSourceSettings(SourceSettings):
+class GraphSourceSettings(SourceSettings, EntraAppSettings):
     """The whole ``graph`` section."""
 
     ACCOUNTS_KEY = "graph.accounts"
     SOURCE_KIND = "graph"
 
-    tenant_id: str = Field(min_length=1, description="the Microsoft Entra tenant (id or domain)")
-    client_id: str = Field(min_length=1, description="the application (client) id")
     auth: Literal["client_secret", "client_certificate", "refresh_token"] = Field(
         default="client_secret",
-        description="app-only with a secret or a certificate, or delegated with a refresh token",
-    )
-    client_secret: SecretStr | None = Field(default=None, description="auth: client_secret")
-    client_secret_file: Path | None = Field(
-        default=None, description="file holding the client secret (instead of client_secret)"
-    )
-    certificate_file: Path | None = Field(
-        default=None,
-        description="auth: client_certificate; PEM with the certificate and its private key",
-    )
-    certificate_password: SecretStr | None = Field(
-        default=None, description="passphrase of the certificate's private key, if any"
+        description="app-only with a secret (client_secret or client_secret_file) or a "
+        "certificate (certificate_file), or delegated with a refresh token",
     )
     refresh_token: SecretStr | None = Field(
         default=None,
@@ -192,14 +180,6 @@ class GraphSourceSettings(SourceSettings):
     refresh_token_file: Path | None = Field(
         default=None, description="file holding the refresh token (instead of refresh_token)"
     )
-    authority_host: str = Field(
-        default="https://login.microsoftonline.com",
-        description="the identity platform; the tenant is appended",
-    )
-    api_base: str = Field(
-        default="https://graph.microsoft.com/v1.0", description="Graph's REST root"
-    )
-    ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
     # Not Field(min_length=1): pydantic would echo the accounts in the error; checked below.
     accounts: tuple[GraphAccountSettings, ...] = Field(
         description="mailboxes to watch; each gets one worker thread per folder"
@@ -231,16 +211,6 @@ class GraphSourceSettings(SourceSettings):
         default=NotificationSettings(), description="change notifications (wake-ups only)"
     )
 
-    @field_validator("authority_host", "api_base")
-    @classmethod
-    def _endpoint(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme == "https" and parts.hostname:
-            return value.rstrip("/")
-        if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
-            return value.rstrip("/")
-        raise ValueError("expected an https:// URL (http only on loopback)")
-
     @model_validator(mode="after")
     def _credentials(self) -> GraphSourceSettings:
         if self.client_secret is not None and self.client_secret_file is not None:
@@ -248,9 +218,7 @@ class GraphSourceSettings(SourceSettings):
         if self.refresh_token is not None and self.refresh_token_file is not None:
             raise ValueError("set refresh_token or refresh_token_file, not both")
         has_secret = self.client_secret is not None or self.client_secret_file is not None
-        for path in (self.client_secret_file, self.certificate_file, self.refresh_token_file):
-            if path is not None and not path.is_file():
-                raise ValueError(f"{path} does not exist; write the secret there or fix the path")
+        require_files((self.client_secret_file, self.certificate_file, self.refresh_token_file))
         if self.auth == "client_secret" and not has_secret:
             raise ValueError("auth client_secret needs client_secret or client_secret_file")
         if self.auth == "client_certificate":
@@ -268,27 +236,6 @@ class GraphSourceSettings(SourceSettings):
             raise ValueError(f"refresh_token does not apply to auth {self.auth}")
         return self
 
-    def secret(self) -> str | None:
-        """The client secret, from the YAML/env or its file."""
-        return _read(self.client_secret, self.client_secret_file)
-
     def refresh(self) -> str | None:
         """The refresh token, from the YAML/env or its file."""
-        return _read(self.refresh_token, self.refresh_token_file)
-
-
-def _read(value: SecretStr | None, path: Path | None) -> str | None:
-    if value is not None:
-        return value.get_secret_value()
-    if path is not None:
-        return path.read_text(encoding="utf-8").strip()
-    return None
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        return read_secret(self.refresh_token, self.refresh_token_file)

@@ -30,15 +30,13 @@ Graph")::
 
 from __future__ import annotations
 
-import ipaddress
 import re
-from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from connectors.core.config import NamespacedModel, StrictModel
+from connectors.core.entra_settings import EntraAppSettings, require_files
 from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
@@ -149,30 +147,15 @@ class SuppressionSettings(StrictModel):
 GRAPH_CONCURRENCY_LIMIT = 4
 
 
-class GraphSendSettings(StrictModel):
+class GraphSendSettings(EntraAppSettings):
     """``smtp.graph``: the Microsoft Entra application and the mailbox that sends.
 
     The same app registration as the Graph source's (``graph.tenant_id``, ``client_id``, its
-    secret or certificate) with the application permission ``Mail.Send`` granted; app-only
-    (client credentials), as a sink runs unattended.
+    secret or certificate; one model, :class:`~connectors.core.entra_settings.EntraAppSettings`)
+    with the application permission ``Mail.Send`` granted; app-only (client credentials), as a
+    sink runs unattended.
     """
 
-    tenant_id: str = Field(min_length=1, description="the Microsoft Entra tenant (id or domain)")
-    client_id: str = Field(min_length=1, description="the application (client) id")
-    client_secret: SecretStr | None = Field(
-        default=None, description="the application's secret (never logged)"
-    )
-    client_secret_file: Path | None = Field(
-        default=None, description="file holding the client secret (instead of client_secret)"
-    )
-    certificate_file: Path | None = Field(
-        default=None,
-        description="PEM with the application's certificate and its private key (instead of "
-        "a secret)",
-    )
-    certificate_password: SecretStr | None = Field(
-        default=None, description="passphrase of the certificate's private key, if any"
-    )
     user: str = Field(
         min_length=1,
         description="user id or userPrincipalName of the mailbox that sends "
@@ -182,30 +165,12 @@ class GraphSendSettings(StrictModel):
     save_to_sent_items: bool = Field(
         default=True, description="keep a copy of every reply in the mailbox's Sent Items"
     )
-    authority_host: str = Field(
-        default="https://login.microsoftonline.com",
-        description="the identity platform; the tenant is appended",
-    )
-    api_base: str = Field(
-        default="https://graph.microsoft.com/v1.0", description="Graph's REST root"
-    )
-    ca_file: str | None = Field(default=None, description="CA bundle; the system store if unset")
     request_timeout: float = Field(
         default=120.0,
         gt=0,
         description="waiting for Graph's answer to a sendMail; past it the outcome is UNKNOWN "
         "and the mail is resent with the same Message-ID",
     )
-
-    @field_validator("authority_host", "api_base")
-    @classmethod
-    def _endpoint(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme == "https" and parts.hostname:
-            return value.rstrip("/")
-        if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
-            return value.rstrip("/")
-        raise ValueError("expected an https:// URL (http only on loopback)")
 
     @model_validator(mode="after")
     def _one_credential(self) -> GraphSendSettings:
@@ -223,27 +188,8 @@ class GraphSendSettings(StrictModel):
                 "set exactly one of client_secret, client_secret_file or certificate_file "
                 f"(the application's credential); got {given or 'none'}"
             )
-        for path in (self.client_secret_file, self.certificate_file):
-            if path is not None and not path.is_file():
-                raise ValueError(f"{path} does not exist; write the secret there or fix the path")
+        require_files((self.client_secret_file, self.certificate_file))
         return self
-
-    def secret(self) -> str | None:
-        """The client secret, from the YAML/env or its file."""
-        if self.client_secret is not None:
-            return self.client_secret.get_secret_value()
-        if self.client_secret_file is not None:
-            return self.client_secret_file.read_text(encoding="utf-8").strip()
-        return None
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class SmtpSinkSettings(NamespacedModel):
