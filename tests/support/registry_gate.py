@@ -105,6 +105,8 @@ class RegistryGate:
         self.answers: dict[int, int] = {}
         #: Bearer mode: every token accepted, in order (one entry per request).
         self.tokens: list[SeenToken] = []
+        #: Bearer mode: every token refused with 401 invalid_token, as it came, in order.
+        self.refused_tokens: list[str] = []
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
@@ -136,15 +138,18 @@ class RegistryGate:
             return 401, 'Basic realm="registry"', "Unauthorized"
         if not given.startswith("Bearer "):
             return 401, 'Bearer realm="registry"', "a bearer token is required"
+        value = given.removeprefix("Bearer ").strip()
         try:
             assert self._keys is not None
-            token = jwt.decode(given.removeprefix("Bearer ").strip(), self._keys, ["RS256"])
+            token = jwt.decode(value, self._keys, ["RS256"])
             jwt.JWTClaimsRegistry(
                 iss={"essential": True, "value": self._bearer.issuer},
                 aud={"essential": True, "value": self._bearer.audience},
                 exp={"essential": True},
             ).validate(token.claims)
         except (JoseError, ValueError) as exc:
+            with self._lock:
+                self.refused_tokens.append(value)
             challenge = 'Bearer realm="registry", error="invalid_token"'
             return 401, challenge, f"invalid bearer token: {exc}"
         if self._bearer.scope not in str(token.claims.get("scope", "")).split():

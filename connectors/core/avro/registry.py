@@ -29,7 +29,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from connectors.core.avro.registry_bearer import SETTING as BEARER_SETTING
-from connectors.core.avro.registry_bearer import bearer_config, token_unavailable
+from connectors.core.avro.registry_bearer import (
+    bearer_config,
+    forget_refused_token,
+    token_unavailable,
+)
 from connectors.core.config import (
     DEFAULT_COMPATIBILITY,
     Compatibility,
@@ -268,6 +272,8 @@ def login_refused(
     refused = "refused mailtap's login" if status == 401 else "denied mailtap's login access"
     answer = f"HTTP {status}: {exc.error_message}"
     if login is not None and login.bearer_auth is not None:
+        if status == 401:  # the token itself was refused (403: it lacks a permission)
+            forget_refused_token(login)
         return ConfigError(
             f"the schema registry at {shown(url)} {refused}{what} ({answer}) with a bearer token "
             f"of client {login.bearer_auth.client_id}; check {BEARER_SETTING} (the scope it "

@@ -32,6 +32,9 @@ from connectors.core.errors import ConfigError, TokenEndpointUnavailable, TokenR
 #: The setting every sentence below names.
 SETTING = "kafka.schema_registry.bearer_auth"
 
+#: The token last handed to the registry client per login (what a 401 refused).
+_sent: dict[ClientCredentialsSettings, str] = {}
+
 
 def bearer_config(login: SchemaRegistryClientSettings) -> dict[str, Any]:
     """The ``SchemaRegistryClient`` settings that make it send ``login``'s bearer token (empty
@@ -56,6 +59,7 @@ def _bearer_fields(login: SchemaRegistryClientSettings, _config: dict[str, Any])
         token = client_credentials(settings).token()
     except TokenRequestRefused as exc:
         raise token_refused(settings, exc) from None
+    _sent[settings] = token
     fields = {
         "bearer.auth.token": token,
         "bearer.auth.logical.cluster": login.bearer_auth_logical_cluster or "",
@@ -63,6 +67,17 @@ def _bearer_fields(login: SchemaRegistryClientSettings, _config: dict[str, Any])
     if login.bearer_auth_identity_pool_id is not None:
         fields["bearer.auth.identity.pool.id"] = login.bearer_auth_identity_pool_id
     return fields
+
+
+def forget_refused_token(login: SchemaRegistryClientSettings) -> None:
+    """The registry answered 401 to the token last sent for ``login``: drop it from the cache
+    (revoked, or signed with a key the registry no longer trusts), so that the next request,
+    after the caller's backoff, asks the token endpoint for a new one instead of sending the
+    refused token until its refresh time."""
+    from connectors.core.oauth2 import client_credentials
+
+    if login.bearer_auth is not None and login.bearer_auth in _sent:
+        client_credentials(login.bearer_auth).refused(_sent[login.bearer_auth])
 
 
 def token_refused(settings: ClientCredentialsSettings, exc: TokenRequestRefused) -> ConfigError:

@@ -177,20 +177,24 @@ def test_a_token_without_the_registry_scope_is_denied(setup: Setup, unique: str)
 
 def test_a_token_of_an_untrusted_identity_provider_is_refused(setup: Setup, unique: str) -> None:
     """Same client and secret at another token endpoint, whose signing key the registry does
-    not know: the gate answers 401 invalid_token."""
+    not know: the gate answers 401 invalid_token. The refused token is dropped: the next try
+    (a component's after its backoff) sends a new one, not the refused one again."""
     with OAuthEndpoint(
         setup.authority, setup.folder / f"rogue-{unique}", {CLIENT: SECRET}, AUDIENCE
     ) as rogue:
         serde = AvroSerde.for_schema("WorkflowEvent", setup.kafka(token_url=rogue.token_url))
-        refused_before = setup.gate.answers.get(401, 0)
+        refused_before = len(setup.gate.refused_tokens)
         with pytest.raises(ConfigError) as refused:
+            serde.prepare(f"mail.workflow.rogue-{unique}")
+        with pytest.raises(ConfigError):
             serde.prepare(f"mail.workflow.rogue-{unique}")
 
     message = str(refused.value)
     assert "refused mailtap's login" in message and "HTTP 401" in message, message
     assert f"trusts tokens of {rogue.token_url}" in message
     assert SECRET not in message
-    assert setup.gate.answers.get(401, 0) > refused_before
+    first, second = setup.gate.refused_tokens[refused_before:]
+    assert first != second
 
 
 def test_a_token_past_its_expiry_is_replaced_by_a_fresh_one(setup: Setup, unique: str) -> None:
