@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.security import refusal
+from connectors.core.kafka.security import librdkafka_security, refusal
 from mailtap.dev.certs import CertificateAuthority
 
 BROKER = "127.0.0.1:9093"
@@ -186,3 +186,17 @@ def test_a_client_key_that_does_not_open_is_a_config_error_before_any_client(
         librdkafka_security(settings(plain.certificate, plain.key, "x"))
     with pytest.raises(ConfigError, match=r"cannot read kafka.ssl_key_location"):
         librdkafka_security(settings(plain.certificate, tmp_path / "missing.pem", None))
+
+
+def test_the_oauthbearer_client_secret_can_come_from_a_file(tmp_path: Path) -> None:
+    secret_file = tmp_path / "client-secret"
+    secret_file.write_text("secret-from-file\n")
+    oauth = {k: v for k, v in OAUTH["sasl_oauthbearer"].items() if k != "client_secret"}
+    kafka = KafkaSettings.model_validate(
+        {**OAUTH, "sasl_oauthbearer": {**oauth, "client_secret_file": str(secret_file)}}
+    )
+
+    conf = librdkafka_security(kafka)
+
+    assert conf["sasl.oauthbearer.client.secret"] == "secret-from-file"
+    assert "secret-from-file" not in repr(kafka)
