@@ -122,11 +122,17 @@ def container_secrets(service: Mapping[str, Any], folder: Path) -> Path:
     """``folder`` holding the files a container of ``service`` finds in /run/secrets, each
     secret's content a stand-in naming the secret (``password of kafka-streams``)."""
     for path, name in service_secrets(service).items():
-        if path.startswith(f"{SECRETS_MOUNT}/") and "/" not in path.removeprefix(
-            f"{SECRETS_MOUNT}/"
-        ):
-            (folder / path.removeprefix(f"{SECRETS_MOUNT}/")).write_text(f"password of {name}\n")
+        if path.startswith(f"{SECRETS_MOUNT}/"):
+            target = folder / path.removeprefix(f"{SECRETS_MOUNT}/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f"password of {name}\n")
     return folder
+
+
+def on_host(container_path: str, folder: Path) -> str:
+    """A path under /run/secrets of the container, in the folder of :func:`container_secrets`."""
+    assert container_path.startswith(SECRETS_MOUNT), container_path
+    return str(folder / container_path.removeprefix(SECRETS_MOUNT).lstrip("/"))
 
 
 def compose_config_file(service: Mapping[str, Any]) -> Path:

@@ -6,8 +6,10 @@ or in the shared env file; and what each container then resolves."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from connectors.core.config import load_config
 from connectors.core.errors import ConfigError
@@ -99,3 +101,65 @@ def test_the_env_file_example_holds_no_kafka_login() -> None:
     assert not {k for k in example if k.startswith("MAILTAP__KAFKA__SASL_")} - {
         "MAILTAP__KAFKA__SASL_MECHANISM"
     }
+
+
+def readme_override(kind: str) -> dict[str, Any]:
+    """deploy/README.md's ``docker-compose.override.yml`` for ``kind`` (mtls, oauthbearer)."""
+    text = (deploy.ROOT / "deploy" / "README.md").read_text()
+    block = text.split(f"<!-- compose-override:{kind} -->\n```yaml\n", 1)[1].split("```", 1)[0]
+    override: dict[str, Any] = yaml.safe_load(block)
+    return override
+
+
+def merged_sink(override: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The sink's service and the declared secrets with the override on top, as compose merges
+    them: mappings key by key, the override's secrets added to the file's."""
+    service = kafka_services()["smtp-sink"]
+    extra = override["services"]["smtp-sink"]
+    service["environment"] = {**service["environment"], **extra.get("environment", {})}
+    service["secrets"] = [*service["secrets"], *extra.get("secrets", [])]
+    return service, {**deploy.compose_secrets(), **override.get("secrets", {})}
+
+
+@pytest.mark.parametrize(
+    ("kind", "cluster"),
+    [
+        ("mtls", {"MAILTAP__KAFKA__SECURITY_PROTOCOL": "SSL"}),
+        (
+            "oauthbearer",
+            {
+                "MAILTAP__KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
+                "MAILTAP__KAFKA__SASL_MECHANISM": "OAUTHBEARER",
+                "MAILTAP__KAFKA__SASL_OAUTHBEARER__TOKEN_URL": "https://idp.example.com/token",
+                "MAILTAP__KAFKA__SASL_OAUTHBEARER__SCOPE": "kafka",
+            },
+        ),
+    ],
+)
+def test_readme_overrides_give_the_sink_its_own_login_of_that_kind(
+    kind: str, cluster: dict[str, str], tmp_path: Path
+) -> None:
+    service, declared = merged_sink(readme_override(kind))
+    for name in deploy.service_secrets(service).values():
+        assert declared[name]["file"].startswith("kafka-secrets/smtp-sink."), name
+    env = deploy.container_env(
+        service,
+        {**deploy.COMPOSE_REQUIRED, "MAILTAP_KAFKA_BOOTSTRAP": "b1.example.com:9093", **cluster},
+    )
+    folder = deploy.container_secrets(service, tmp_path)
+    env["MAILTAP_SECRETS_DIR"] = deploy.on_host(env["MAILTAP_SECRETS_DIR"], folder)
+    kafka = load_config(deploy.compose_config_file(service), env=env).kafka
+    if kind == "mtls":
+        assert kafka.ssl_certificate_location == "/run/secrets/kafka-client.pem"
+        assert kafka.ssl_key_location == "/run/secrets/kafka-client.key"
+        assert kafka.ssl_key_password is not None
+        assert kafka.ssl_key_password.get_secret_value() == (
+            "password of kafka-smtp-sink-key-password"
+        )
+    else:
+        assert kafka.sasl_oauthbearer is not None
+        assert kafka.sasl_oauthbearer.client_id == "mailtap-smtp-sink"
+        assert kafka.sasl_oauthbearer.client_secret.get_secret_value() == (
+            "password of kafka-smtp-sink-client-secret"
+        )
+        assert not kafka.sasl_username and kafka.sasl_password is None
