@@ -11,6 +11,7 @@ from connectors.core.kafka.acls import (
     COMPONENTS,
     Acl,
     admin_acls,
+    console_acls,
     reader_acls,
     sink_acls,
     source_acls,
@@ -18,6 +19,7 @@ from connectors.core.kafka.acls import (
 )
 from connectors.core.kafka.encoding import avro_topics
 from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS, topic_specs
+from mailtap.deployment_names import lag_groups, sink_state_topic
 
 
 def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
@@ -38,6 +40,8 @@ def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
         return sink_acls(kafka, _section(config, "smtp"))
     if component == "streams":
         return streams_acls(kafka, _section(config, "streams").app_id)
+    if component == "console":
+        return _console_acls(config)
     if component == "admin":
         tiers = (
             _section(config, "smtp").retry_tiers
@@ -51,6 +55,24 @@ def component_acls(config: MailtapConfig, component: str) -> list[Acl]:
     if component == "reader":
         return reader_acls(kafka)
     raise ConfigError(f"unknown component {component!r}: one of {', '.join(COMPONENTS)}")
+
+
+def _console_acls(config: MailtapConfig) -> list[Acl]:
+    """What the console reads and writes follows from the whole file, as its own code reads it:
+    the groups ``mailtap status`` reports the lag of, the sources' groups, the sink's state."""
+    source_groups = []
+    for source in ("imap", "ews", "graph"):
+        group = (
+            getattr(_section(config, source), "group", None) if config.has_section(source) else None
+        )
+        if group is not None:
+            source_groups.append((group.id, group.topic(source)))
+    return console_acls(
+        config.kafka,
+        lag_groups=lag_groups(config),
+        source_groups=source_groups,
+        state_topic=sink_state_topic(config),
+    )
 
 
 def _section(config: MailtapConfig, name: str) -> Any:

@@ -12,6 +12,8 @@ string field (a password, an address, a host) gets the variable's text as it is 
 (``MAILTAP__HEALTH__PORT=9100``), a list or a mapping is read as YAML
 (``MAILTAP__IMAP__ACCOUNTS__0__FOLDERS=[INBOX, Archive]``), and ``null`` (or ``~``) unsets an
 optional field (a required string field takes it as text).
+``MAILTAP_SECRETS_DIR`` names a directory whose files named ``MAILTAP__<SECTION>__<KEY>`` set
+that key like the variable would (:mod:`connectors.core.secret_files`: compose secrets).
 ``MAILTAP__KAFKA__BOOTSTRAP_SERVERS`` is the same setting spelt generically: both are
 resolved in one place, :func:`env_bootstrap_servers`, and setting both to different values is
 an error rather than one silently winning.
@@ -53,6 +55,7 @@ from pydantic import (
 from connectors.core import namespace as ns
 from connectors.core.config_errors import closest, describe, env_sources, missing_section
 from connectors.core.errors import ConfigError
+from connectors.core.secret_files import with_secret_files
 
 #: What mailtap sets on its registry subjects (connectors.core.avro.registry); the registry's
 #: own names for the rules.
@@ -842,7 +845,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Mailt
         raise ConfigError(
             f"{file}: the top level must be a mapping of sections (kafka:, imap:, ...)"
         )
-    return config_from_dict(raw, env=os.environ if env is None else env, source=str(file))
+    # Settings files of MAILTAP_SECRETS_DIR (compose/Kubernetes secrets) as if variables.
+    environment = with_secret_files(os.environ if env is None else env)
+    return config_from_dict(raw, env=environment, source=str(file))
 
 
 def config_from_dict(

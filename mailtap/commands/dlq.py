@@ -46,10 +46,10 @@ from connectors.core.config import KafkaSettings, MailtapConfig, load_config
 from connectors.core.errors import DataError
 from connectors.core.kafka.clients import admin_client, producer_config
 from connectors.core.kafka.topics import COMPACTED
-from connectors.smtp.config import SmtpSinkSettings
-from mailtap.commands.common import config_option, sink_settings
+from mailtap.commands.common import config_option
 from mailtap.commands.errors import ActionError, NotAcknowledged, UnknownTarget
 from mailtap.commands.topicscan import Seen, scan
+from mailtap.deployment_names import sink_state_topic
 
 ERROR_PREFIX = "mailtap.error."
 #: Headers of a retry record: a replay is a fresh first attempt.
@@ -265,15 +265,6 @@ def home_partition(seen: Seen) -> int:
     return int(partition) if partition and partition.isdigit() else -1
 
 
-def _state_topic(cfg: MailtapConfig) -> str:
-    sink = sink_settings(cfg)
-    return (
-        sink.state_topic
-        if sink is not None
-        else SmtpSinkSettings.model_fields["state_topic"].default
-    )
-
-
 @dataclass
 class ReplayPlan:
     """What a replay of some DLQ records would do: the commands it sends, and why it skips
@@ -317,7 +308,7 @@ def replay_records(cfg: MailtapConfig, chosen: Iterable[Seen], *, reset_state: b
     if reset_state:
         for seen in records:
             producer.produce(
-                _state_topic(cfg), key=seen.key, value=None, partition=home_partition(seen)
+                sink_state_topic(cfg), key=seen.key, value=None, partition=home_partition(seen)
             )
         if producer.flush(30):
             raise NotAcknowledged("the state tombstones were not acknowledged; nothing sent")

@@ -37,11 +37,11 @@ import click
 from connectors.core.avro.serde import AnyAvroDecoder
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.errors import DataError
-from mailtap.commands.common import config_option, sink_settings
+from mailtap.commands.common import config_option
 from mailtap.commands.dlq import read_dropped
 from mailtap.commands.mailboxes import SOURCES, mailbox_listing
 from mailtap.commands.topicscan import group_lag, scan
-from streams.config import StreamsSettings
+from mailtap.deployment_names import lag_groups
 
 #: Header names of the source DLQ records (connectors.core.source.records.RecordBuilder.dlq).
 SOURCE_KIND, SOURCE_ACCOUNT, SOURCE_FOLDER = (
@@ -210,20 +210,6 @@ def ownership(
     written = dt.datetime.fromisoformat(cursor_written_at).timestamp() * 1000
     age = round(max(0.0, (now_ms - written) / 1000), 1)
     return {**found, "state": None, "last_sync_age_seconds": age, "age_of": "cursor"}
-
-
-def lag_groups(cfg: MailtapConfig) -> dict[str, list[str]]:
-    """The consumer groups the config runs and the topics each reads (the configured retry tiers
-    only: other deployments' retry topics may share the prefix)."""
-    topics = cfg.kafka.topics
-    groups: dict[str, list[str]] = {}
-    if cfg.has_section("streams"):
-        groups[cfg.section("streams", StreamsSettings).app_id] = [topics.events]
-    sink = sink_settings(cfg)
-    if sink is not None:
-        retries = [f"{topics.retry_prefix}.{t}" for t in sink.retry_tiers]
-        groups[sink.group_id] = [topics.commands, *retries]
-    return groups
 
 
 def _lags(cfg: MailtapConfig) -> dict[str, Any]:

@@ -51,6 +51,7 @@ PRINCIPALS: dict[str, str] = {
     "ews-source": "mailtap-ews-source",
     "streams": "mailtap-streams",
     "smtp-sink": "mailtap-smtp-sink",
+    "console": "mailtap-console",
     "admin": "mailtap-admin",
     "other-team": "other-team-reader",
 }

@@ -37,6 +37,7 @@ GRANTED_AS = {
     "ews-source": "ews-source",
     "streams": "streams",
     "smtp-sink": "smtp-sink",
+    "console": "console",
     "other-team": "reader",
 }
 #: The written config whose names are used (every mechanism's config holds the same names).

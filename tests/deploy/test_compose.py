@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -46,31 +47,73 @@ def test_config_points_at_an_existing_cluster_from_the_environment(podman, image
         "MAILTAP_KAFKA_BOOTSTRAP": "b1.example.com:9093",
         "MAILTAP__KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
         "MAILTAP__KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
-        "MAILTAP__KAFKA__SASL_USERNAME": "mailtap",
-        "MAILTAP__KAFKA__SASL_PASSWORD": "from-a-secret-store",
     }
-    # As deploy/README.md does it: the cluster in an env file, not in the YAML.
+    # As deploy/README.md does it: the cluster in an env file, not in the YAML; no Kafka login
+    # there: each service's is its own (below).
     env_file = tmp_path / "mailtap.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in cluster.items()))
-    result = compose(podman, "config", env={"MAILTAP_ENV_FILE": str(env_file)})
-    assert result.returncode == 0, result.stderr
-    services = yaml.safe_load(result.stdout)["services"]
-    for name in ("imap-source", "streams", "smtp-sink", "topics"):
-        assert services[name]["env_file"] == [str(env_file)], services[name]
-        assert services[name]["environment"] == {"MAILTAP_CONFIG": "/etc/mailtap/mailtap.yaml"}
-    # deploy/README.md's check before `up`: the shipped config with that env file, per component.
-    check = podman.run(
-        "run",
-        "--rm",
-        "--env-file",
-        str(env_file),
-        "-v",
-        f"{deploy.ROOT}/deploy/compose/mailtap.yaml:/etc/mailtap/mailtap.yaml:ro",
-        image,
+    secrets = kafka_secrets(tmp_path)
+    result = compose(
+        podman,
         "config",
-        "check",
+        env={"MAILTAP_ENV_FILE": str(env_file), "MAILTAP_KAFKA_SECRETS": str(secrets)},
     )
-    assert "valid for imap-source, streams, smtp-sink, console" in check.stdout
+    assert result.returncode == 0, result.stderr
+    rendered = yaml.safe_load(result.stdout)
+    services = rendered["services"]
+    files = set()
+    for name, user in LOGINS.items():
+        assert services[name]["env_file"] == [str(env_file)], services[name]
+        assert services[name]["environment"] == {
+            "MAILTAP_CONFIG": "/etc/mailtap/mailtap.yaml",
+            "MAILTAP_SECRETS_DIR": "/run/secrets",
+            "MAILTAP__KAFKA__SASL_USERNAME": user,
+        }
+        # Its own password: one secret file of its own, where MAILTAP_SECRETS_DIR reads it.
+        (secret,) = [
+            s for s in services[name]["secrets"] if s["target"] == "MAILTAP__KAFKA__SASL_PASSWORD"
+        ]
+        files.add(rendered["secrets"][secret["source"]]["file"])
+    assert files == {str(secrets / f"{LOGINS_FILES[n]}.password") for n in LOGINS}
+    # deploy/README.md's check before `up`, as a service: the shipped config with that env file
+    # and the sink's own login (SASL_SSL without a password would be refused by the check).
+    env = {"MAILTAP_ENV_FILE": str(env_file), "MAILTAP_KAFKA_SECRETS": str(secrets)}
+    try:
+        check = compose(
+            podman, "run", "--rm", "--no-deps", "-T", "smtp-sink", "config", "check", env=env
+        )
+        assert check.returncode == 0, check.stdout + check.stderr[-2000:]
+        assert "valid for imap-source, streams, smtp-sink, console" in check.stdout
+    finally:
+        compose(podman, "down", "-v", env=env)
+
+
+#: compose service -> its Kafka principal (docker-compose.yml, deploy/README.md's ACL table).
+LOGINS = {
+    "topics": "mailtap-admin",
+    "imap-source": "mailtap-imap-source",
+    "streams": "mailtap-streams",
+    "smtp-sink": "mailtap-smtp-sink",
+}
+#: compose service -> its password file in kafka-secrets/.
+LOGINS_FILES = {
+    "topics": "admin",
+    "imap-source": "imap-source",
+    "streams": "streams",
+    "smtp-sink": "smtp-sink",
+}
+
+
+def kafka_secrets(folder: Path) -> Path:
+    """kafka-secrets/ as docker-compose.yml's header makes it: one password file per principal,
+    readable by the image's user."""
+    secrets = folder / "kafka-secrets"
+    secrets.mkdir()
+    for name in ("admin", "imap-source", "ews-source", "streams", "smtp-sink", "console"):
+        path = secrets / f"{name}.password"
+        path.write_text(f"password of mailtap-{name}")
+        path.chmod(0o644)
+    return secrets
 
 
 #: Printed by ``podman exec`` in a running container: the settings mailtap resolved there.
@@ -81,7 +124,8 @@ from connectors.imap.config import ImapSourceSettings
 from connectors.smtp.config import SmtpSinkSettings
 from streams.config import StreamsSettings
 config = load_config(os.environ["MAILTAP_CONFIG"])
-out = {"kafka": config.kafka.bootstrap_servers}
+out = {"kafka": config.kafka.bootstrap_servers, "kafka_user": config.kafka.sasl_username,
+       "kafka_password": config.kafka.sasl_password.get_secret_value()}
 if config.has_section("imap"):
     account = config.section("imap", ImapSourceSettings).accounts[0]
     out["imap_password"] = account.password.get_secret_value()
@@ -120,7 +164,7 @@ def test_up_and_down_with_the_local_kafka_profile(podman, image, standins, tmp_p
         "MAILTAP__SMTP__FROM_ADDRESS=bounces@example.org\n"
         "MAILTAP__STREAMS__WORKFLOWS__TICKET_INTAKE__REQUIRE=none\n"
     )
-    env = {"MAILTAP_ENV_FILE": str(env_file)}
+    env = {"MAILTAP_ENV_FILE": str(env_file), "MAILTAP_KAFKA_SECRETS": str(kafka_secrets(tmp_path))}
     up = compose(podman, "--profile", "local-kafka", "up", "-d", env=env)
     try:
         assert up.returncode == 0, up.stderr[-3000:]
@@ -155,6 +199,9 @@ def test_up_and_down_with_the_local_kafka_profile(podman, image, standins, tmp_p
             for name in ("imap-source", "streams", "smtp-sink")
         }
         for name, settings in effective.items():
+            # Each container its own login, the password from its own secret file.
+            assert settings["kafka_user"] == LOGINS[name], name
+            assert settings["kafka_password"] == f"password of {LOGINS[name]}", name
             assert settings["imap_password"] == 'pa ss #1 !x: "q" 0777 é', name
             assert settings["from"] == "help@example.org", name
             assert settings["require"] == "none", name

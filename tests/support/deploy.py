@@ -10,6 +10,7 @@ tests/deploy checks the same file with podman-compose itself.
 from __future__ import annotations
 
 import re
+import tempfile
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,6 +66,13 @@ def compose_services(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return services
 
 
+def compose_secrets(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The top-level ``secrets:`` with ``${...}`` resolved from ``env``."""
+    text = interpolate(COMPOSE_FILE.read_text(), env or {})
+    secrets: dict[str, Any] = yaml.safe_load(text)["secrets"]
+    return secrets
+
+
 def read_env_file(path: Path) -> dict[str, str]:
     """An env file as compose reads it (python-dotenv, podman-compose's own parser)."""
     return {k: v or "" for k, v in dotenv_values(path).items()}
@@ -90,7 +98,41 @@ def mailtap_services(env_file: Mapping[str, str] | None = None) -> dict[str, Any
     }
     for service in services.values():
         service["environment"] = container_env(service, values)
+        if "MAILTAP_SECRETS_DIR" in service["environment"]:
+            folder = Path(tempfile.mkdtemp(prefix="mailtap-compose-secrets-"))
+            service["environment"]["MAILTAP_SECRETS_DIR"] = str(container_secrets(service, folder))
     return services
+
+
+#: What the container of a compose service finds under /run/secrets for a relative target.
+SECRETS_MOUNT = "/run/secrets"
+
+
+def service_secrets(service: Mapping[str, Any]) -> dict[str, str]:
+    """``{path in the container: secret name}`` of a service's compose secrets."""
+    paths: dict[str, str] = {}
+    for secret in service.get("secrets") or []:
+        name = secret if isinstance(secret, str) else secret["source"]
+        target = name if isinstance(secret, str) else secret.get("target", name)
+        paths[target if target.startswith("/") else f"{SECRETS_MOUNT}/{target}"] = name
+    return paths
+
+
+def container_secrets(service: Mapping[str, Any], folder: Path) -> Path:
+    """``folder`` holding the files a container of ``service`` finds in /run/secrets, each
+    secret's content a stand-in naming the secret (``password of kafka-streams``)."""
+    for path, name in service_secrets(service).items():
+        if path.startswith(f"{SECRETS_MOUNT}/"):
+            target = folder / path.removeprefix(f"{SECRETS_MOUNT}/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f"password of {name}\n")
+    return folder
+
+
+def on_host(container_path: str, folder: Path) -> str:
+    """A path under /run/secrets of the container, in the folder of :func:`container_secrets`."""
+    assert container_path.startswith(SECRETS_MOUNT), container_path
+    return str(folder / container_path.removeprefix(SECRETS_MOUNT).lstrip("/"))
 
 
 def compose_config_file(service: Mapping[str, Any]) -> Path:

@@ -53,6 +53,7 @@ COMPONENTS = (
     "graph-source",
     "streams",
     "smtp-sink",
+    "console",
     "admin",
     "reader",
 )
@@ -70,6 +71,13 @@ ENCODING_CHECK_GROUP_PREFIX = "mailtap-encoding-check-"  # connectors.core.kafka
 SUPPRESSIONS_GROUP_PREFIX = "mailtap-suppressions-"  # connectors.smtp.suppression
 #: ``mailtap consume`` names its group so; the default group prefix of a reader.
 CONSUME_GROUP_PREFIX = "mailtap-consume-"
+#: The console's (and ``mailtap status|dlq|trace``'s) throw-away readers: they ``assign()``
+#: and never commit (mailtap.commands.topicscan, mailtap.trace).
+SCAN_GROUP_PREFIX = "mailtap-scan-"
+LAG_GROUP_PREFIX = "mailtap-lag-"
+TRACE_GROUP_PREFIX = "mailtap-trace-"
+#: ``mailtap dlq drop`` and the console mark a handled DLQ record on ``<dlq>.dropped``.
+DROPPED_SUFFIX = ".dropped"
 
 
 #: operation -> the operations that imply it (granted with them by Kafka's authorizer).
@@ -347,4 +355,58 @@ def reader_acls(kafka: KafkaSettings, *, group_prefix: str | None = None) -> lis
     # mailtap consume's groups by default (inside the namespace, as consume names them).
     prefix = group_prefix if group_prefix is not None else acls.qualify(CONSUME_GROUP_PREFIX)
     acls.group(prefix, "Read", reason="its consumer groups", prefixed=True)
+    return acls.sorted()
+
+
+def console_acls(
+    kafka: KafkaSettings,
+    *,
+    lag_groups: dict[str, list[str]],
+    source_groups: Iterable[tuple[str, str]],
+    state_topic: str,
+) -> list[Acl]:
+    """The web console (``mailtap run console``): it reads what ``mailtap status``, ``dlq`` and
+    ``trace`` read and acts as ``mailtap dlq replay|drop``, ``mailboxes`` and ``suppressions``
+    do, auditing each action. ``lag_groups`` are the consumer groups it reports the lag of with
+    the topics each reads (``mailtap.commands.status.lag_groups``), ``source_groups`` the
+    sources' ``(group id, work topic)`` whose members it names, ``state_topic`` the sink's
+    (a replay with ``reset_state`` forgets a command's state there)."""
+    t = kafka.topics
+    dropped = f"{t.dlq}{DROPPED_SUFFIX}"
+    acls = _Acls(kafka)
+    acls.own_topics([t.audit], reason="the audit trail, ensured at start")
+    acls.topic(t.audit, "Write", reason="one record per action: who, what, when, outcome")
+    # The page and the list endpoints (status, DLQ, workflows) and the trace search.
+    acls.topic(t.events, "Read", reason="mail per mailbox in the window; trace")
+    acls.topic(t.offsets, "Read", reason="each mailbox's cursor")
+    acls.topic(t.delivery, "Read", reason="delivery outcomes; a replay skips SENT commands")
+    acls.topic(t.workflow, "Read", reason="workflow runs; trace")
+    acls.topic(t.commands, "Read", reason="trace")
+    acls.topic(t.dlq, "Read", reason="the dead letters it lists")
+    acls.topic(dropped, "Read", reason="which dead letters were handled")
+    # Its actions.
+    acls.topic(t.commands, "Write", reason="DLQ replay: the original command again")
+    acls.topic(state_topic, "Write", reason="DLQ replay with reset_state: the state tombstone")
+    acls.topic(dropped, "Create", "Write", reason="DLQ drop and replay: the handled note")
+    acls.own_topics([t.mailboxes, t.suppressions], reason="ensured before a change is written")
+    acls.topic(t.mailboxes, "Read", "Write", reason="mailbox add, remove, pause, resume")
+    acls.group(
+        acls.qualify(MAILBOXES_GROUP), "Describe", reason="reads the mailboxes topic (assigned)"
+    )
+    acls.topic(t.offsets, "Write", reason="mailbox rewind: the cursor's tombstone")
+    acls.topic(t.suppressions, "Read", "Write", reason="suppression list, add, remove")
+    for prefix in (SCAN_GROUP_PREFIX, TRACE_GROUP_PREFIX, LAG_GROUP_PREFIX):
+        acls.group(
+            acls.qualify(prefix),
+            "Describe",
+            reason="reads with a throw-away group (assigned, no commits)",
+            prefixed=True,
+        )
+    for group, topics in lag_groups.items():
+        acls.group(group, "Describe", reason="the lag it reports (committed offsets)")
+        for name in topics:
+            acls.topic(name, "Describe", reason=f"the lag of {group} (end offsets)")
+    for group, work_topic in source_groups:
+        acls.group(group, "Describe", reason="which instance owns each mailbox")
+        acls.topic(work_topic, "Describe", reason=f"the partitions {group} divides")
     return acls.sorted()

@@ -87,6 +87,9 @@ def test_fixed_names_match_the_components_code() -> None:
         acls.MAILBOXES_GROUP: ROOT / "connectors/core/source/ownership/catalog.py",
         acls.SUPPRESSIONS_GROUP_PREFIX: ROOT / "connectors/smtp/suppression.py",
         acls.CONSUME_GROUP_PREFIX: ROOT / "mailtap/commands/consume.py",
+        acls.SCAN_GROUP_PREFIX: ROOT / "mailtap/commands/topicscan.py",
+        acls.LAG_GROUP_PREFIX: ROOT / "mailtap/commands/topicscan.py",
+        acls.TRACE_GROUP_PREFIX: ROOT / "mailtap/trace.py",
     }
     for name, path in sources.items():
         assert name in path.read_text(), f"{path} no longer uses the group {name}"
@@ -239,6 +242,36 @@ def test_a_namespace_puts_every_name_inside_it() -> None:
             "streams": {"from_address": {"address": "a@example.com"}},
         }
     )
-    for component in ("imap-source", "ews-source", "streams", "smtp-sink", "reader"):
+    for component in ("imap-source", "ews-source", "streams", "smtp-sink", "console", "reader"):
         names = {a.name for a in component_acls(cfg, component)}
         assert names and all(n.startswith("prod.") for n in names), (component, names)
+
+
+def test_console_reads_what_it_shows_and_writes_only_its_actions() -> None:
+    console = component_acls(compose_config("mailtap.yaml"), "console")
+    written = {a.name for a in console if a.operation == "Write"}
+    # Its actions: replay, drop notes, reset_state, mailboxes, rewind, suppressions, audit.
+    assert written == {
+        "mail.commands",
+        "mail.commands.dlq.dropped",
+        "mailtap.sink.state",
+        "mailtap.mailboxes",
+        "mailtap.offsets",
+        "mail.suppressions",
+        "mailtap.audit",
+    }
+    read = {a.name for a in console if a.operation == "Read" and a.resource_type == "topic"}
+    assert {"mail.events", "mail.delivery", "mail.workflow", "mail.commands.dlq"} <= read
+    # The groups it reports: Describe only (committed offsets, members), never Read: it
+    # must not be able to join and steal the sink's or the streams worker's partitions.
+    for group in ("mailtap-smtp-sink", "mailtap-streams", "mailtap-imap"):
+        assert Acl("group", group, "Describe") in console
+        assert Acl("group", group, "Read") not in console
+    assert Acl("topic", "mailtap.imap-work", "Describe") in console  # the owners' partitions
+    assert not [a for a in console if a.resource_type == "transactional-id"]
+
+
+def test_console_without_streams_and_sink_reports_no_lag_groups() -> None:
+    cfg = MailtapConfig.model_validate({"kafka": {"bootstrap_servers": "k:9092"}})
+    groups = {a.name for a in component_acls(cfg, "console") if a.resource_type == "group"}
+    assert groups == {"mailtap-scan-", "mailtap-trace-", "mailtap-lag-", "mailtap-mailboxes-reader"}

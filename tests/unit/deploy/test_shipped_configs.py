@@ -59,12 +59,11 @@ def test_compose_points_at_an_existing_cluster_through_the_environment() -> None
         "MAILTAP_KAFKA_BOOTSTRAP": "b1.example.com:9093,b2.example.com:9093",
         "MAILTAP__KAFKA__SECURITY_PROTOCOL": "SASL_SSL",
         "MAILTAP__KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
-        "MAILTAP__KAFKA__SASL_USERNAME": "mailtap",
-        "MAILTAP__KAFKA__SASL_PASSWORD": "kafka-secret",
         "MAILTAP__KAFKA__SCHEMA_REGISTRY_URL": "https://u:p@registry.example.com",
     }
     for service in deploy.mailtap_services(env).values():
         assert {k: service["environment"][k] for k in env} == env
+        # The login is the service's own (its user, its secret file): test_compose_logins.
         code, output = config_check(
             deploy.compose_config_file(service), service["command"][1], service["environment"]
         )
@@ -108,6 +107,9 @@ def test_every_variable_of_the_env_file_reaches_every_container(tmp_path: Path) 
         env = deploy.container_env(services[name], values)
         assert {k: env[k] for k in values} == values, name
     streams_env = deploy.container_env(services["streams"], values)
+    streams_env["MAILTAP_SECRETS_DIR"] = str(
+        deploy.container_secrets(services["streams"], tmp_path)
+    )
     config = load_config(deploy.compose_config_file(services["streams"]), env=streams_env)
     streams = config.section("streams", StreamsSettings)
     assert streams.from_address.address == "help@example.org"
@@ -116,6 +118,7 @@ def test_every_variable_of_the_env_file_reaches_every_container(tmp_path: Path) 
     # A workflow's require from the environment, with nothing forcing auth_policy beside it.
     assert streams.policy_for("ticket_intake") == "none"
     sink_env = deploy.container_env(services["smtp-sink"], values)
+    sink_env["MAILTAP_SECRETS_DIR"] = str(deploy.container_secrets(services["smtp-sink"], tmp_path))
     sink = load_config(deploy.compose_config_file(services["smtp-sink"]), env=sink_env)
     smtp = sink.section("smtp", SmtpSinkSettings)
     assert (smtp.from_address, smtp.pool_size) == ("bounces@example.org", 3)
@@ -124,9 +127,14 @@ def test_every_variable_of_the_env_file_reaches_every_container(tmp_path: Path) 
 def test_compose_forces_no_setting_on_the_containers() -> None:
     # Only where the config file is: a value here would beat the env file's (compose's
     # precedence), as MAILTAP__STREAMS__AUTH_POLICY once beat every workflow's require.
+    # The one exception is the service's own Kafka user, which must beat a shared env file's.
     for name, service in deploy.compose_services().items():
         if "env_file" in service:
-            assert set(service.get("environment") or {}) == {"MAILTAP_CONFIG"}, name
+            assert set(service.get("environment") or {}) <= {
+                "MAILTAP_CONFIG",
+                "MAILTAP_SECRETS_DIR",
+                "MAILTAP__KAFKA__SASL_USERNAME",
+            }, name
 
 
 def test_shipped_sources_start_at_the_latest_mail() -> None:
