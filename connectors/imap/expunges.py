@@ -237,7 +237,7 @@ class ExpungeTracker:
         target = settled or cursor
         departed = list(self._departed)
         records = {(r.topic, r.key): r for r in tombstones}
-        left = [key for key in departed if not self.index.in_folder(key, self.folder)]
+        left = [key for key in departed if self.index.left_folder(key, self.folder)]
         for key in left:  # (the others: a copy is still here)
             records.update(((r.topic, r.key), r) for r in self.builder.departure(key))
         if records or target != cursor:

@@ -439,17 +439,29 @@ class AccountIndex:
             row = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
             return row is not None and row[0] > 0
 
-    def in_folder(self, key: str, folder: str) -> bool:
-        """True when ``key`` has a location in ``folder``: its changelog record for that
-        folder stays (a mail that left the folder with a copy still there)."""
+    def left_folder(self, key: str, folder: str) -> bool:
+        """True when ``key`` (a mail removed from ``folder``) has no copy left in ``folder``:
+        its changelog record for that folder goes.
+
+        Locations are indexed by (folder, UID), not by key, so finding a key in a folder scans
+        the folder's locations. Asked for every mail that leaves a folder (a move), that is a
+        scan of a large folder per mail; so the scan is made only when a copy here is likely:
+        the key was placed in this folder last, or restored at start and not placed since. A
+        key placed in another folder last (a move's target) has left, unless a second copy of
+        it was already here before that (two copies of one mail in one folder: KEYS.md)."""
         with self._lock:
             folder_id = self._folders.get(folder)
-            if folder_id is None:
-                return False
             row = self._db.execute(
+                "SELECT places, folder FROM keys WHERE key = ?", (key,)
+            ).fetchone()
+            if folder_id is None or row is None or row[0] == 0:
+                return True
+            if row[1] is not None and row[1] != folder_id:
+                return True
+            found = self._db.execute(
                 "SELECT 1 FROM locations WHERE folder = ? AND key = ? LIMIT 1", (folder_id, key)
             ).fetchone()
-            return row is not None
+            return found is None
 
     def forget_unless_located(self, key: str) -> bool:
         """`forget` ``key`` unless it has a location (checked and done at once, so a folder

@@ -95,7 +95,7 @@ class SideEffects:
                 location = (moved.uidvalidity, where) if moved and where else None
                 self.index.remove(self.folder, mail.uid)
                 key = self._moved_record(cursor, mail, target, records, location)
-                if key is not None and not self.index.in_folder(key, self.folder):
+                if key is not None and self.index.left_folder(key, self.folder):
                     # The mail left this folder: its key index record here goes too.
                     records.update(((r.topic, r.key), r) for r in self.builder.departure(key))
             gone = set(uids) - {m.uid for m in present}

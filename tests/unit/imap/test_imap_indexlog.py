@@ -158,7 +158,7 @@ def test_a_mail_that_leaves_the_folder_with_a_copy_elsewhere_tombstones_only_its
     assert [(r.topic, r.key, r.value) for r in after.records] == [
         ("ix", b"a/in:INBOX/mid:m0", None)
     ]
-    assert index.located("a/mid:m0") and not index.in_folder("a/mid:m0", "INBOX")
+    assert index.located("a/mid:m0") and index.left_folder("a/mid:m0", "INBOX")
     # Archive's copy was placed last: its event names Archive, nothing to publish again.
     assert index.take_republish("Archive") == []
 
@@ -247,3 +247,22 @@ def test_a_rebuild_tombstones_the_records_it_does_not_write_again() -> None:
         "a/mid:old@y",
     ]
     latest.close()
+
+
+def test_whether_a_removed_mail_left_its_folder_is_looked_up_only_when_a_copy_may_be_there() -> (
+    None
+):
+    index = AccountIndex("a")
+    index.register("a/fp:moved", "INBOX", 7, 1)
+    index.register("a/fp:moved", "Work", 3, 1)  # its move's target, placed last
+    index.remove("INBOX", 1)
+    assert index.left_folder("a/fp:moved", "INBOX")
+    index.register("a/fp:twice", "Work", 3, 2)
+    index.register("a/fp:twice", "INBOX", 7, 2)
+    index.register("a/fp:twice", "INBOX", 7, 3)  # a second copy here, placed last
+    index.remove("INBOX", 2)
+    assert not index.left_folder("a/fp:twice", "INBOX")
+    index.remove("INBOX", 3)
+    assert index.left_folder("a/fp:twice", "INBOX")
+    assert index.left_folder("a/fp:unknown", "INBOX")
+    index.close()
