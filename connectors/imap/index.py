@@ -305,8 +305,9 @@ class AccountIndex:
         (the index changelog keeps both folders' records, one per key and folder, and the
         first folder's is tombstoned when it sees the expunge); a consumer of the events, or
         an index rebuilt from them, would take the mail for gone from the target (soak seed
-        4). Published again after this commit, the target's event is the key's last one. Only keys with another location now need it: one lookup by key, and
-        a scan of the locations in the rare case that finds one.
+        4). Published again after this commit, the target's event is the key's last one.
+        Only keys with another location now need it: one lookup by key, and a scan of the
+        locations in the rare case that finds one.
         """
         asked: dict[str, set[int]] = {}
         with self._lock:
