@@ -21,9 +21,11 @@ import yaml
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from connectors.core.config import ClaimCheckSettings
 from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.kafka.readtoend import read_to_end
 from connectors.core.mail import parse_mail
+from connectors.core.source.ownership.group import WorkUnit
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.indexlog import (
     INDEX_PARTITIONS,
@@ -33,6 +35,7 @@ from connectors.imap.indexlog import (
     partition_of,
 )
 from mailtap.cli import main
+from mailtap.mailbox_data import PurgePlan, execute_purge
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, running, wait_for
 
 OTHER_EVENTS = 200_000
@@ -322,6 +325,25 @@ def test_a_changelog_of_the_per_key_format_is_rebuilt_once_and_its_records_tombs
         assert again.uids_in("INBOX", uidvalidity) == {1: key} and len(again) == 1
     finally:
         again.close()
+
+
+def test_a_purged_mailbox_s_keys_leave_the_changelog_and_are_new_again(imap: ImapHarness) -> None:
+    """``mailtap mailboxes purge`` (docs/runbook.md) tombstones the keys' records of that
+    folder: a start after it does not know them."""
+    imap.account_name = name = f"pg-{imap.unique}"
+    key = f"{name}/mid:purged-{imap.unique}@example.com"
+    imap.append([make_mail(f"purged-{imap.unique}@example.com", "to be purged")])
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(1), "the mail published")
+    assert _latest(_changelog_records(imap, name))[_inbox(key)]["uid"] == 1
+    claims = ClaimCheckSettings(url=f"file://{imap.tmp}/claims")
+    execute_purge(imap.kafka, claims, PurgePlan(WorkUnit("imap", name, "INBOX"), [key]))
+    assert _latest(_changelog_records(imap, name))[_inbox(key)] is None
+    index = load_indexes(imap.kafka, imap.serde, [name])[name]
+    try:
+        assert index.load is not None and not index.load.rebuilt and len(index) == 0
+    finally:
+        index.close()
 
 
 def _uidvalidity(imap: ImapHarness) -> int:
