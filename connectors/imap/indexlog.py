@@ -267,10 +267,9 @@ class IndexChangelog:
         accounts: Mapping[str, Iterable[Row]],
         replaced: Mapping[str, Iterable[str]] | None = None,
     ) -> dict[str, int]:
-        """Write each account's live rows, tombstones for its ``replaced`` record keys that
-        those rows do not write again (version 1 records, or the locations a rebuild did not
-        find), then the accounts' markers; returns the rows written per account. One producer
-        for all of them: a first start of a deployment marks every account at once.
+        """Write the accounts' rows, ``replaced`` tombstones, then markers; returns the rows
+        written per account. One producer for all of them: a first start of a deployment
+        marks every account at once.
 
         A plain idempotent producer is enough: an account's rows and its marker share one
         partition, so the marker is never visible before them, and a crash before the marker
@@ -291,6 +290,8 @@ class IndexChangelog:
                     _produce(producer, record, failed)
                     kept.add(record.key)
                     written[account] += 1
+                # The account's record keys these rows do not write again (version 1 records,
+                # locations a rebuild did not find): tombstones, before the marker.
                 for old in (replaced or {}).get(account, ()):
                     if old.encode() not in kept:
                         gone = SourceRecord(
