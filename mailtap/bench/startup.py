@@ -49,7 +49,7 @@ from connectors.core.kafka.topics import ensure_topics
 from connectors.core.mail import parse_mail
 from connectors.core.source.location import SourceLocation
 from connectors.imap.index import ENV_REBUILD
-from connectors.imap.indexlog import IndexChangelog, location_key, marker_key, partition_of
+from connectors.imap.indexlog import IndexChangelog, marker_key, partition_of
 from mailtap.bench.ingest import _backfill_started, _delete_topics, _say, _services
 from mailtap.dev import DevServices
 from mailtap.dev.layout import REPO_ROOT
@@ -186,7 +186,11 @@ def _fill(
         n = i % accounts
         key = f"other{n}-{tag}/mid:{i}@example.com".encode()
         produce(kafka.topics.events, key, value)
-        produce(changelog.topic, location_key(key.decode(), "INBOX").encode(), location, where[n])
+        # Keyed by (key, folder) as the source writes it (indexlog.location_key).
+        record = changelog.partition_for(f"other{n}-{tag}").location(
+            key.decode(), "INBOX", 1, 1, None
+        )
+        produce(changelog.topic, record.key, location, where[n])
     for n in range(accounts):
         produce(changelog.topic, marker_key(f"other{n}-{tag}").encode(), b"{}", where[n])
     if producer.flush(300) > 0:
