@@ -130,24 +130,25 @@ def execute_purge(
     keys = [k.encode() for k in plan.keys]
     _tombstones(kafka, kafka.topics.events, keys)
     if plan.unit.source == "imap":
-        _forget_index_entries(kafka, plan.unit.account, keys)
+        _forget_index_entries(kafka, plan.unit.account, plan.unit.folder, plan.keys)
     forget_cursor(kafka, plan.unit)
     return delete_blob_files(claim_check, files)
 
 
-def _forget_index_entries(kafka: KafkaSettings, account: str, keys: list[bytes]) -> None:
-    """Tombstones for the keys on the IMAP key index changelog (connectors/imap/KEYS.md), on
-    the account's partition, as the source writes them with a mail's tombstone: a folder added
-    again later is new mail, not moves of known keys."""
+def _forget_index_entries(kafka: KafkaSettings, account: str, folder: str, keys: list[str]) -> None:
+    """Tombstones for the keys' records of ``folder`` on the IMAP key index changelog
+    (connectors/imap/KEYS.md), on the account's partition, as the source writes them when a
+    mail leaves the folder: a folder added again later is new mail, not moves of known keys."""
     from connectors.core.kafka.clients import admin_client
-    from connectors.imap.indexlog import partition_of
+    from connectors.imap.indexlog import location_key, partition_of
 
     topic = kafka.topics.imap_index
     described = admin_client(kafka).list_topics(topic, timeout=30).topics.get(topic)
     if described is None or described.error is not None or not keys:
         return  # no changelog: this deployment's IMAP index is rebuilt from mail.events
     partition = partition_of(account, len(described.partitions))
-    _tombstones(kafka, topic, keys, partition=partition)
+    records = [location_key(key, folder).encode() for key in keys]
+    _tombstones(kafka, topic, records, partition=partition)
 
 
 def blob_files(claim_check: ClaimCheckSettings, uris: Iterable[str]) -> list[str]:

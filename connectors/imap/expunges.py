@@ -68,6 +68,10 @@ class ExpungeTracker:
         #: Keys of mails gone from this folder and from the index's other places, with the
         #: ticket of the moment they were seen gone: tombstones once the others synced past it.
         self._expunged: dict[str, int] = {}
+        #: Keys whose mail left this folder while the key stays known (a copy or the move's
+        #: target elsewhere): their key index record for this folder is tombstoned with the
+        #: next commit (KEYS.md: one record per key and folder).
+        self._departed: set[str] = set()
         #: What the session's QRESYNC SELECT said vanished (with the HIGHESTMODSEQ it spoke
         #: at): the first sync's expunge check, instead of listing the folder.
         self.vanished: tuple[UidSet, int] | None = None
@@ -147,6 +151,8 @@ class ExpungeTracker:
             found_gone = found_gone or removed is not None
             if removed is not None and not removed[1]:
                 self._expunged.setdefault(removed[0], seen_at)
+            elif removed is not None:
+                self._departed.add(removed[0])
         if hms is not None:
             self._checked(ExpungeCheck(hms, seen_at, found_gone=found_gone))
         if len(self._expunged) > waiting and self.watched_others:
@@ -194,6 +200,7 @@ class ExpungeTracker:
             past = rounds.past(seen_at, self.watched_others)
             if self.index.located(key):
                 del self._expunged[key]
+                self._departed.add(key)  # in another folder now: this folder's record goes
             elif past:
                 decided.append(key)
         seen = {key: self._expunged.pop(key) for key in decided}
@@ -202,6 +209,9 @@ class ExpungeTracker:
                 decided = self._not_in_unwatched_target(conn, decided)
             found = self._found_in_watched_others(conn, decided) if decided else []
             forgotten = [key for key in decided if self.index.forget_unless_located(key)]
+            # Found on the server in another folder, or placed there meanwhile: not tombstoned,
+            # but no longer here.
+            self._departed.update(set(decided) - set(forgotten))
             tombstones = found + [r for key in forgotten for r in self.builder.tombstones(key)]
             if not self._expunged:
                 rounds.settled(self.folder)
@@ -220,12 +230,22 @@ class ExpungeTracker:
             raise
 
     def _commit_vanished_settled(self, tombstones: list[SourceRecord]) -> None:
-        """Commit ``tombstones``, with ``vanished_modseq`` moved when that is safe now."""
+        """Commit ``tombstones`` and the key index tombstones of this folder's departed keys,
+        with ``vanished_modseq`` moved when that is safe now."""
         cursor = self._current()
         settled = self._vanished_settled()
         target = settled or cursor
-        if tombstones or target != cursor:
-            self._commit(tombstones, target)
+        departed = list(self._departed)
+        records = {(r.topic, r.key): r for r in tombstones}
+        left = [key for key in departed if self.index.left_folder(key, self.folder)]
+        for key in left:  # (the others: a copy is still here)
+            records.update(((r.topic, r.key), r) for r in self.builder.departure(key))
+        if records or target != cursor:
+            self._commit(list(records.values()), target)
+        self._departed.difference_update(departed)  # only once committed: a failure keeps them
+        for key in left:
+            if self.index.located(key):  # not tombstoned: its event must not name this folder
+                self.index.republish_remaining(key, self.folder)
         if settled is not None:
             self._unsettled_check = None  # only once committed: a failed commit keeps it
 
@@ -234,10 +254,10 @@ class ExpungeTracker:
         server although the index has no location there; placed there in the index, so
         they are not tombstoned.
 
-        The index should know every location, but it is restored from a changelog with one
-        record per key (KEYS.md): a mail in two folders at a restart (a copy; or a move whose
-        target's record was appended before the source's ADDED, soak seed 4) comes back in
-        one of them only. The server is the truth a tombstone must not contradict, so a
+        The index should know every location: the changelog keeps one record per key and
+        folder (KEYS.md). But an index rebuilt from ``mail.events`` (an upgrade from the
+        version 1 changelog, ``MAILTAP_IMAP_INDEX_REBUILD``) knows one folder per key, the
+        newest event's. The server is the truth a tombstone must not contradict, so a
         Message-ID key is looked for there first (one EXAMINE and SEARCH per other folder
         and per batch of decisions, then a re-select); a fingerprint key cannot be searched.
         """

@@ -5,8 +5,9 @@ account (DESIGN.md); a move is an UPDATED event with the new folder. IMAP has no
 the source folder sees an EXPUNGE, the target an EXISTS, in any order. So each account keeps one
 index ``key -> {folder: uid}`` shared by its folder workers, rebuilt at start and kept up to date
 as mails are published. It is rebuilt from the index changelog (:mod:`connectors.imap.indexlog`):
-each event is written with a record saying where its key is, in the same transaction, on a
-compacted topic partitioned by account, so a start reads only its own accounts' partitions, not
+each event is written with a record saying its key is in that folder (one record per key and
+folder, tombstoned when the mail leaves it), in the same transaction, on a compacted topic
+partitioned by account, so a start reads only its own accounts' partitions, not
 the whole of ``mail.events`` (issue 12). An account that has published events but has no
 complete changelog yet (an upgrade) is rebuilt once from ``mail.events``, the newest event per key
 saying where the mail was last seen, and written to the changelog.
@@ -48,7 +49,16 @@ from connectors.core.kafka.offsets import OffsetStore
 from connectors.core.kafka.readtoend import read_batches_to_end, topic_partitions
 from connectors.core.mail.identity import key_candidates, message_id_of_key
 from connectors.imap.cursor import SOURCE
-from connectors.imap.indexlog import READ_TO_END, ChangelogPartition, IndexChangelog, Row
+from connectors.imap.indexlog import (
+    READ_TO_END,
+    VERSION,
+    ChangelogPartition,
+    Entry,
+    IndexChangelog,
+    Outdated,
+    Row,
+    location_key,
+)
 from connectors.imap.syncrounds import SyncRounds
 
 log = logging.getLogger(__name__)
@@ -83,15 +93,15 @@ _PRAGMAS = (
     "PRAGMA temp_store=FILE",
 )
 
-# ``keys``: one row per known key (published and not tombstoned) with its number of locations
-# and the content fingerprint it was published with (NULL: unknown, an event written before
-# events carried it);
+# ``keys``: one row per known key (published and not tombstoned) with its number of locations,
+# the content fingerprint it was published with (NULL: unknown, an event written before
+# events carried it) and the folder it was placed in last (NULL: unknown, restored at start);
 # ``locations``: ``(folder, uid) -> key`` under the UIDVALIDITY it was seen with. A forgotten key
 # may keep rows in ``locations`` (as the worker's expunge handling expects): removing one then
 # returns the key with no location left.
 _SCHEMA = (
-    "CREATE TABLE keys (key TEXT PRIMARY KEY, places INTEGER NOT NULL, fingerprint TEXT)"
-    " WITHOUT ROWID",
+    "CREATE TABLE keys (key TEXT PRIMARY KEY, places INTEGER NOT NULL, fingerprint TEXT,"
+    " folder INTEGER) WITHOUT ROWID",
     "CREATE TABLE locations (folder INTEGER NOT NULL, uid INTEGER NOT NULL,"
     " key TEXT NOT NULL, uidvalidity INTEGER, PRIMARY KEY (folder, uid)) WITHOUT ROWID",
 )
@@ -170,19 +180,25 @@ class AccountIndex:
         account knows it by; returns ``(key, known before)``."""
         return self.place_many([(key, fingerprint, folder, uidvalidity, uid)])[0]
 
-    def place_many(self, items: Sequence[Sighting], resolve: bool = True) -> list[tuple[str, bool]]:
+    def place_many(
+        self, items: Sequence[Sighting], resolve: bool = True, restored: bool = False
+    ) -> list[tuple[str, bool]]:
         """`place` each ``(key, fingerprint, folder, uidvalidity, uid)`` in order, in one
         transaction. With ``resolve=False`` the keys are taken as they are (the events topic
-        read back at start) and only their fingerprints recorded."""
+        read back at start) and only their fingerprints recorded. ``restored``: read back at
+        start, so which of a key's folders its last event names is not known."""
         placed: list[tuple[str, bool]] = []
         with self._lock:
             with self._transaction():
                 for start in range(0, len(items), CHUNK):
-                    placed.extend(self._register_chunk(items[start : start + CHUNK], resolve))
+                    chunk = items[start : start + CHUNK]
+                    placed.extend(self._register_chunk(chunk, resolve, restored))
             self._known += sum(1 for _, known in placed if not known)
             return placed
 
-    def _register_chunk(self, items: Sequence[Sighting], resolve: bool) -> list[tuple[str, bool]]:
+    def _register_chunk(
+        self, items: Sequence[Sighting], resolve: bool, restored: bool
+    ) -> list[tuple[str, bool]]:
         # Read the rows the chunk touches, apply the chunk to them in memory with the rules of
         # one `register` call, write back what changed: a few statements per chunk, not per mail.
         wanted: dict[int, list[int]] = {}
@@ -206,9 +222,10 @@ class AccountIndex:
             elif (base := _split_base(key)) is not None:
                 self._split.add(base)  # a ``#`` key read back from the events topic
             placed.append((key, key in rows))
-            row = rows.setdefault(key, [0, fingerprint])
+            row = rows.setdefault(key, [0, fingerprint, None])
             if fingerprint is not None:
                 row[1] = fingerprint
+            row[2] = None if restored else self._folder_id(folder)
             changed_rows.add(key)
             if uid is None:
                 row[0] += 1
@@ -224,7 +241,7 @@ class AccountIndex:
                 changed_rows.add(old[0])
             row[0] += 1
         self._db.executemany(
-            "INSERT OR REPLACE INTO keys (key, places, fingerprint) VALUES (?, ?, ?)",
+            "INSERT OR REPLACE INTO keys (key, places, fingerprint, folder) VALUES (?, ?, ?, ?)",
             [(key, *rows[key]) for key in changed_rows],
         )
         self._db.executemany(
@@ -265,14 +282,14 @@ class AccountIndex:
         return names
 
     def _rows(self, keys: set[str]) -> dict[str, list[Any]]:
-        """``{key: [places, fingerprint]}`` of the known ones among ``keys``."""
+        """``{key: [places, fingerprint, last folder]}`` of the known ones among ``keys``."""
         if not keys:
             return {}
         rows = self._db.execute(
-            f"SELECT key, places, fingerprint FROM keys WHERE key IN ({_marks(len(keys))})",
+            f"SELECT key, places, fingerprint, folder FROM keys WHERE key IN ({_marks(len(keys))})",
             tuple(keys),
         )
-        return {key: [places, fingerprint] for key, places, fingerprint in rows}
+        return {key: [places, fingerprint, folder] for key, places, fingerprint, folder in rows}
 
     # --- publishing order across folders --------------------------------------------------------
 
@@ -284,12 +301,13 @@ class AccountIndex:
         A mail appended and moved at once is new to the first folder's worker and, while that
         worker's transaction is still open, already known to the target's (the index is
         shared): the target publishes UPDATED (its folder), and its transaction may commit
-        first. The ADDED committed after it names the folder the mail left, on ``mail.events``
-        and as the key's only record on the index changelog: a restart would then tombstone
-        the key once the first folder sees the expunge, although the mail is in the target
-        (soak seed 4). Published again after this commit, the target's event is the key's
-        last one again. Only keys with another location now need it: one lookup by key, and
-        a scan of the locations in the rare case that finds one.
+        first. The ADDED committed after it names the folder the mail left on ``mail.events``
+        (the index changelog keeps both folders' records, one per key and folder, and the
+        first folder's is tombstoned when it sees the expunge); a consumer of the events, or
+        an index rebuilt from them, would take the mail for gone from the target (soak seed
+        4). Published again after this commit, the target's event is the key's last one.
+        Only keys with another location now need it: one lookup by key, and a scan of the
+        locations in the rare case that finds one.
         """
         asked: dict[str, set[int]] = {}
         with self._lock:
@@ -308,6 +326,35 @@ class AccountIndex:
                 self._republish.setdefault(folder, set()).update(uids)
         if asked:
             self.rounds.ask(asked)
+        return asked
+
+    def republish_remaining(self, key: str, left: str) -> dict[str, set[int]]:
+        """``key`` left folder ``left`` and is still in another: when its last event may name
+        ``left`` (placed there last, or restored at start: not known), ask the worker of one
+        folder it is still in to publish it again, an UPDATED saying where it is; returns
+        what was asked. A move needs none: the target's event came after (placed last).
+
+        Without it a mail kept in two folders and deleted from the one its last event names
+        stays there on ``mail.events`` for good (nothing else publishes it again)."""
+        with self._lock:
+            left_id = self._folders.get(left)
+            row = self._db.execute("SELECT folder FROM keys WHERE key = ?", (key,)).fetchone()
+            if left_id is None or row is None or row[0] not in (None, left_id):
+                return {}
+            other = self._db.execute(
+                "SELECT folder, uid FROM locations WHERE key = ? AND folder != ?"
+                " ORDER BY folder, uid LIMIT 1",
+                (key, left_id),
+            ).fetchone()
+            if other is None:
+                return {}  # elsewhere without a UID (a move without COPYUID): its event says so
+            names = {number: name for name, number in self._folders.items()}
+            asked = {names[other[0]]: {int(other[1])}}
+            self._republish.setdefault(names[other[0]], set()).add(int(other[1]))
+            # The event asked for will name that folder: a later departure from ``left``'s
+            # copies asks no more.
+            self._db.execute("UPDATE keys SET folder = ? WHERE key = ?", (other[0], key))
+        self.rounds.ask(asked)
         return asked
 
     def ask_republish(self, folder: str, uids: Iterable[int]) -> None:
@@ -392,6 +439,30 @@ class AccountIndex:
         with self._lock:
             row = self._db.execute("SELECT places FROM keys WHERE key = ?", (key,)).fetchone()
             return row is not None and row[0] > 0
+
+    def left_folder(self, key: str, folder: str) -> bool:
+        """True when ``key`` (a mail removed from ``folder``) has no copy left in ``folder``:
+        its changelog record for that folder goes.
+
+        Locations are indexed by (folder, UID), not by key, so finding a key in a folder scans
+        the folder's locations. Asked for every mail that leaves a folder (a move), that is a
+        scan of a large folder per mail; so the scan is made only when a copy here is likely:
+        the key was placed in this folder last, or restored at start and not placed since. A
+        key placed in another folder last (a move's target) has left, unless a second copy of
+        it was already here before that (two copies of one mail in one folder: KEYS.md)."""
+        with self._lock:
+            folder_id = self._folders.get(folder)
+            row = self._db.execute(
+                "SELECT places, folder FROM keys WHERE key = ?", (key,)
+            ).fetchone()
+            if folder_id is None or row is None or row[0] == 0:
+                return True
+            if row[1] is not None and row[1] != folder_id:
+                return True
+            found = self._db.execute(
+                "SELECT 1 FROM locations WHERE folder = ? AND key = ? LIMIT 1", (folder_id, key)
+            ).fetchone()
+            return found is None
 
     def forget_unless_located(self, key: str) -> bool:
         """`forget` ``key`` unless it has a location (checked and done at once, so a folder
@@ -528,28 +599,36 @@ def load_indexes(
     latest = _LatestLocations()
     scanned = 0
     try:
-        restored = changelog.restore(names, latest.record, timeout)
+        restored = changelog.restore(names, latest.record_entries, timeout, latest.record_outdated)
         forced = os.environ.get(ENV_REBUILD) == "1"
         unmarked = [n for n in names if forced or n not in restored.marked]
-        published = set(unmarked) if forced else _with_cursor(kafka, unmarked)
+        published = (
+            set(unmarked)
+            if forced
+            else _with_cursor(kafka, unmarked) | latest.with_outdated(unmarked)
+        )
         rebuild = [n for n in unmarked if n in published]
         if rebuild:
             latest.drop(rebuild)  # what the changelog has of them is not the whole account
             scanned = _scan_events(kafka, serde, set(rebuild), latest, timeout)
         if unmarked:
-            written = changelog.write_snapshots({a: latest.rows(a) for a in unmarked})
+            written = changelog.write_snapshots(
+                {a: latest.rows(a) for a in unmarked},
+                {a: latest.replaced(a) for a in unmarked},
+            )
             for account in rebuild:
                 log.info(
-                    "imap index: %s had no complete key index on %s: rebuilt from %d records "
-                    "of %s, %d keys written",
+                    "imap index: %s had no complete key index on %s (format %d): rebuilt "
+                    "from %d records of %s, %d locations written",
                     account,
                     changelog.topic,
+                    VERSION,
                     scanned,
                     kafka.topics.events,
                     written[account],
                 )
         for account, batch in latest.batches(LOAD_BATCH):
-            indexes[account].place_many(batch, resolve=False)
+            indexes[account].place_many(batch, resolve=False, restored=True)
     finally:
         latest.close()
     for name, index in indexes.items():
@@ -629,9 +708,17 @@ _Latest = Row
 
 
 class _LatestLocations:
-    """The newest location per key while the events topic is read (the compacted topic's
-    meaning), staged in a temporary database like the index itself: a restart over a large
-    mailbox must not hold every key in memory either."""
+    """What a start restores, staged in a temporary database like the index itself (a restart
+    over a large mailbox must not hold every key in memory either):
+
+    - ``placed``: the changelog's locations, one row per (key, folder) as compaction keeps
+      them: a key in two folders has two rows;
+    - ``latest``: the newest event per key while ``mail.events`` is read for a rebuild (the
+      compacted topic's meaning: one folder per key);
+    - ``outdated``: the account's records of the version 1 changelog format and, for an
+      account being rebuilt, its locations read from the changelog: tombstoned by the
+      rebuild unless it writes them again.
+    """
 
     def __init__(self) -> None:
         self._db = _open_temporary_db()
@@ -640,9 +727,18 @@ class _LatestLocations:
             "CREATE TABLE latest (key TEXT NOT NULL UNIQUE, account TEXT NOT NULL,"
             " folder TEXT, uidvalidity INTEGER, uid INTEGER, fingerprint TEXT)"
         )
+        self._db.execute(
+            "CREATE TABLE placed (key TEXT NOT NULL, account TEXT NOT NULL, folder TEXT NOT NULL,"
+            " uidvalidity INTEGER, uid INTEGER, fingerprint TEXT, UNIQUE (key, folder))"
+        )
+        self._db.execute(
+            "CREATE TABLE outdated (record TEXT PRIMARY KEY, account TEXT NOT NULL,"
+            " live INTEGER NOT NULL) WITHOUT ROWID"
+        )
 
     def record(self, seen: Sequence[_Latest]) -> None:
-        """Upsert ``(key, account, folder, uidvalidity, uid, fingerprint)`` rows in topic order."""
+        """Upsert ``(key, account, folder, uidvalidity, uid, fingerprint)`` rows of events in
+        topic order."""
         if not seen:
             return
         self._db.execute("BEGIN")
@@ -656,12 +752,62 @@ class _LatestLocations:
         )
         self._db.execute("COMMIT")
 
+    def record_entries(self, entries: Sequence[Entry]) -> None:
+        """Apply changelog entries in topic order: a location upserts its (key, folder) row,
+        a tombstone deletes it."""
+        if not entries:
+            return
+        self._db.execute("BEGIN")
+        # Runs of the same kind, in order: one statement per run, not per record.
+        run: list[Entry] = []
+        for entry in entries:
+            if run and run[-1][6] != entry[6]:
+                self._apply(run)
+                run = []
+            run.append(entry)
+        self._apply(run)
+        self._db.execute("COMMIT")
+
+    def _apply(self, run: Sequence[Entry]) -> None:
+        if run[0][6]:
+            self._db.executemany(
+                "INSERT INTO placed (key, account, folder, uidvalidity, uid, fingerprint)"
+                " VALUES (?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (key, folder) DO UPDATE SET uidvalidity = excluded.uidvalidity,"
+                " uid = excluded.uid, fingerprint = coalesce(excluded.fingerprint, fingerprint)",
+                [entry[:6] for entry in run],
+            )
+        else:
+            self._db.executemany(
+                "DELETE FROM placed WHERE key = ? AND folder = ?",
+                [(entry[0], entry[2]) for entry in run],
+            )
+
+    def record_outdated(self, records: Sequence[Outdated]) -> None:
+        """Remember the last state of each record of the version 1 format."""
+        self._db.executemany(
+            "INSERT OR REPLACE INTO outdated (record, account, live) VALUES (?, ?, ?)", records
+        )
+
+    def with_outdated(self, accounts: Sequence[str]) -> set[str]:
+        """The ``accounts`` that have live records of the version 1 format: they published
+        events (even without a cursor now)."""
+        if not accounts:
+            return set()
+        rows = self._db.execute(
+            "SELECT DISTINCT account FROM outdated"
+            f" WHERE live AND account IN ({_marks(len(accounts))})",
+            tuple(accounts),
+        )
+        return {account for (account,) in rows}
+
     def batches(self, size: int) -> Iterator[tuple[str, list[Sighting]]]:
         """The live (not tombstoned) locations, per account, ``size`` at a time."""
         pending: dict[str, list[Sighting]] = {}
         rows = self._db.execute(
-            "SELECT key, account, folder, uidvalidity, uid, fingerprint FROM latest"
-            " WHERE folder IS NOT NULL ORDER BY rowid"
+            "SELECT key, account, folder, uidvalidity, uid, fingerprint FROM placed"
+            " UNION ALL SELECT * FROM (SELECT key, account, folder, uidvalidity, uid, fingerprint"
+            " FROM latest WHERE folder IS NOT NULL ORDER BY rowid)"
         )
         for key, account, folder, uidvalidity, uid, fingerprint in rows:
             batch = pending.setdefault(account, [])
@@ -674,18 +820,33 @@ class _LatestLocations:
                 yield account, batch
 
     def drop(self, accounts: Sequence[str]) -> None:
-        """Forget what was recorded of ``accounts``."""
-        self._db.execute(
-            f"DELETE FROM latest WHERE account IN ({_marks(len(accounts))})", tuple(accounts)
-        )
+        """Forget what was recorded of ``accounts`` (to be rebuilt): their changelog locations
+        become outdated records (tombstoned unless the rebuild writes them again)."""
+        marks = _marks(len(accounts))
+        located = self._db.execute(
+            f"SELECT key, account, folder FROM placed WHERE account IN ({marks})", tuple(accounts)
+        ).fetchall()
+        self.record_outdated([(location_key(k, f), a, True) for k, a, f in located])
+        self._db.execute(f"DELETE FROM placed WHERE account IN ({marks})", tuple(accounts))
+        self._db.execute(f"DELETE FROM latest WHERE account IN ({marks})", tuple(accounts))
 
     def rows(self, account: str) -> Iterator[_Latest]:
-        """The live rows of one account, in the order their keys were first seen."""
+        """The live rows of one account: its changelog locations, then its events' newest
+        locations, each in the order their keys were first seen."""
         yield from self._db.execute(
-            "SELECT key, account, folder, uidvalidity, uid, fingerprint FROM latest"
-            " WHERE account = ? AND folder IS NOT NULL ORDER BY rowid",
+            "SELECT key, account, folder, uidvalidity, uid, fingerprint FROM placed"
+            " WHERE account = ?1"
+            " UNION ALL SELECT * FROM (SELECT key, account, folder, uidvalidity, uid, fingerprint"
+            " FROM latest WHERE account = ?1 AND folder IS NOT NULL ORDER BY rowid)",
             (account,),
         )
+
+    def replaced(self, account: str) -> Iterator[str]:
+        """The record keys of the account a rewrite of it tombstones unless written again."""
+        rows = self._db.execute(
+            "SELECT record FROM outdated WHERE account = ? AND live", (account,)
+        )
+        yield from (record for (record,) in rows)
 
     def close(self) -> None:
         self._db.close()

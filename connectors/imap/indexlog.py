@@ -3,24 +3,26 @@ its accounts' key indexes from without reading ``mail.events`` (issue 12).
 
 Rebuilding the index from ``mail.events`` means reading every account's events: start-up grows
 with the topic, and every instance reads all of it. So each event the IMAP source publishes is
-accompanied, **in the same Kafka transaction**, by a record on this topic saying where that key
-now is (or a tombstone when the key is tombstoned): the changelog is exactly as consistent as
-the events. Its records go to the partition of their *account* (a stable hash, not the key's
-partitioner), so an instance reads only the partitions of the accounts it owns and keeps only
-their records; compaction by key keeps one record per published key.
+accompanied, **in the same Kafka transaction**, by a record on this topic saying that its key is
+in that folder (or a tombstone when the mail left the folder): the changelog is exactly as
+consistent as the events. Its records go to the partition of their *account* (a stable hash,
+not the key's partitioner), so an instance reads only the partitions of the accounts it owns
+and keeps only their records. The record key is the pair (event key, folder), so compaction
+keeps one record per folder a key is in: a mail kept in two folders is restored in both.
 
 Wire sample (``connectors/imap/KEYS.md``)::
 
     partition  partition_of("alice", 32)       (sha256 of the account name, modulo the count)
-    key        alice/mid:abc@example.com        (the event's key)
-    value      {"fingerprint":"9f2c…","folder":"INBOX","uid":42,"uidvalidity":17}
-    key        alice/index:v1                   (the account's marker, written once)
-    value      {"account":"alice","version":1}
+    key        alice/in:Sent%20Items/mid:abc@example.com   (location_key: the key in a folder)
+    value      {"fingerprint":"9f2c…","folder":"Sent Items","uid":42,"uidvalidity":17}
+    key        alice/index:v2                   (the account's marker, written once)
+    value      {"account":"alice","version":2}
 
-The marker says "every key of this account is on the changelog". An account without it that
-already has a cursor published events before the changelog existed (an upgrade, or a change of
-the topic's partition count): its index is rebuilt once from ``mail.events`` and written here,
-then the marker (:func:`connectors.imap.index.load_indexes`).
+The marker says "every key of this account is on the changelog, in this format". An account
+without it that already has a cursor published events before the changelog existed, or wrote
+the version 1 changelog (one record per key, under the event key itself): its index is rebuilt
+once from ``mail.events``, written here, its version 1 records tombstoned, then the marker
+(:func:`connectors.imap.index.load_indexes`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
@@ -51,8 +54,16 @@ log = logging.getLogger(__name__)
 #: further at a small cost per partition on the brokers (pre-create the topic to choose).
 INDEX_PARTITIONS = 32
 
+#: The changelog's format; an account's marker says which one its records are in.
+VERSION = 2
+
 #: The key suffix of an account's marker; no event key has it (``mid:``/``fp:``, KEYS.md).
-MARKER = "index:v1"
+MARKER = f"index:v{VERSION}"
+
+#: What follows ``<account>/`` in a location key (no event key has it: ``mid:``/``fp:``). A
+#: version 1 record (``<account>/mid:…``, one per key) never starts so: it is never read as
+#: a location of this format.
+LOCATION_TAG = "in:"
 
 #: A read to the end ends on the fetch that finds nothing more, which the broker holds for
 #: ``fetch.wait.max.ms`` (500 ms by default) hoping for new records: there is no point in
@@ -63,7 +74,15 @@ READ_TO_END = {"fetch_wait_max_ms": 10, "enable_partition_eof": True}
 LEADERS_TIMEOUT_S = 15.0
 
 Row = tuple[str, str, str | None, int | None, int | None, str | None]
-"""``(key, account, folder, uidvalidity, uid, fingerprint)``; folder None: a tombstone."""
+"""``(key, account, folder, uidvalidity, uid, fingerprint)``; folder None: a tombstone (of an
+event on ``mail.events``; never on the changelog, where a tombstone names its folder)."""
+
+Entry = tuple[str, str, str, int | None, int | None, str | None, bool]
+"""``(key, account, folder, uidvalidity, uid, fingerprint, present)`` of one changelog record;
+``present`` False: a tombstone, the key left that folder."""
+
+Outdated = tuple[str, str, bool]
+"""``(record key, account, live)`` of a record of the version 1 format."""
 
 
 def topic_spec(kafka: KafkaSettings) -> TopicSpec:
@@ -82,6 +101,35 @@ def marker_key(account: str) -> str:
     return f"{account}/{MARKER}"
 
 
+def location_key(key: str, folder: str) -> str:
+    """The changelog key of ``key`` in ``folder``: ``<account>/in:<folder>/<rest of the key>``,
+    the folder percent-encoded (RFC 3986, every byte but unreserved characters, so ``/`` and
+    ``%`` in a folder name are escaped and the next ``/`` ends it).
+
+    >>> location_key("alice/mid:abc@example.com", "Archive/2026")
+    'alice/in:Archive%2F2026/mid:abc@example.com'
+    """
+    account, sep, rest = key.partition("/")
+    if not sep or not rest:
+        raise ValueError(f"not an event key (no <account>/ prefix): {key!r}")
+    return f"{account}/{LOCATION_TAG}{quote(folder, safe='')}/{rest}"
+
+
+def parse_location_key(text: str) -> tuple[str, str] | None:
+    """``(event key, folder)`` of a :func:`location_key`; None for any other changelog key (a
+    marker, a version 1 record named by the event key alone)."""
+    account, sep, tail = text.partition("/")
+    if not sep or not tail.startswith(LOCATION_TAG):
+        return None
+    folder, sep, rest = tail[len(LOCATION_TAG) :].partition("/")
+    if not sep or not rest or not folder:
+        return None
+    try:
+        return f"{account}/{rest}", unquote(folder, errors="strict")
+    except UnicodeDecodeError:
+        return None
+
+
 @dataclass(frozen=True)
 class ChangelogPartition:
     """Where one account's index records go; picklable (the parse processes build records)."""
@@ -97,17 +145,20 @@ class ChangelogPartition:
         uid: int | None,
         fingerprint: str | None,
     ) -> SourceRecord:
-        """The record saying ``key`` was last published at this place."""
+        """The record saying ``key`` is in ``folder``, at this UID."""
         value = {
             "folder": folder,
             "uidvalidity": uidvalidity,
             "uid": uid,
             "fingerprint": fingerprint,
         }
-        return SourceRecord(self.topic, key.encode(), _json(value), partition=self.partition)
+        record_key = location_key(key, folder).encode()
+        return SourceRecord(self.topic, record_key, _json(value), partition=self.partition)
 
-    def tombstone(self, key: str) -> SourceRecord:
-        return SourceRecord(self.topic, key.encode(), None, partition=self.partition)
+    def tombstone(self, key: str, folder: str) -> SourceRecord:
+        """The record saying ``key`` left ``folder``."""
+        record_key = location_key(key, folder).encode()
+        return SourceRecord(self.topic, record_key, None, partition=self.partition)
 
 
 @dataclass
@@ -118,7 +169,7 @@ class Restored:
     records_read: int = 0
     #: Records of the named accounts among them (markers included).
     records_kept: int = 0
-    #: The named accounts whose marker is on the changelog.
+    #: The named accounts whose marker (of this format) is on the changelog.
     marked: frozenset[str] = frozenset()
 
 
@@ -156,10 +207,16 @@ class IndexChangelog:
         return ChangelogPartition(self.topic, partition_of(account, self.partitions))
 
     def restore(
-        self, accounts: Iterable[str], sink: Callable[[list[Row]], None], timeout: float
+        self,
+        accounts: Iterable[str],
+        sink: Callable[[list[Entry]], None],
+        timeout: float,
+        outdated: Callable[[list[Outdated]], None] = lambda _: None,
     ) -> Restored:
-        """Read the partitions of ``accounts`` to their end (read_committed) and hand the rows
-        of those accounts to ``sink`` in partition order; the rest is skipped undecoded."""
+        """Read the partitions of ``accounts`` to their end (read_committed) and hand the
+        entries of those accounts to ``sink`` in partition order; the rest is skipped
+        undecoded. A record of the version 1 format is never taken for a location: it goes
+        to ``outdated`` (to be tombstoned by a rebuild)."""
         names = set(accounts)
         found = Restored()
         if not names:
@@ -175,7 +232,8 @@ class IndexChangelog:
             starts = [TopicPartition(self.topic, p, 0) for p in sorted(wanted)]
             for batch in read_batches_to_end(consumer, starts, timeout):
                 found.records_read += len(batch)
-                rows: list[Row] = []
+                rows: list[Entry] = []
+                stale: list[Outdated] = []
                 for msg in batch:
                     key = msg.key()
                     if key is None:
@@ -188,18 +246,28 @@ class IndexChangelog:
                     if text == marker_key(account):
                         marked.add(account)
                         continue
-                    row = _row(text, account, msg.value())
+                    where = parse_location_key(text)
+                    if where is None:  # a version 1 record (or its marker): not a location
+                        stale.append((text, account, msg.value() is not None))
+                        continue
+                    row = _entry(*where, account, msg.value())
                     if row is not None:
                         rows.append(row)
                 if rows:
                     sink(rows)
+                if stale:
+                    outdated(stale)
         finally:
             consumer.close()
         found.marked = frozenset(marked)
         return found
 
-    def write_snapshots(self, accounts: Mapping[str, Iterable[Row]]) -> dict[str, int]:
-        """Write each account's live rows, then the accounts' markers; returns the rows
+    def write_snapshots(
+        self,
+        accounts: Mapping[str, Iterable[Row]],
+        replaced: Mapping[str, Iterable[str]] | None = None,
+    ) -> dict[str, int]:
+        """Write the accounts' rows, ``replaced`` tombstones, then markers; returns the rows
         written per account. One producer for all of them: a first start of a deployment
         marks every account at once.
 
@@ -214,18 +282,28 @@ class IndexChangelog:
             for account, rows in accounts.items():
                 target = self.partition_for(account)
                 written[account] = 0
+                kept: set[bytes] = set()
                 for key, _, folder, uidvalidity, uid, fingerprint in rows:
                     if folder is None:
                         continue
                     record = target.location(key, folder, uidvalidity, uid, fingerprint)
                     _produce(producer, record, failed)
+                    kept.add(record.key)
                     written[account] += 1
+                # The account's record keys these rows do not write again (version 1 records,
+                # locations a rebuild did not find): tombstones, before the marker.
+                for old in (replaced or {}).get(account, ()):
+                    if old.encode() not in kept:
+                        gone = SourceRecord(
+                            self.topic, old.encode(), None, partition=target.partition
+                        )
+                        _produce(producer, gone, failed)
             _flush(producer, self.topic, failed)
             for account in accounts:
                 marker = SourceRecord(
                     self.topic,
                     marker_key(account).encode(),
-                    _json({"account": account, "version": 1}),
+                    _json({"account": account, "version": VERSION}),
                     partition=self.partition_for(account).partition,
                 )
                 _produce(producer, marker, failed)
@@ -239,21 +317,22 @@ def _json(value: Mapping[str, object]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _row(key: str, account: str, value: bytes | None) -> Row | None:
+def _entry(key: str, folder: str, account: str, value: bytes | None) -> Entry | None:
     if value is None:
-        return key, account, None, None, None, None
+        return key, account, folder, None, None, None, False
     try:
         where = json.loads(value)
         return (
             key,
             account,
-            str(where["folder"]),
+            folder,
             where.get("uidvalidity"),
             where.get("uid"),
             where.get("fingerprint"),
+            True,
         )
-    except (ValueError, KeyError, TypeError):
-        log.warning("imap index: unreadable changelog record for %s skipped", key)
+    except (ValueError, TypeError, AttributeError):
+        log.warning("imap index: unreadable changelog record for %s in %s skipped", key, folder)
         return None
 
 

@@ -199,8 +199,14 @@ class RecordBuilder(MailRecordBuilder):
         )
 
     def tombstones(self, key: str) -> list[SourceRecord]:
-        """The event's tombstone, with its key index record's."""
-        records = [self.tombstone(key)]
-        if self._changelog is not None:
-            records.append(self._changelog.tombstone(key))
-        return records
+        """The event's tombstone, with the tombstone of its key index record in this folder
+        (the mail left it last; each other folder's record was tombstoned when it left that
+        one: `departure`)."""
+        return [self.tombstone(key), *self.departure(key)]
+
+    def departure(self, key: str) -> list[SourceRecord]:
+        """The key index record saying ``key`` left this folder (no event: the mail is still
+        in another folder, whose worker published it there)."""
+        if self._changelog is None:
+            return []
+        return [self._changelog.tombstone(key, self.folder)]

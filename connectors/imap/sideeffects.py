@@ -94,7 +94,10 @@ class SideEffects:
                 where = moved.uids.get(mail.uid) if moved is not None else None
                 location = (moved.uidvalidity, where) if moved and where else None
                 self.index.remove(self.folder, mail.uid)
-                self._moved_record(cursor, mail, target, records, location)
+                key = self._moved_record(cursor, mail, target, records, location)
+                if key is not None and self.index.left_folder(key, self.folder):
+                    # The mail left this folder: its key index record here goes too.
+                    records.update(((r.topic, r.key), r) for r in self.builder.departure(key))
             gone = set(uids) - {m.uid for m in present}
             if gone and pending.target_uidnext is not None:
                 # The crash came after the move: the mails are in the target folder now.
@@ -115,9 +118,9 @@ class SideEffects:
         target: str,
         records: dict[tuple[str, bytes], SourceRecord],
         location: tuple[int, int] | None,
-    ) -> None:
+    ) -> str | None:
         """The UPDATED event of a mail we moved to ``target``, at ``location`` (uidvalidity,
-        uid) there when known."""
+        uid) there when known; returns its key (None: the mail could not be parsed)."""
         uidvalidity, uid = location if location is not None else (None, None)
 
         def place(key: str, fingerprint: str | None) -> tuple[str, ChangeKind]:
@@ -128,5 +131,6 @@ class SideEffects:
         )
         for record in built.records:
             if record.topic != self.builder.dlq_topic:
-                # By topic too: the event and its index record share the key.
+                # By topic and key: a mail built twice (a repair) is written once.
                 records[(record.topic, record.key)] = record
+        return built.key

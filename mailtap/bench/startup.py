@@ -186,7 +186,11 @@ def _fill(
         n = i % accounts
         key = f"other{n}-{tag}/mid:{i}@example.com".encode()
         produce(kafka.topics.events, key, value)
-        produce(changelog.topic, key, location, where[n])
+        # Keyed by (key, folder) as the source writes it (indexlog.location_key).
+        record = changelog.partition_for(f"other{n}-{tag}").location(
+            key.decode(), "INBOX", 1, 1, None
+        )
+        produce(changelog.topic, record.key, location, where[n])
     for n in range(accounts):
         produce(changelog.topic, marker_key(f"other{n}-{tag}").encode(), b"{}", where[n])
     if producer.flush(300) > 0:

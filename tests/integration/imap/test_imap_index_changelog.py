@@ -21,12 +21,21 @@ import yaml
 from click.testing import CliRunner
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from connectors.core.config import ClaimCheckSettings
 from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.kafka.readtoend import read_to_end
 from connectors.core.mail import parse_mail
+from connectors.core.source.ownership.group import WorkUnit
 from connectors.imap.index import AccountIndex, load_indexes
-from connectors.imap.indexlog import INDEX_PARTITIONS, IndexChangelog, marker_key, partition_of
+from connectors.imap.indexlog import (
+    INDEX_PARTITIONS,
+    IndexChangelog,
+    location_key,
+    marker_key,
+    partition_of,
+)
 from mailtap.cli import main
+from mailtap.mailbox_data import PurgePlan, execute_purge
 from tests.integration.imap.imap_harness import ImapHarness, make_mail, running, wait_for
 
 OTHER_EVENTS = 200_000
@@ -66,7 +75,7 @@ def _fill_other_accounts(imap: ImapHarness, changelog: bool) -> Counter[int]:
         produce(kafka.topics.events, key, value)
         if changelog:
             partition = partition_of(account, log.partitions)
-            produce(log.topic, key, location, partition)
+            produce(log.topic, location_key(key.decode(), "INBOX").encode(), location, partition)
             per_partition[partition] += 1
     if changelog:
         for n in range(OTHER_ACCOUNTS):
@@ -102,6 +111,11 @@ def _changelog_records(imap: ImapHarness, account: str, topic: str | None = None
 
 def _latest(records: list[Any]) -> dict[str, Any]:
     return dict(records)
+
+
+def _inbox(key: str) -> str:
+    """The changelog key of ``key``'s record for INBOX."""
+    return location_key(key, "INBOX")
 
 
 def _only_index(source: Any) -> AccountIndex:
@@ -141,18 +155,19 @@ def test_a_start_restores_only_its_changelog_partition_and_keeps_fp8_keys_and_to
         client.expunge()
         client.logout()
         wait_for(
-            lambda: _latest(_changelog_records(imap, name)).get(gone, 0) is None,
+            lambda: _latest(_changelog_records(imap, name)).get(_inbox(gone), 0) is None,
             "the expunged mail's changelog tombstone",
         )
 
     written = _changelog_records(imap, name)
     latest = _latest(written)
-    second = next(k for k in latest if k.startswith(f"{bare}#"))
+    second = next(k for k in latest if k.startswith(f"{_inbox(bare)}#"))
     fingerprint = latest[second]["fingerprint"]
-    assert second == f"{bare}#{fingerprint[:8]}"
-    assert latest[bare]["uid"] == 1 and latest[second]["uid"] == 2
-    assert latest[gone] is None
-    assert latest[marker_key(name)] == {"account": name, "version": 1}
+    assert second == f"{_inbox(bare)}#{fingerprint[:8]}"
+    second = f"{bare}#{fingerprint[:8]}"
+    assert latest[_inbox(bare)]["uid"] == 1 and latest[_inbox(second)]["uid"] == 2
+    assert latest[_inbox(gone)] is None
+    assert latest[marker_key(name)] == {"account": name, "version": 2}
 
     with running(imap, catchup_poll_seconds=2) as source:
         index = _only_index(source)
@@ -172,7 +187,7 @@ def test_a_start_restores_only_its_changelog_partition_and_keeps_fp8_keys_and_to
         client.expunge()
         client.logout()
         wait_for(
-            lambda: _latest(_changelog_records(imap, name)).get(bare, 0) is None,
+            lambda: _latest(_changelog_records(imap, name)).get(_inbox(bare), 0) is None,
             "the first mail's tombstone",
         )
 
@@ -205,14 +220,15 @@ def test_events_without_a_changelog_are_read_once_and_written_to_it(imap: ImapHa
         wait_for(
             lambda: (
                 _latest(_changelog_records(imap, name)).get(
-                    f"{name}/mid:gone-{imap.unique}@example.com", 0
+                    _inbox(f"{name}/mid:gone-{imap.unique}@example.com"), 0
                 )
                 is None
             ),
             "the expunged mail's tombstone",
         )
     published = _latest(_changelog_records(imap, name))
-    second = next(k for k in published if k.startswith(f"{name}/mid:{shared}#"))
+    second = next(k for k in published if k.startswith(_inbox(f"{name}/mid:{shared}#")))
+    second = second.replace("/in:INBOX/", "/", 1)
 
     # The same deployment as before the changelog existed: events and cursor, no changelog.
     upgraded_topic = f"mailtap.imap-index.{imap.unique}.upgraded"
@@ -240,10 +256,94 @@ def test_events_without_a_changelog_are_read_once_and_written_to_it(imap: ImapHa
         assert again.uids_in("INBOX", _uidvalidity(imap)) == {1: f"{name}/mid:{shared}", 2: second}
         # The second mail finds its own #fp8 key again through its fingerprint.
         assert again.place(
-            f"{name}/mid:{shared}", live[second]["fingerprint"], "INBOX", _uidvalidity(imap), 2
+            f"{name}/mid:{shared}",
+            live[_inbox(second)]["fingerprint"],
+            "INBOX",
+            _uidvalidity(imap),
+            2,
         ) == (second, True)
     finally:
         again.close()
+
+
+def test_a_changelog_of_the_per_key_format_is_rebuilt_once_and_its_records_tombstoned(
+    imap: ImapHarness,
+) -> None:
+    """An upgrade from the version 1 changelog (one record per key, named by the event key,
+    marker ``index:v1``): its records are never read as locations; the account is rebuilt
+    once from ``mail.events``, its old records tombstoned, then the ``index:v2`` marker."""
+    imap.account_name = name = f"v1-{imap.unique}"
+    key = f"{name}/mid:kept-{imap.unique}@example.com"
+    imap.append([make_mail(f"kept-{imap.unique}@example.com", "published by the source")])
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(1), "the mail published")
+    uidvalidity = _uidvalidity(imap)
+    old_topic = f"mailtap.imap-index.{imap.unique}.v1"
+    old = imap.kafka.model_copy(
+        update={"topics": imap.kafka.topics.model_copy(update={"imap_index": old_topic})}
+    )
+    changelog = IndexChangelog.open(old)
+    partition = partition_of(name, changelog.partitions)
+    ghost = f"{name}/mid:ghost-{imap.unique}@example.com"
+
+    def v1(folder: str, uid: int) -> bytes:
+        where = {"fingerprint": None, "folder": folder, "uid": uid, "uidvalidity": uidvalidity}
+        return json.dumps(where, sort_keys=True, separators=(",", ":")).encode()
+
+    producer = Producer(producer_config(imap.kafka))
+    # As version 1 wrote them, but naming places the events do not: read as locations, they
+    # would put the key in Junk and a mail the account never published in INBOX.
+    for record_key, value in [
+        (key, v1("Junk", 7)),
+        (ghost, v1("INBOX", 50)),
+        (f"{name}/index:v1", b'{"account":"%s","version":1}' % name.encode()),
+    ]:
+        producer.produce(old_topic, key=record_key.encode(), value=value, partition=partition)
+    assert producer.flush(30) == 0
+
+    index = load_indexes(old, imap.serde, [name])[name]
+    try:
+        assert index.load is not None and index.load.rebuilt and index.load.events_scanned >= 1
+        assert index.uids_in("INBOX", uidvalidity) == {1: key}
+        assert index.uids_in("Junk", uidvalidity) == {} and len(index) == 1
+    finally:
+        index.close()
+    latest = _latest(_changelog_records(imap, name, old_topic))
+    fingerprint = latest[_inbox(key)].pop("fingerprint")
+    assert len(fingerprint) == 64
+    assert latest == {
+        key: None,
+        ghost: None,
+        f"{name}/index:v1": None,
+        _inbox(key): {"folder": "INBOX", "uid": 1, "uidvalidity": uidvalidity},
+        marker_key(name): {"account": name, "version": 2},
+    }
+    again = load_indexes(old, imap.serde, [name])[name]
+    try:
+        assert again.load is not None and not again.load.rebuilt
+        assert again.load.events_scanned == 0
+        assert again.uids_in("INBOX", uidvalidity) == {1: key} and len(again) == 1
+    finally:
+        again.close()
+
+
+def test_a_purged_mailbox_s_keys_leave_the_changelog_and_are_new_again(imap: ImapHarness) -> None:
+    """``mailtap mailboxes purge`` (docs/runbook.md) tombstones the keys' records of that
+    folder: a start after it does not know them."""
+    imap.account_name = name = f"pg-{imap.unique}"
+    key = f"{name}/mid:purged-{imap.unique}@example.com"
+    imap.append([make_mail(f"purged-{imap.unique}@example.com", "to be purged")])
+    with running(imap, catchup_poll_seconds=2):
+        wait_for(lambda: imap.cursor_at(1), "the mail published")
+    assert _latest(_changelog_records(imap, name))[_inbox(key)]["uid"] == 1
+    claims = ClaimCheckSettings(url=f"file://{imap.tmp}/claims")
+    execute_purge(imap.kafka, claims, PurgePlan(WorkUnit("imap", name, "INBOX"), [key]))
+    assert _latest(_changelog_records(imap, name))[_inbox(key)] is None
+    index = load_indexes(imap.kafka, imap.serde, [name])[name]
+    try:
+        assert index.load is not None and not index.load.rebuilt and len(index) == 0
+    finally:
+        index.close()
 
 
 def _uidvalidity(imap: ImapHarness) -> int:
