@@ -46,6 +46,7 @@ from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.config import ClaimCheckSettings, KafkaSettings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.imap.connection import FetchedMail
+from connectors.imap.errors import ParsePoolClosed
 from connectors.imap.indexlog import ChangelogPartition
 from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder
 
@@ -94,6 +95,7 @@ class ParsePool:
             raise ValueError("a parse pool needs at least one process")
         self.workers = workers
         self._executor: ProcessPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
 
     def submit(
@@ -119,6 +121,8 @@ class ParsePool:
 
     def _running(self) -> ProcessPoolExecutor:
         with self._lock:
+            if self._closed:
+                raise ParsePoolClosed("the parse pool is closed")
             if self._executor is None:
                 self._executor = ProcessPoolExecutor(
                     self.workers,
@@ -133,11 +137,13 @@ class ParsePool:
                 self._executor = None
         broken.shutdown(wait=False, cancel_futures=True)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the processes; ``wait``: until they have exited. Final: nothing starts again."""
         with self._lock:
             executor, self._executor = self._executor, None
+            self._closed = True
         if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            executor.shutdown(wait=wait, cancel_futures=True)
 
 
 # --- in the child processes ------------------------------------------------------------------
