@@ -97,6 +97,9 @@ class ParsePool:
         self._executor: ProcessPoolExecutor | None = None
         self._closed = False
         self._lock = threading.Lock()
+        #: Set once warm_up() has ended (the processes are up, or their start failed and the
+        #: first batch submitted starts them instead).
+        self._warmed = threading.Event()
 
     def submit(
         self, spec: BuilderSpec, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
@@ -113,11 +116,20 @@ class ParsePool:
             return self._running().submit(_build_batch, spec, batch, uidvalidity, rescan_until)
 
     def warm_up(self) -> None:
-        """Start the processes now (spawning and importing takes ~1 s), not in the middle of
-        the first backfill."""
-        executor = self._running()
-        for done in [executor.submit(_ready) for _ in range(self.workers)]:
-            done.result()
+        """Start the processes now (spawning and importing takes ~1 s, several on a busy
+        machine), not in the middle of the first backfill; :attr:`ready` once it has ended."""
+        try:
+            executor = self._running()
+            for done in [executor.submit(_ready) for _ in range(self.workers)]:
+                done.result()
+        finally:
+            self._warmed.set()
+
+    @property
+    def ready(self) -> bool:
+        """True once warm_up() has ended: a batch submitted before would wait for the
+        processes to start."""
+        return self._warmed.is_set()
 
     def _running(self) -> ProcessPoolExecutor:
         with self._lock:
@@ -219,6 +231,10 @@ class MailboxParsing:
     @property
     def workers(self) -> int:
         return self.pool.workers
+
+    @property
+    def ready(self) -> bool:
+        return self.pool.ready
 
     def submit(
         self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
