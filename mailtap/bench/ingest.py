@@ -643,9 +643,14 @@ def _round(
     next_sample = 0
     progressed, last_done = time.monotonic(), -1
     cpu_start: tuple[float, dict[str, float], int] | None = None
+    # CPU per mail is counted once a tenth of the mails is on Kafka: the first events come
+    # while the parse processes still start (their spawn and imports, ~1 s of CPU each, are
+    # the start-up's, not a per-mail cost; counted from the first event they added ~750 µs
+    # per mail to a 2,000-mail run).
+    cpu_from = max(1, mails // 10)
     try:
         while arrivals.count() < mails:
-            if cpu_start is None and arrivals.count() > 0:
+            if cpu_start is None and arrivals.count() >= cpu_from:
                 cpu_start = (time.monotonic(), _cpu_groups(info, proc.pid), arrivals.count())
             if proc.poll() is not None:
                 raise RuntimeError(f"the source exited early; see {work / 'source.log'}")
