@@ -17,8 +17,6 @@ import sys
 import threading
 from typing import Literal
 
-from pythonjsonlogger.json import JsonFormatter
-
 from connectors.core.kafka.clients import stop_requested
 from connectors.core.kafka.log import RepeatFilter
 
@@ -31,6 +29,9 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 def formatter(fmt: LogFormat) -> logging.Formatter:
     if fmt == "json":
+        # Imported for JSON logs only: 0.04 s of every component's start otherwise (issue 29).
+        from pythonjsonlogger.json import JsonFormatter
+
         return JsonFormatter(
             "{levelname}{name}{message}",
             style="{",
@@ -59,8 +60,11 @@ def configure(level: int, fmt: LogFormat = "text") -> None:
 
 def current_format() -> LogFormat:
     """The format :func:`configure` set on the root logger (text when it was not called)."""
+    json_logs = sys.modules.get("pythonjsonlogger.json")
+    if json_logs is None:
+        return "text"  # never imported: no JSON formatter was made
     for handler in logging.getLogger().handlers:
-        if isinstance(handler.formatter, JsonFormatter):
+        if isinstance(handler.formatter, json_logs.JsonFormatter):
             return "json"
     return "text"
 

@@ -49,6 +49,11 @@ class BatchParsing(Protocol):
     @property
     def workers(self) -> int: ...
 
+    @property
+    def ready(self) -> bool:
+        """False while the processes are still starting (spawning and importing)."""
+        ...
+
     def submit(
         self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
     ) -> Future[ParsedBatch]: ...

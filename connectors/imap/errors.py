@@ -16,6 +16,7 @@ __all__ = [
     "FolderMissing",
     "ImapError",
     "ImapProtocolError",
+    "ParsePoolClosed",
     "UidValidityChanged",
 ]
 
@@ -35,6 +36,11 @@ class ImapProtocolError(ImapError):
 class FolderMissing(ImapProtocolError):
     """A watched folder does not exist on the server (deleted or renamed under the source, or
     never created): its worker waits for it; the account's other folders go on."""
+
+
+class ParsePoolClosed(ImapError, RuntimeError):
+    """The parse pool was closed: no process starts again (a warm-up that outlived a refused
+    start asks too late)."""
 
 
 class UidValidityChanged(ConnectionLost):

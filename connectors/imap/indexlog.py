@@ -271,11 +271,15 @@ class IndexChangelog:
         written per account. One producer for all of them: a first start of a deployment
         marks every account at once.
 
-        A plain idempotent producer is enough: an account's rows and its marker share one
-        partition, so the marker is never visible before them, and a crash before the marker
-        makes the next start rebuild again (the same values, overwriting).
+        A plain producer is enough: an account's rows and its marker share one partition and
+        the marker is produced only once every row is acknowledged, so it is never visible
+        before them; a retried record written twice is the same key and value (compacted);
+        and a crash before the marker makes the next start rebuild again (the same values,
+        overwriting). Not idempotent: an idempotent producer asks the cluster for a producer
+        id first, and created a moment ago it waits 500 ms for that in one start out of two
+        (librdkafka's retry timer, rdkafka_idempotence.c): on every new account's first start.
         """
-        producer = Producer(producer_config(self.kafka))
+        producer = Producer(producer_config(self.kafka, enable_idempotence=False))
         failed: list[KafkaError] = []
         written: dict[str, int] = {}
         try:

@@ -46,6 +46,7 @@ from connectors.core.claimcheck.store import ClaimCheckStore
 from connectors.core.config import ClaimCheckSettings, KafkaSettings
 from connectors.core.mail import ParseLimits, parse_mail
 from connectors.imap.connection import FetchedMail
+from connectors.imap.errors import ParsePoolClosed
 from connectors.imap.indexlog import ChangelogPartition
 from connectors.imap.records import ChangeKind, ParsedBatch, RecordBuilder
 
@@ -94,7 +95,11 @@ class ParsePool:
             raise ValueError("a parse pool needs at least one process")
         self.workers = workers
         self._executor: ProcessPoolExecutor | None = None
+        self._closed = False
         self._lock = threading.Lock()
+        #: Set once warm_up() has ended (the processes are up, or their start failed and the
+        #: first batch submitted starts them instead).
+        self._warmed = threading.Event()
 
     def submit(
         self, spec: BuilderSpec, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int
@@ -111,14 +116,25 @@ class ParsePool:
             return self._running().submit(_build_batch, spec, batch, uidvalidity, rescan_until)
 
     def warm_up(self) -> None:
-        """Start the processes now (spawning and importing takes ~1 s), not in the middle of
-        the first backfill."""
-        executor = self._running()
-        for done in [executor.submit(_ready) for _ in range(self.workers)]:
-            done.result()
+        """Start the processes now (spawning and importing takes ~1 s, several on a busy
+        machine), not in the middle of the first backfill; :attr:`ready` once it has ended."""
+        try:
+            executor = self._running()
+            for done in [executor.submit(_ready) for _ in range(self.workers)]:
+                done.result()
+        finally:
+            self._warmed.set()
+
+    @property
+    def ready(self) -> bool:
+        """True once warm_up() has ended: a batch submitted before would wait for the
+        processes to start."""
+        return self._warmed.is_set()
 
     def _running(self) -> ProcessPoolExecutor:
         with self._lock:
+            if self._closed:
+                raise ParsePoolClosed("the parse pool is closed")
             if self._executor is None:
                 self._executor = ProcessPoolExecutor(
                     self.workers,
@@ -133,11 +149,13 @@ class ParsePool:
                 self._executor = None
         broken.shutdown(wait=False, cancel_futures=True)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the processes; ``wait``: until they have exited. Final: nothing starts again."""
         with self._lock:
             executor, self._executor = self._executor, None
+            self._closed = True
         if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+            executor.shutdown(wait=wait, cancel_futures=True)
 
 
 # --- in the child processes ------------------------------------------------------------------
@@ -213,6 +231,10 @@ class MailboxParsing:
     @property
     def workers(self) -> int:
         return self.pool.workers
+
+    @property
+    def ready(self) -> bool:
+        return self.pool.ready
 
     def submit(
         self, mails: Sequence[FetchedMail], uidvalidity: int, rescan_until: int

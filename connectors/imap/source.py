@@ -40,9 +40,15 @@ from connectors.core.source.runtime import FolderRun, FolderSourceRuntime, ensur
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
+from connectors.imap.errors import ParsePoolClosed
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.indexlog import topic_spec as index_topic_spec
-from connectors.imap.parsepool import BuilderSpec, MailboxParsing, ParsePool, make_builder
+from connectors.imap.parsepool import (
+    BuilderSpec,
+    MailboxParsing,
+    ParsePool,
+    make_builder,
+)
 from connectors.imap.worker import MailboxWorker
 
 log = logging.getLogger(__name__)
@@ -117,7 +123,7 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
                 self._preloaded = loading.result()
         if wait_for_registry:
             self._registration.result()
-        if self.settings.parse_workers > 0:
+        if self._pool is None and self.settings.parse_workers > 0:
             self._pool = ParsePool(self.settings.parse_workers)
 
     def _open_claim_check(self) -> ClaimCheckStore | None:
@@ -140,16 +146,19 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         # topic: 30 s, past the 30 s a missing ACL may take to be named), and must not hold
         # the refusal, nor the process's exit, until then; it closes its watcher if it ends.
         threading.Thread(target=read, name="imap-mailboxes", daemon=True).start()
+        if self.settings.parse_workers > 0:
+            # The parse processes start now, in the background: spawning them and their
+            # imports (~1 s of CPU each, more on a loaded machine) overlap the waits on the
+            # broker below instead of following them, and the first backfill batch finds them
+            # up. A mailbox with nothing to catch up never waits for them.
+            self._pool = ParsePool(self.settings.parse_workers)
+            threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
         try:
             self.prepare(wait_for_registry=False)
         except BaseException:
             reading.add_done_callback(_close_watcher)
             raise
-        mailboxes = reading.result()
-        if self._pool is not None:
-            # In the background: a mailbox with nothing to catch up must not wait for it.
-            threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
-        return mailboxes
+        return reading.result()
 
     def _ready(self) -> None:
         # A registry that refuses the schema stops the source at start, with the sentence,
@@ -162,6 +171,8 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
             return
         try:
             pool.warm_up()
+        except ParsePoolClosed:
+            return  # the source stopped (a refused start) while they were starting
         except Exception:  # the first backfill starts the processes (and reports) instead
             log.warning("parse processes did not start ahead of time", exc_info=True)
 
@@ -232,7 +243,9 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
 
     def _closed(self) -> None:
         if self._pool is not None:
-            self._pool.close()
+            # After a refused start the processes may still be importing: the refusal's
+            # sentence must not wait for them (they exit with this process either way).
+            self._pool.close(wait=self.started.is_set())
             self._pool = None
         for index in self._preloaded.values():
             index.close()

@@ -23,7 +23,6 @@ Figures, not assertions. The round's topics are deleted at the end.
 
 from __future__ import annotations
 
-import compileall
 import datetime as dt
 import os
 import re
@@ -50,6 +49,7 @@ from connectors.core.mail import parse_mail
 from connectors.core.source.location import SourceLocation
 from connectors.imap.index import ENV_REBUILD
 from connectors.imap.indexlog import IndexChangelog, marker_key, partition_of
+from mailtap.bench.bytecode import compile_ahead
 from mailtap.bench.ingest import _backfill_started, _delete_topics, _say, _services
 from mailtap.dev import DevServices
 from mailtap.dev.layout import REPO_ROOT
@@ -104,7 +104,7 @@ def bench_startup(
             _say(f"{label}: starting the source ...")
             return _timed_start(kafka, account, config, work / f"{label}.log", appended, rebuild)
 
-        figures["bytecode_compiled_ahead"] = _compile_ahead()
+        figures["bytecode_compiled_ahead"] = compile_ahead()
         figures["interpreter_and_imports_s_median"] = _imports_floor(rounds)
         figures["first_start"] = start("first-start", rebuild=False)
         changelog_runs, scan_runs = [], []
@@ -127,14 +127,6 @@ def bench_startup(
         _delete_topics(kafka, tag)
         shutil.rmtree(work, ignore_errors=True)
     return figures
-
-
-def _compile_ahead() -> bool:
-    """Bytecode for mailtap's modules, as the image has it (True when all compiled)."""
-    return all(
-        compileall.compile_dir(REPO_ROOT / package, quiet=2)
-        for package in ("connectors", "streams", "mailtap")
-    )
 
 
 def _imports_floor(rounds: int) -> float:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from connectors.core.config import MailtapConfig
 from connectors.core.kafka.clients import request_stop
 from connectors.core.kafka.topics import DEFAULT_RETRY_TIERS
-from connectors.smtp.config import SmtpSinkSettings
+
+if TYPE_CHECKING:
+    from connectors.smtp.config import SmtpSinkSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,6 +49,9 @@ def config_option(func: F) -> F:
 
 def sink_settings(cfg: MailtapConfig) -> SmtpSinkSettings | None:
     """The validated ``smtp`` section, None when the configuration runs no sink."""
+    # Imported here: every command imports this module, the IMAP source included (issue 29).
+    from connectors.smtp.config import SmtpSinkSettings
+
     return cfg.section("smtp", SmtpSinkSettings) if cfg.has_section("smtp") else None
 
 

@@ -1,6 +1,7 @@
 import random
 import ssl
 
+import pytest
 from confluent_kafka import Producer
 
 from connectors.core.config import KafkaSettings
@@ -11,6 +12,7 @@ from connectors.core.errors import (
     Disposition,
     classify,
 )
+from connectors.core.kafka import transactions
 from connectors.core.kafka.clients import client_config, producer_config
 from connectors.core.kafka.offsets import canonical_json
 from connectors.core.kafka.topics import topic_specs
@@ -97,3 +99,24 @@ def test_clients_skip_the_metrics_push_unless_the_properties_ask_for_it() -> Non
         bootstrap_servers="127.0.0.1:1", client_properties={"enable.metrics.push": "true"}
     )
     assert client_config(wanted)["enable.metrics.push"] == "true"
+
+
+def test_a_transactional_writer_connects_to_every_broker_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 29: with librdkafka's sparse connections, init_transactions of a producer created
+    # a moment ago waited a fixed 500 ms for the coordinator's connection in most starts.
+    made: list[dict[str, object]] = []
+
+    def producer(conf: dict[str, object]) -> Producer:
+        made.append(conf)
+        return Producer(conf)  # librdkafka knows the property: an unknown one raises here
+
+    monkeypatch.setattr(transactions, "Producer", producer)
+    monkeypatch.setattr(transactions, "init_transactions", lambda *args: None)
+    writer = transactions.TransactionalSourceWriter(
+        KafkaSettings(bootstrap_servers="127.0.0.1:1"), "mailtap-imap-a-INBOX"
+    )
+    writer.close()
+    assert [c["enable.sparse.connections"] for c in made] == [False]
+    assert made[0]["transactional.id"] == "mailtap-imap-a-INBOX"

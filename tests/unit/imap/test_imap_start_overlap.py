@@ -14,6 +14,8 @@ from connectors.core.errors import ConfigError
 from connectors.core.source import runtime as runtime_module
 from connectors.core.source.ownership.wiring import MailboxesRead
 from connectors.imap import source as source_module
+from connectors.imap.errors import ParsePoolClosed
+from connectors.imap.parsepool import ParsePool
 from connectors.imap.source import ImapSource
 
 CONFIG = {
@@ -153,3 +155,42 @@ def test_a_registry_refusal_still_stops_start_with_its_sentence(
     # Closed again by start(): the mailboxes stopped, the health endpoint too.
     assert not source.started.is_set() and source.health_port is None
     assert seen == {"sharing": "closed"}
+
+
+def test_the_parse_processes_start_while_the_source_prepares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 29: the parse processes spawn (and import) while start-up waits on the broker,
+    not after it: the first backfill batch found them still starting."""
+    warming = threading.Event()
+    handed: dict[str, Any] = {}
+
+    def warm_up(pool: ParsePool) -> None:
+        handed["workers"] = pool.workers
+        warming.set()
+
+    def prepare(self: ImapSource, wait_for_registry: bool = True) -> None:
+        # Before the change the warm-up began only after prepare() had returned.
+        handed["warm_up_during_prepare"] = warming.wait(OVERLAP_WAIT_S)
+
+    monkeypatch.setattr(ParsePool, "warm_up", warm_up)
+    monkeypatch.setattr(ImapSource, "prepare", prepare)
+    monkeypatch.setattr(source_module, "read_mailboxes", lambda *args: None)
+    monkeypatch.setattr(runtime_module, "start_sharing", lambda *args, **kwargs: None)
+    cfg = {**CONFIG, "imap": {**CONFIG["imap"], "parse_workers": 2}}  # type: ignore[dict-item]
+    source = ImapSource.from_config(config_from_dict(cfg))
+    try:
+        source.start()
+    finally:
+        source.stop()
+    assert handed == {"workers": 2, "warm_up_during_prepare": True}
+
+
+def test_a_pool_closed_before_its_warm_up_starts_no_process() -> None:
+    """A refused start closes the pool while the warm-up thread may not have begun: the
+    warm-up must not start processes for a source that is gone."""
+    pool = ParsePool(2)
+    pool.close(wait=False)
+    with pytest.raises(ParsePoolClosed):
+        pool.warm_up()
+    assert pool._executor is None  # nothing was spawned

@@ -132,6 +132,8 @@ class ThreadedParsing:
 
     def __init__(self, builder: RecordBuilder) -> None:
         self.builder = builder
+        #: The processes have started (the source's warm-up is over).
+        self.ready = True
         self.executor = ThreadPoolExecutor(2)
         self.batches: list[list[int]] = []
         #: Files a parse process wrote without fsync: the commit must make them durable.
@@ -612,6 +614,20 @@ def test_a_pipelined_batch_commits_only_once_its_unsynced_pack_is_durable(tmp_pa
     worker._parsing = parsing
     worker.run()
     assert_whole_batches_in_order(writer, [[1, 2, 3], [4, 5, 6], [7]])
+
+
+def test_the_first_batch_is_published_in_the_mailbox_thread_while_the_parse_processes_start() -> (
+    None
+):
+    # Issue 29: the pool's warm-up (spawn and imports) must not hold the first event back; the
+    # rest of the backlog goes to the pool (waiting for it), in UID order.
+    worker, writer, _ = make_worker(filled(10), pipelined=True)
+    parsing = worker._parsing
+    assert isinstance(parsing, ThreadedParsing)
+    parsing.ready = False
+    worker.run()
+    assert parsing.batches == [[4, 5, 6], [7, 8, 9], [10]]  # the first batch was not submitted
+    assert_whole_batches_in_order(writer, [[1, 2, 3], [4, 5, 6], [7, 8, 9], [10]])
 
 
 def assert_whole_batches_in_order(writer: RecordingWriter, batches: list[list[int]]) -> None:
