@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -48,6 +49,10 @@ class Instance:
     smtp_proxy: TcpProxy | None = None
     #: killed by a fault and waiting for its restart: not a crash
     killed_on_purpose: bool = False
+    #: the fault thread (restart after a kill) and the supervisor (restart after an exit) both
+    #: start instances: without it both saw the same dead process and started two, one of them
+    #: untracked (a third streams worker, an orphan at the end)
+    _lock: threading.RLock = field(default_factory=threading.RLock, repr=False, compare=False)
 
     @property
     def component(self) -> str:
@@ -61,36 +66,34 @@ class Instance:
     def log_path(self) -> Path:
         return self.run_dir / "logs" / f"{self.name}.log"
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "mailtap.cli", "-v", "run", self.component]
+
     def start(self) -> None:
-        self.killed_on_purpose = False
-        if not port_is_free(self.health_port):
-            # Picked free a while ago; another process on this shared machine took it since.
-            self.health_port = free_port()
-        doc = {**self.config, "health": {"host": "127.0.0.1", "port": self.health_port}}
-        self.config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n=== soak: start #{self.lives + 1} at {time.ctime()} ===\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mailtap.cli",
-                    "-v",
-                    "run",
-                    self.component,
-                    "-c",
-                    str(self.config_path),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                start_new_session=True,
-                preexec_fn=die_with_parent(),
-            )
-        self.lives += 1
+        """Start the instance unless it runs: a second start of one identity is a no-op."""
+        with self._lock:
+            if self.alive:
+                return
+            if not port_is_free(self.health_port):
+                # Picked free a while ago; another process on this shared machine took it since.
+                self.health_port = free_port()
+            doc = {**self.config, "health": {"host": "127.0.0.1", "port": self.health_port}}
+            self.config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "ab") as log:
+                log.write(f"\n=== soak: start #{self.lives + 1} at {time.ctime()} ===\n".encode())
+                log.flush()
+                self.proc = subprocess.Popen(
+                    [*self.command(), "-c", str(self.config_path)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    start_new_session=True,
+                    preexec_fn=die_with_parent(),
+                )
+            self.lives += 1
+            self.killed_on_purpose = False
 
     @property
     def alive(self) -> bool:
@@ -98,12 +101,13 @@ class Instance:
 
     def kill(self) -> None:
         """kill -9 of the whole group: a crash, nothing cleaned up."""
-        if self.proc is None:
-            return
-        self.killed_on_purpose = True
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        with self._lock:
+            if self.proc is None:
+                return
+            self.killed_on_purpose = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
 
     def stop(self, grace: float = 15.0) -> None:
         if self.proc is None or not self.alive:
@@ -116,9 +120,10 @@ class Instance:
 
     def exited_by_itself(self) -> int | None:
         """The exit status when the instance ended without a fault or a stop asking it to."""
-        if self.proc is None or self.killed_on_purpose:
-            return None
-        return self.proc.poll()
+        with self._lock:
+            if self.proc is None or self.killed_on_purpose:
+                return None
+            return self.proc.poll()
 
     def log_tail(self, lines: int = 15) -> str:
         try:
