@@ -40,7 +40,7 @@ from connectors.core.avro.schemas import (
     load_schema,
     schemas_dir,
 )
-from connectors.core.avro.writer import Unexpected, compile_writer
+from connectors.core.avro.writer import Unexpected, ValueWriter, compile_writer
 from connectors.core.config import (
     DEFAULT_COMPATIBILITY,
     Compatibility,
@@ -96,6 +96,16 @@ def _record_unions(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
 
 _SHARED: dict[tuple[str, str | None, str, SchemaRegistryClientSettings], AvroSerde] = {}
 _SHARED_LOCK = threading.Lock()
+#: Compiled writers by schema text (with its logical types and defaults, unlike the parsing
+#: canonical form): compiling MailEvent's takes a few ms, and some callers make a serde per use.
+_WRITERS: dict[str, ValueWriter | None] = {}
+
+
+def _compiled_writer(schema_str: str, parsed: Any) -> ValueWriter | None:
+    if schema_str not in _WRITERS:
+        # Two threads may both compile it: the same pure function, either one kept.
+        _WRITERS[schema_str] = compile_writer(parsed)
+    return _WRITERS[schema_str]
 
 
 class AvroSerde:
@@ -125,7 +135,7 @@ class AvroSerde:
         self._record_unions = _record_unions(schema.raw)
         self._enum_paths = tuple(_enum_paths(schema.raw))
         #: The schema's compiled writer (writer.py), None where it does not compile.
-        self._writer = compile_writer(schema.parsed)
+        self._writer = _compiled_writer(self._schema_str, schema.parsed)
         self._single_object_prefix = SINGLE_OBJECT_MAGIC + schema.fingerprint
         #: With a registry: the header of a topic's records, once the compiled writer's body
         #: was seen to equal the serializer's (the schema id is fixed once registered).
