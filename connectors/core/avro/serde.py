@@ -30,6 +30,7 @@ from typing import Any
 
 import fastavro
 
+from connectors.core.avro.errors import UnexpectedValue
 from connectors.core.avro.registry import prepare_subjects, registry_client
 from connectors.core.avro.schemas import (
     SCHEMAS_DIR_ENV,
@@ -40,7 +41,7 @@ from connectors.core.avro.schemas import (
     load_schema,
     schemas_dir,
 )
-from connectors.core.avro.writer import Unexpected, ValueWriter, compile_writer
+from connectors.core.avro.writer import ValueWriter, compile_writer
 from connectors.core.config import (
     DEFAULT_COMPATIBILITY,
     Compatibility,
@@ -208,7 +209,7 @@ class AvroSerde:
             if prefix is not None:
                 try:
                     return prefix + self._writer(value)
-                except Unexpected:
+                except UnexpectedValue:
                     pass  # fastavro writes it below, or says what is wrong with it
         self._refuse_placeholder(value)
         plain = value
@@ -237,7 +238,7 @@ class AvroSerde:
             header, body = out[:5], out[5:]
             try:
                 same = header[:1] == CONFLUENT_MAGIC and self._writer(plain) == body
-            except Unexpected:
+            except UnexpectedValue:
                 same = False  # decided by the next record
             if same:
                 self._confluent_prefixes[topic] = header

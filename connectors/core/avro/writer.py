@@ -9,7 +9,7 @@ generates straight-line Python, one function per record type, that writes into a
 ``bytearray`` (figures in the commits that brought and changed it).
 
 fastavro stays the writer of record. The compiled writer takes only the value shapes the
-events have and raises :class:`Unexpected` for anything else, *before* its output is used:
+events have and raises :class:`UnexpectedValue` for anything else, *before* its output is used:
 a missing field (fastavro would write the default), another Python type, a symbol the enum
 does not have (or ``UNRECOGNIZED``, which the serde refuses with its own sentence), a long
 out of range, a string that is not UTF-8 encodable, tuple notation for a union. The caller
@@ -40,7 +40,9 @@ from typing import Any
 
 from fastavro.write import LOGICAL_WRITERS
 
-__all__ = ["Unexpected", "ValueWriter", "compile_writer"]
+from connectors.core.avro.errors import UnexpectedValue, UnsupportedSchema
+
+__all__ = ["ValueWriter", "compile_writer"]
 
 #: ``write(value) -> bytes``: the Avro binary encoding of ``value`` (no framing).
 ValueWriter = Callable[[Any], bytes]
@@ -51,14 +53,6 @@ _INT_MIN, _INT_MAX = -(2**31), 2**31 - 1
 _PLACEHOLDER = "UNRECOGNIZED"
 
 
-class Unexpected(Exception):
-    """The value is not one the compiled writer takes; write it with fastavro instead."""
-
-
-class _Unsupported(Exception):
-    """A schema construct the compiler does not take (compile_writer returns None)."""
-
-
 def compile_writer(parsed: Any) -> ValueWriter | None:
     """The writer of ``parsed`` (a schema parsed by ``fastavro.parse_schema``), or None
     when the schema holds a construct this module does not compile."""
@@ -67,7 +61,7 @@ def compile_writer(parsed: Any) -> ValueWriter | None:
     )
     try:
         node = _Compiler(named).compile(parsed)
-    except _Unsupported:
+    except UnsupportedSchema:
         return None
 
     def write(value: Any) -> bytes:
@@ -77,7 +71,7 @@ def compile_writer(parsed: Any) -> ValueWriter | None:
         except (TypeError, KeyError, AttributeError, ValueError, OverflowError) as exc:
             # A value of another shape than the compiled one took (a list for a record, a
             # str subclass...): fastavro decides what it is.
-            raise Unexpected(repr(exc)) from exc
+            raise UnexpectedValue(repr(exc)) from exc
         return bytes(out)
 
     return write
@@ -86,9 +80,9 @@ def compile_writer(parsed: Any) -> ValueWriter | None:
 def _long(out: bytearray, datum: Any) -> None:
     """A long that is not 0..63 (the generated code writes those itself)."""
     if datum.__class__ is not int:
-        raise Unexpected("not a long")
+        raise UnexpectedValue("not a long")
     if not _LONG_MIN <= datum <= _LONG_MAX:
-        raise Unexpected("a long out of range")
+        raise UnexpectedValue("a long out of range")
     n = (datum << 1) ^ (datum >> 63)
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -120,7 +114,7 @@ class _Compiler:
         self._named = named
         #: Names the generated code refers to: helpers, enum tables, logical converters.
         self._globals: dict[str, Any] = {
-            "Unexpected": Unexpected,
+            "UnexpectedValue": UnexpectedValue,
             "_long": _long,
             "_LONG_MIN": _LONG_MIN,
             "_LONG_MAX": _LONG_MAX,
@@ -171,16 +165,16 @@ class _Compiler:
             elif schema in self._named and schema not in self._open:
                 self._node(self._named[schema], var, lines, depth)
             else:
-                raise _Unsupported(f"recursive or unknown type {schema}")
+                raise UnsupportedSchema(f"recursive or unknown type {schema}")
             return
         if not isinstance(schema, dict):
-            raise _Unsupported(repr(schema))
+            raise UnsupportedSchema(repr(schema))
         kind = schema.get("type")
         logical = schema.get("logicalType")
         if logical is not None:
             prepare = LOGICAL_WRITERS.get(f"{kind}-{logical}")
             if prepare is None or kind not in _PRIMITIVES:
-                raise _Unsupported(f"logical type {logical} on {kind}")
+                raise UnsupportedSchema(f"logical type {logical} on {kind}")
             # fastavro's own conversion (a datetime to epoch milliseconds...): the same number.
             convert = self._constant("_prepare", prepare)
             node = self._constant("_schema", schema)
@@ -199,14 +193,14 @@ class _Compiler:
             lines += [
                 f"{pad}{found} = {table}.get({var}) if {var}.__class__ is str else None",
                 f"{pad}if {found} is None:",
-                f"{pad}    raise Unexpected('not a symbol of the enum')",
+                f"{pad}    raise UnexpectedValue('not a symbol of the enum')",
                 f"{pad}out += {found}",
             ]
         elif kind == "array":
             item = self._name("item")
             lines += [
                 f"{pad}if {var}.__class__ is not list and {var}.__class__ is not tuple:",
-                f"{pad}    raise Unexpected('not a list')",
+                f"{pad}    raise UnexpectedValue('not a list')",
                 # One block, as fastavro writes it: count, items, then the 0 block.
                 f"{pad}if {var}:",
                 f"{pad}    _long(out, len({var})) if len({var}) >= 64 else "
@@ -218,11 +212,11 @@ class _Compiler:
         elif isinstance(kind, str) and kind in _PRIMITIVES:
             self._primitive(kind, var, lines, pad)
         else:
-            raise _Unsupported(str(kind))
+            raise UnsupportedSchema(str(kind))
 
     def _primitive(self, kind: str, var: str, lines: list[str], pad: str) -> None:
         if kind == "null":
-            lines += [f"{pad}if {var} is not None:", f"{pad}    raise Unexpected('not None')"]
+            lines += [f"{pad}if {var} is not None:", f"{pad}    raise UnexpectedValue('not None')"]
         elif kind == "boolean":
             lines += [
                 f"{pad}if {var} is True:",
@@ -230,13 +224,13 @@ class _Compiler:
                 f"{pad}elif {var} is False:",
                 f"{pad}    out.append(0)",
                 f"{pad}else:",
-                f"{pad}    raise Unexpected('not a bool')",
+                f"{pad}    raise UnexpectedValue('not a bool')",
             ]
         elif kind == "string":
             data = self._name("data")
             lines += [
                 f"{pad}if {var}.__class__ is not str:",
-                f"{pad}    raise Unexpected('not a str')",
+                f"{pad}    raise UnexpectedValue('not a str')",
                 # Strict UTF-8 as fastavro: a lone surrogate raises UnicodeEncodeError.
                 f"{pad}{data} = {var}.encode()",
                 f"{pad}if len({data}) < 64:",
@@ -248,12 +242,12 @@ class _Compiler:
         else:  # int, long
             lines += [
                 f"{pad}if {var}.__class__ is not int:",
-                f"{pad}    raise Unexpected('not an int')",
+                f"{pad}    raise UnexpectedValue('not an int')",
             ]
             if kind == "int":
                 lines += [
                     f"{pad}if not _INT_MIN <= {var} <= _INT_MAX:",
-                    f"{pad}    raise Unexpected('an int out of range')",
+                    f"{pad}    raise UnexpectedValue('an int out of range')",
                 ]
             lines += [
                 f"{pad}if 0 <= {var} < 64:",
@@ -268,7 +262,7 @@ class _Compiler:
         self._open.add(name)
         body = [
             "    if value.__class__ is not dict:",
-            "        raise Unexpected('not a dict')",
+            "        raise UnexpectedValue('not a dict')",
         ]
         for field in schema["fields"]:
             local = self._name("f")
@@ -282,14 +276,14 @@ class _Compiler:
 
     def _union(self, branches: list[Any], var: str, lines: list[str], depth: int) -> None:
         if len(branches) != 2 or "null" not in branches:
-            raise _Unsupported("a union other than [null, X]")
+            raise UnsupportedSchema("a union other than [null, X]")
         pad = "    " * depth
         null_index = branches.index("null")
         lines += [
             f"{pad}if {var} is None:",
             f"{pad}    out.append({null_index << 1})",
             f"{pad}elif {var}.__class__ is tuple:",
-            f"{pad}    raise Unexpected('tuple notation')",  # fastavro resolves named branches
+            f"{pad}    raise UnexpectedValue('tuple notation')",  # fastavro resolves named branches
             f"{pad}else:",
             f"{pad}    out.append({(1 - null_index) << 1})",
         ]

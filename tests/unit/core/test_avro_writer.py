@@ -1,7 +1,7 @@
 """The compiled Avro writer (connectors/core/avro/writer.py) against fastavro, the writer of record.
 
 Whatever the compiled writer writes must be fastavro's bytes; whatever it refuses
-(``Unexpected``) the serde hands to fastavro, so ``AvroSerde.encode`` must give fastavro's
+(``UnexpectedValue``) the serde hands to fastavro, so ``AvroSerde.encode`` must give fastavro's
 bytes, or fastavro's error, for every value: events parsed from the fixture corpora (hostile
 mail included), events generated from the schema itself, and values of the wrong shape.
 """
@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from connectors.core.avro.errors import UnexpectedValue
 from connectors.core.avro.serde import SINGLE_OBJECT_MAGIC, TOPIC_SCHEMAS, AvroSerde, load_schema
-from connectors.core.avro.writer import Unexpected, compile_writer
+from connectors.core.avro.writer import compile_writer
 from connectors.core.claimcheck.local import LocalClaimCheckStore
 from connectors.core.errors import DataError
 from connectors.core.mail import ParseLimits, parse_mail
@@ -176,7 +177,7 @@ def test_any_value_gives_fastavros_outcome(value: dict[str, Any]) -> None:
     assert write is not None
     try:
         compiled = write(value)
-    except Unexpected:
+    except UnexpectedValue:
         compiled = None
     if compiled is not None:
         assert compiled == fastavro_bytes(MAIL_EVENT.parsed, value)
@@ -200,7 +201,7 @@ def test_the_generated_events_mostly_take_the_compiled_path() -> None:
         try:
             write(value)
             taken.append(True)
-        except Unexpected:
+        except UnexpectedValue:
             taken.append(False)
 
     count()
@@ -218,7 +219,7 @@ def test_a_missing_field_with_a_default_is_written_by_fastavro() -> None:
     del event["schema_version"]  # default 1
     write = compile_writer(MAIL_EVENT.parsed)
     assert write is not None
-    with pytest.raises(Unexpected):
+    with pytest.raises(UnexpectedValue):
         write(event)
     assert AvroSerde(MAIL_EVENT).encode(event, "mail.events")[10:] == fastavro_bytes(
         MAIL_EVENT.parsed, event
