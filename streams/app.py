@@ -61,7 +61,7 @@ from faust.transport.drivers import aiokafka as aiokafka_driver
 from connectors.core import tracing
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
-from connectors.core.errors import ConfigError, DataError
+from connectors.core.errors import ConfigError, DataError, RegistryUnavailable
 from connectors.core.kafka.acls import streams_acls
 from connectors.core.kafka.clients import (
     WAIT_SLICE_S,
@@ -98,6 +98,10 @@ TABLE_NAMES = ("runs", "rates", "state")
 SWEEP_INTERVAL_S = 3600.0
 #: How often a settled worker looks for a stalled stream partition (streams.stall).
 STALL_CHECK_S = 5.0
+#: While the schema registry does not answer, a record is decoded again after this pause,
+#: doubled up to the maximum.
+REGISTRY_RETRY_FIRST_S = 0.5
+REGISTRY_RETRY_MAX_S = 5.0
 
 
 def conversations_topic_name(app_id: str) -> str:
@@ -118,6 +122,21 @@ class _ReadCommittedConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
 class _ReadCommittedConsumer(aiokafka_driver.Consumer):
     def _new_consumer_thread(self) -> Any:
         return _ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _add_gap(self, tp: Any, offset_from: int, offset_to: int) -> None:
+        """Record the offsets skipped between two records read: ``offset_from`` to the one
+        before ``offset_to``.
+
+        faust passes the offset of the record just read as ``offset_to`` and records the gap up
+        to and including it; that record's own ack then adds its offset a second time, and the
+        duplicate splits the run of consecutive offsets ``_new_offset`` commits up to. Each commit
+        then advanced only to the next gap: on ``mail.events``, which the sources write in small
+        transactions (a commit marker after each), one transaction per commit interval, so the
+        group's committed offset fell minutes behind while every record was processed, and a
+        restart re-read all of that (robinhood/faust#625 is the same symptom; seen in a
+        60-minute soak: lag 400 s with the workers idle).
+        """
+        await super()._add_gap(tp, offset_from, offset_to - 1)
 
 
 class _ReadCommittedTransport(aiokafka_driver.Transport):
@@ -304,7 +323,7 @@ class StreamsWorker:
         if value is None:
             return None  # a tombstone: the mail left the mailbox, nothing to answer
         try:
-            record = self.mail_serde.decode(value, self.kafka.topics.events)
+            record = await self.decode_event(value)
             conversation = conversation_key(record).encode()
         except DataError:
             conversation = key or b""  # reported by the conversation agent, under its own key
@@ -313,6 +332,22 @@ class StreamsWorker:
         )
         await sent
         return conversation
+
+    async def decode_event(self, value: bytes) -> dict[str, Any]:
+        """Decode a ``mail.events`` record, waiting while the schema registry does not answer.
+
+        An outage is not bad data: reported as undecodable, the mail's workflow would never run,
+        and out of the agent it would crash it. The partition waits here, in order, and the
+        offset is not committed past the record (the sink does the same with its commands).
+        """
+        delay = REGISTRY_RETRY_FIRST_S
+        while True:
+            try:
+                return self.mail_serde.decode(value, self.kafka.topics.events)
+            except RegistryUnavailable as exc:
+                log.warning("waiting %.1f s for the schema registry: %s", delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, REGISTRY_RETRY_MAX_S)
 
     async def _consume(self, stream: Any) -> None:
         async for event in stream.events():
@@ -339,7 +374,7 @@ class StreamsWorker:
         if value is None:
             return Outcome()
         try:
-            record = self.mail_serde.decode(value, self.kafka.topics.events)
+            record = await self.decode_event(value)
         except DataError as exc:
             # The record stays on the topic; saying so on mail.workflow beats a silent skip.
             log.warning("undecodable record on %s: %s", self.kafka.topics.events, exc)

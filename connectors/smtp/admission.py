@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from confluent_kafka import Message
 
 from connectors.core.avro.serde import AvroSerde
+from connectors.core.errors import RegistryUnavailable
 from connectors.smtp.classify import MAX_DIAGNOSTIC, DeliveryStatus, RecipientOutcome
 from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.errors import RenderError
@@ -62,6 +63,8 @@ class CommandAdmission:
         """Decode and decide from the state whether this record still needs action."""
         try:
             command = self.commands_serde.decode(record.value() or b"", record.topic() or "")
+        except RegistryUnavailable:
+            raise  # not a bad record: the caller tries it again once the registry answers
         except Exception as exc:
             dead.append((record, f"undecodable ReplyCommand: {exc}", type(exc).__name__))
             return None

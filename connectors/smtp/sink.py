@@ -62,6 +62,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig
+from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.acls import sink_acls
 from connectors.core.kafka.clients import consumer_config
 from connectors.core.kafka.permissions import check_created, check_permissions
@@ -100,6 +101,9 @@ PRUNE_CHUNK = 5000
 #: max.poll.interval.ms unless kafka.client_properties sets it: one SMTP round may take minutes
 #: when the relay is slow (data_timeout).
 MAX_POLL_INTERVAL_MS = 600_000
+#: How long a partition whose next command could not be decoded for want of the schema registry
+#: waits before it is read again.
+REGISTRY_RETRY_MS = 5_000
 
 
 class SmtpSink:
@@ -369,7 +373,26 @@ class SmtpSink:
                 self.gate.hold(topic, partition, info.due_ms)
                 continue
             offsets[tp] = offset + 1
-            item = self.admission.admit(record, info, claimed, dead)
+            try:
+                item = self.admission.admit(record, info, claimed, dead)
+            except RegistryUnavailable as exc:
+                # Not a bad record: the registry is down. Park the partition at this record and
+                # read it again later, as a retry not due yet is parked; dead-lettering it lost
+                # the reply (found by `mailtap soak`, a registry-down fault).
+                log.warning(
+                    "%s/%d at %d waits for the schema registry (trying again in %.0f s): %s",
+                    topic,
+                    partition,
+                    offset,
+                    REGISTRY_RETRY_MS / 1000,
+                    exc,
+                )
+                held.add(tp)
+                offsets[tp] = offset
+                self._consumer.pause([TopicPartition(topic, partition)])
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+                self.gate.hold(topic, partition, to_ms(now) + REGISTRY_RETRY_MS)
+                continue
             if item is not None:
                 work.append(item)
 

@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aiokafka.errors import IllegalStateError
@@ -19,6 +19,8 @@ from faust.types import TP
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
+from connectors.core.errors import RegistryUnavailable
+from streams import app as streams_app
 from streams.app import StreamsWorker
 from streams.config import StreamsSettings
 from streams.testing import EPOCH, mail_record
@@ -306,3 +308,44 @@ async def test_state_of_a_revoked_partition_leaves_the_worker_at_the_next_recove
     await w.tables.state.data.on_recovery_completed({TP(changelog, 1)}, set())
     assert "ticket_intake/thread/kept@example.com" in w.tables.state
     assert "ticket_intake/thread/moved@example.com" not in w.tables.state
+
+
+class _RegistryDownFor:
+    """The worker's serde, with the registry down for its first ``outages`` decodes."""
+
+    def __init__(self, serde: Any, outages: int) -> None:
+        self.serde, self.outages, self.calls = serde, outages, 0
+
+    def decode(self, value: bytes, topic: str = "") -> dict[str, Any]:
+        self.calls += 1
+        if self.calls <= self.outages:
+            raise RegistryUnavailable("the schema registry did not answer: connection refused")
+        return cast(dict[str, Any], self.serde.decode(value, topic))
+
+
+async def test_a_registry_outage_waits_and_the_workflow_runs_once_it_answers(
+    worker: tuple[StreamsWorker, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by `mailtap soak`: an outage is not bad data. Reported as undecodable, the mail's
+    workflow would never run; out of the agent, the exception would crash it."""
+    w, sent = worker
+    monkeypatch.setattr(streams_app, "REGISTRY_RETRY_FIRST_S", 0.01)
+    w.mail_serde = cast(Any, _RegistryDownFor(w.mail_serde, outages=3))
+    key, value = encoded(mail_record(message_id="req@example.com"))
+    outcome = await w.on_record(key, value)
+    assert [e["status"] for e in outcome.events] == ["TICKET_OPENED"]
+    assert [e["status"] for e in sent.events()] == ["TICKET_OPENED"]
+    assert len(sent.commands()) == 1
+    assert w.mail_serde.calls == 4  # type: ignore[attr-defined]
+
+
+async def test_a_registry_outage_holds_the_forward_until_it_answers(
+    worker: tuple[StreamsWorker, Recorder], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w, sent = worker
+    monkeypatch.setattr(streams_app, "REGISTRY_RETRY_FIRST_S", 0.01)
+    w.conversations_topic.send = sent.sender("conversations")
+    w.mail_serde = cast(Any, _RegistryDownFor(w.mail_serde, outages=2))
+    opening = mail_record(message_id="<Root@Example.com>")
+    assert await w.forward(*encoded(opening)) == b"root@example.com"
+    assert [(t, k) for t, k, _ in sent.log] == [("conversations", b"root@example.com")]
