@@ -30,6 +30,7 @@ from typing import Any
 
 import fastavro
 
+from connectors.core.avro.errors import UnexpectedValue
 from connectors.core.avro.registry import login_refused, prepare_subjects, registry_client
 from connectors.core.avro.registry_bearer import token_unavailable
 from connectors.core.avro.schemas import (
@@ -41,6 +42,7 @@ from connectors.core.avro.schemas import (
     load_schema,
     schemas_dir,
 )
+from connectors.core.avro.writer import ValueWriter, compile_writer
 from connectors.core.config import (
     DEFAULT_COMPATIBILITY,
     Compatibility,
@@ -96,6 +98,16 @@ def _record_unions(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
 
 _SHARED: dict[tuple[str, str | None, str, SchemaRegistryClientSettings], AvroSerde] = {}
 _SHARED_LOCK = threading.Lock()
+#: Compiled writers by schema text (with its logical types and defaults, unlike the parsing
+#: canonical form): compiling MailEvent's takes a few ms, and some callers make a serde per use.
+_WRITERS: dict[str, ValueWriter | None] = {}
+
+
+def _compiled_writer(schema_str: str, parsed: Any) -> ValueWriter | None:
+    if schema_str not in _WRITERS:
+        # Two threads may both compile it: the same pure function, either one kept.
+        _WRITERS[schema_str] = compile_writer(parsed)
+    return _WRITERS[schema_str]
 
 
 class AvroSerde:
@@ -124,6 +136,12 @@ class AvroSerde:
         self._prepared_topics: set[str] = set()
         self._record_unions = _record_unions(schema.raw)
         self._enum_paths = tuple(_enum_paths(schema.raw))
+        #: The schema's compiled writer (writer.py), None where it does not compile.
+        self._writer = _compiled_writer(self._schema_str, schema.parsed)
+        self._single_object_prefix = SINGLE_OBJECT_MAGIC + schema.fingerprint
+        #: With a registry: the header of a topic's records, once the compiled writer's body
+        #: was seen to equal the serializer's (the schema id is fixed once registered).
+        self._confluent_prefixes: dict[str, bytes] = {}
         self._serializer: Any = None
         self._deserializer: Any = None
         if registry_url:
@@ -183,22 +201,49 @@ class AvroSerde:
     def encode(self, value: Mapping[str, Any], topic: str) -> bytes:
         """The Avro value of ``value`` (a dict of this schema: for MailEvent, a
         :class:`connectors.core.mail.event.MailEvent`) in this serde's encoding."""
+        if self._writer is not None:
+            prefix = (
+                self._single_object_prefix
+                if self._serializer is None
+                else self._confluent_prefixes.get(topic)
+            )
+            if prefix is not None:
+                try:
+                    return prefix + self._writer(value)
+                except UnexpectedValue:
+                    pass  # fastavro writes it below, or says what is wrong with it
         self._refuse_placeholder(value)
+        plain = value
         if self._record_unions:
             value = self._with_branches(value)
         if self._serializer is not None:
-            from confluent_kafka.serialization import MessageField, SerializationContext
-
-            if topic not in self._prepared_topics:
-                self.prepare(topic)
-            ctx = SerializationContext(topic, MessageField.VALUE)
-            out: bytes = self._serializer(value, ctx)
-            return out
+            return self._serialized(value, plain, topic)
         buf = io.BytesIO()
         buf.write(SINGLE_OBJECT_MAGIC)
         buf.write(self.schema.fingerprint)
         fastavro.schemaless_writer(buf, self.schema.parsed, value)
         return buf.getvalue()
+
+    def _serialized(self, value: Mapping[str, Any], plain: Mapping[str, Any], topic: str) -> bytes:
+        """The registry serializer's record; the first one of a topic also decides whether the
+        compiled writer may frame the next ones itself: only when its bytes are the
+        serializer's, behind the same 5-byte header (magic byte, schema id). ``plain``: the
+        value without fastavro's union branch names."""
+        from confluent_kafka.serialization import MessageField, SerializationContext
+
+        if topic not in self._prepared_topics:
+            self.prepare(topic)
+        ctx = SerializationContext(topic, MessageField.VALUE)
+        out: bytes = self._serializer(value, ctx)
+        if self._writer is not None and topic not in self._confluent_prefixes:
+            header, body = out[:5], out[5:]
+            try:
+                same = header[:1] == CONFLUENT_MAGIC and self._writer(plain) == body
+            except UnexpectedValue:
+                same = False  # decided by the next record
+            if same:
+                self._confluent_prefixes[topic] = header
+        return out
 
     def _refuse_placeholder(self, value: Mapping[str, Any]) -> None:
         """UNRECOGNIZED stands for "a symbol this reader does not know"; written, it would mean

@@ -172,13 +172,18 @@ def normalize_message_id(raw: str | None) -> str | None:
     return f"{left}@{right.lower()}"
 
 
-def content_fingerprint(raw: bytes) -> str:
-    """sha256 hex of the raw message normalized as described in the module docstring."""
+def content_fingerprint(raw: bytes, *, bare_cr: bool | None = None) -> str:
+    """sha256 hex of the raw message normalized as described in the module docstring.
+
+    ``bare_cr``: whether ``raw`` holds a CR not followed by LF, when the caller has looked
+    already (the parser does, for its own reasons); None: looked for here."""
     # IMAP serves CRLF already. With no bare CR, every CR starts a CRLF, so as many LFs as CRs
     # means every line ends in CRLF: two C-speed counts and a regex that stops only at CRs
     # (counting the two-byte CRLF itself cost as much as the other two counts together).
     # Otherwise three C-speed passes instead of a regex: CRLF and lone CR to LF, then LF to CRLF.
-    if raw.count(b"\n") == raw.count(b"\r") and _BARE_CR.search(raw) is None:
+    if bare_cr is None:
+        bare_cr = _BARE_CR.search(raw) is not None
+    if not bare_cr and raw.count(b"\n") == raw.count(b"\r"):
         normalized = raw
     else:
         normalized = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")

@@ -108,6 +108,43 @@ def test_mail_event_round_trips_in_confluent_wire_format(registry_url: str, uniq
     assert json.loads(latest["schema"])["name"] == "MailEvent"
 
 
+def test_after_a_topics_first_record_the_compiled_writer_frames_the_serializers_bytes(
+    registry_url: str, unique: str
+) -> None:
+    """The serializer writes a topic's first record; once the compiled writer's body was seen
+    to be the same, it writes the next ones behind the same header, byte for byte what the
+    serializer writes (connectors/core/avro/writer.py)."""
+    from connectors.core.mail import parse_mail
+
+    topic = f"mail.events.{unique}"
+    kafka = KafkaSettings(bootstrap_servers="unused:9092", schema_registry_url=registry_url)
+
+    def event(subject: str) -> dict:
+        raw = f"Message-ID: <{subject}@example.com>\r\nSubject: {subject}\r\n\r\nhi\r\n"
+        source = {"kind": "IMAP", "folder": "INBOX", "uidvalidity": 7, "uid": 42}
+        parsed = parse_mail(
+            raw.encode(),
+            account="demo",
+            source=source,
+            flags=[],
+            internal_date=NOW,
+            observed_at=NOW,
+        )
+        return dict(parsed.event)
+
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    first = serde.encode(event("first"), topic)
+
+    def no_serializer(*_args: object) -> bytes:
+        raise AssertionError("the serializer was asked again")
+
+    serde._serializer = no_serializer
+    second = serde.encode(event("second"), topic)
+    reference = AvroSerde.for_schema("MailEvent", kafka).encode(event("second"), topic)
+    assert second == reference and second[:5] == first[:5]
+    assert serde.decode(second, topic)["subject"] == "second"
+
+
 def test_a_reader_without_the_writer_schema_fetches_it_by_id(
     registry_url: str, unique: str
 ) -> None:
