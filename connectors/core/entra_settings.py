@@ -61,7 +61,7 @@ class EntraAppSettings(StrictModel):
         parts = urlsplit(value)
         if parts.scheme == "https" and parts.hostname:
             return value.rstrip("/")
-        if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
+        if parts.scheme == "http" and parts.hostname and is_loopback(parts.hostname):
             return value.rstrip("/")
         raise ValueError("expected an https:// URL (http only on loopback)")
 
@@ -86,7 +86,8 @@ def require_files(paths: Iterable[Path | None]) -> None:
             raise ValueError(f"{path} does not exist; write the secret there or fix the path")
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses: where plain http is allowed (test servers)."""
     if host == "localhost":
         return True
     try:

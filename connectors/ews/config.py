@@ -23,13 +23,13 @@ accepted only for a loopback endpoint (tests).
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from connectors.core.config import StrictModel
+from connectors.core.entra_settings import is_loopback
 from connectors.core.source.settings import (
     START_DESCRIPTION,
     SourceSettings,
@@ -86,7 +86,7 @@ class EwsAccountSettings(StrictModel):
         parts = urlsplit(value)
         if parts.scheme == "https" and parts.hostname:
             return value
-        if parts.scheme == "http" and parts.hostname and _is_loopback(parts.hostname):
+        if parts.scheme == "http" and parts.hostname and is_loopback(parts.hostname):
             return value
         raise ValueError("expected https://<server>/EWS/Exchange.asmx (http only on loopback)")
 
@@ -191,12 +191,3 @@ class EwsSourceSettings(SourceSettings):
     max_connections: int = Field(
         default=4, ge=2, le=16, description="HTTP connections per mailbox (the stream holds one)"
     )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
