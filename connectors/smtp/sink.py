@@ -346,6 +346,24 @@ class SmtpSink:
 
     # --- one batch ----------------------------------------------------------------------------
 
+    def _park(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        due_ms: int,
+        held: set[tuple[str, int]],
+        offsets: dict[tuple[str, int], int],
+    ) -> None:
+        """Pause the partition at ``offset`` until ``due_ms``: nothing past it is read or
+        committed in this batch, and the gate resumes it then."""
+        held.add((topic, partition))
+        offsets[(topic, partition)] = offset
+        assert self._consumer is not None
+        self._consumer.pause([TopicPartition(topic, partition)])
+        self._consumer.seek(TopicPartition(topic, partition, offset))
+        self.gate.hold(topic, partition, due_ms)
+
     async def _process(self, records: Sequence[Message]) -> None:
         assert self._consumer is not None
         now = self.clock()
@@ -366,11 +384,7 @@ class SmtpSink:
             info = RetryInfo.from_headers(record.headers()) if topic in self.retry_topics else None
             if info is not None and info.due_ms > to_ms(now):
                 # Not due: park the partition at this record; later ones are due later still.
-                held.add(tp)
-                offsets[tp] = offset
-                self._consumer.pause([TopicPartition(topic, partition)])
-                self._consumer.seek(TopicPartition(topic, partition, offset))
-                self.gate.hold(topic, partition, info.due_ms)
+                self._park(topic, partition, offset, info.due_ms, held, offsets)
                 continue
             offsets[tp] = offset + 1
             try:
@@ -387,11 +401,7 @@ class SmtpSink:
                     REGISTRY_RETRY_MS / 1000,
                     exc,
                 )
-                held.add(tp)
-                offsets[tp] = offset
-                self._consumer.pause([TopicPartition(topic, partition)])
-                self._consumer.seek(TopicPartition(topic, partition, offset))
-                self.gate.hold(topic, partition, to_ms(now) + REGISTRY_RETRY_MS)
+                self._park(topic, partition, offset, to_ms(now) + REGISTRY_RETRY_MS, held, offsets)
                 continue
             if item is not None:
                 work.append(item)
