@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import gc
 import pickle
+from pathlib import Path
 
+from connectors.core.config import ClaimCheckSettings, KafkaSettings
 from connectors.core.kafka.transactions import SourceRecord
+from connectors.core.mail import ParseLimits
 from connectors.imap import parsepool
-from connectors.imap.parsepool import ParsePool
+from connectors.imap.connection import FetchedMail
+from connectors.imap.indexlog import ChangelogPartition
+from connectors.imap.parsepool import BuilderSpec, ParsePool
 from connectors.imap.records import BuiltMail, ParsedBatch
+from tests.unit.core.test_avro_writer import _corpus
 
 
 def _batch() -> ParsedBatch:
@@ -46,6 +53,39 @@ def test_a_parsed_batch_comes_back_from_the_pipe_equal_and_of_the_same_types() -
     assert {type(r) for mail in copy.mails for r in mail.records} == {SourceRecord}
     assert copy.mails[0].records[1].headers == batch.mails[0].records[1].headers
     assert copy.mails[0].records[2].partition == 3
+
+
+def test_the_corpora_built_in_a_parse_process_reach_the_source_byte_for_byte(
+    tmp_path: Path,
+) -> None:
+    # The fixture corpora and the hostile mails, built as a parse process builds them: their
+    # events, DLQ reports (headers included) and key index records come back unchanged.
+    spec = BuilderSpec(
+        account="ops",
+        folder="INBOX",
+        kafka=KafkaSettings(bootstrap_servers="127.0.0.1:9"),
+        dlq_topic="mail.dlq",
+        max_record_bytes=1_000_000,
+        limits=ParseLimits(max_attachments=50),
+        claim_check=ClaimCheckSettings(url=tmp_path.as_uri()),
+        claim_check_threads=1,
+        index_changelog=ChangelogPartition("mailtap.index", 2),
+    )
+    moment = dt.datetime(2026, 12, 5, tzinfo=dt.UTC)
+    mails = [
+        FetchedMail(uid, raw, ("\\Seen",), moment, uid + 10)
+        for uid, (_, raw) in enumerate(_corpus(), 1)
+    ]
+    built = parsepool._build_batch(spec, mails, 17, 0)
+
+    copy = pickle.loads(pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL))
+
+    assert copy == built
+    records = [r for mail in built.mails for r in mail.records]
+    assert {r.topic for r in records} == {"mail.events", "mail.dlq", "mailtap.index"}
+    assert [(r.key, r.value, tuple(r.headers)) for m in copy.mails for r in m.records] == [
+        (r.key, r.value, tuple(r.headers)) for r in records
+    ]
 
 
 def test_the_flattened_batch_holds_every_field_of_its_mails_and_records() -> None:
