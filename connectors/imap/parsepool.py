@@ -164,10 +164,11 @@ class ParsePool:
 _builders: dict[tuple[str, str], RecordBuilder] = {}
 #: The cyclic collector's first threshold in a parse process (CPython's default: 700). A batch
 #: keeps its events (dicts and lists) alive until it returns, and each collection of the young
-#: generation walked them again: 4-5 % of a parse process's CPU on the bench mail (timed with
-#: ``gc.callbacks``), 0.1 % at 10,000 with the modules frozen. What a batch leaves is freed by
-#: reference counting as it returns; the rare cycle (an exception's traceback) is still
-#: collected, a little later.
+#: generation walked them again: 4-5 % of the CPU of a loop over the bench mail (timed with
+#: ``gc.callbacks``), 0.1 % at 10,000 with the modules frozen; a few percent at most in the
+#: bench's parse processes, which collect less often than that loop (connectors/imap/README.md).
+#: What a batch leaves is freed by reference counting as it returns; the rare cycle (an
+#: exception's traceback) is still collected, a little later.
 _GC_YOUNG_THRESHOLD = 10_000
 _stores: dict[ClaimCheckSettings, ClaimCheckStore] = {}
 
