@@ -18,7 +18,7 @@ import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Unpack
+from typing import Any, Literal, Unpack
 
 from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import ClaimCheckBatch
@@ -68,6 +68,51 @@ class ParsedBatch:
 
     mails: list[BuiltMail]
     unsynced: tuple[str, ...] = ()
+
+    def __reduce__(self) -> tuple[Callable[..., ParsedBatch], tuple[object, ...]]:
+        # A batch crosses the pipe from a parse process as rows of plain values. Pickled
+        # object by object (each dataclass's reduce call and attribute dict), it cost the
+        # parse process 4.2 µs and the source 5.4 µs per bench mail; as rows 2.3 and 3.2
+        # (tests/unit/imap/test_parsed_batch.py checks the copy is equal).
+        rows = [
+            (
+                mail.uid,
+                mail.key,
+                mail.message_id,
+                [(r.topic, r.key, r.value, r.headers, r.partition) for r in mail.records],
+                mail.dlq,
+                mail.fingerprint,
+            )
+            for mail in self.mails
+        ]
+        return _parsed_batch, (rows, self.unsynced)
+
+
+def _parsed_batch(rows: list[tuple[Any, ...]], unsynced: tuple[str, ...]) -> ParsedBatch:
+    """The batch :meth:`ParsedBatch.__reduce__` flattened. Its objects are made the way
+    pickle makes a dataclass (``__new__``, then the attribute dict), without running the
+    frozen ``__init__``: constructing them cost more than the whole unpickling saves."""
+    new = object.__new__
+    mails: list[BuiltMail] = []
+    for uid, key, message_id, record_rows, dlq, fingerprint in rows:
+        records = []
+        for topic, record_key, value, headers, partition in record_rows:
+            record = new(SourceRecord)
+            record.__dict__.update(
+                topic=topic, key=record_key, value=value, headers=headers, partition=partition
+            )
+            records.append(record)
+        mail = new(BuiltMail)
+        mail.__dict__.update(
+            uid=uid,
+            key=key,
+            message_id=message_id,
+            records=tuple(records),
+            dlq=dlq,
+            fingerprint=fingerprint,
+        )
+        mails.append(mail)
+    return ParsedBatch(mails, unsynced)
 
 
 class RecordBuilder(MailRecordBuilder):
