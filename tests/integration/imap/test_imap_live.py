@@ -93,6 +93,7 @@ def test_mail_appended_just_before_idle_is_published_without_waiting_for_the_lig
     sync (120 s here). Before the NOOP that goes with IDLE, it waited the whole 120 s."""
     first = imap.append_numbered(1)
     window: list[str] = []
+    appended: list[float] = []
     armed = threading.Event()
     real_idle_until = ImapConnection.idle_until
 
@@ -105,6 +106,7 @@ def test_mail_appended_just_before_idle_is_published_without_waiting_for_the_lig
         if armed.is_set():
             armed.clear()
             window.extend(imap.append_numbered(1, start=2, tag="window"))
+            appended.append(time.monotonic())
         return real_idle_until(conn, deadline, should_stop, slice_seconds)
 
     monkeypatch.setattr(ImapConnection, "idle_until", idle_until)
@@ -115,14 +117,13 @@ def test_mail_appended_just_before_idle_is_published_without_waiting_for_the_lig
         armed.set()
         # Announced in IDLE: a sync, then the next IDLE, just before which the window mail comes.
         trigger = imap.append_numbered(1, start=1, tag="trigger")
-        wait_for(lambda: window, "a mail appended just before IDLE")
-        appended = time.monotonic()
+        wait_for(lambda: appended, "a mail appended just before IDLE")
         wait_for(
             lambda: worker.cursor and worker.cursor.last_uid >= 3,
             "the mail appended just before IDLE published",
             timeout=PROMPT_IDLE_S,
         )
-        waited = time.monotonic() - appended
+        waited = time.monotonic() - appended[0]
     light_sync = SLOW_LIGHT_SYNC["uidvalidity_check_seconds"]
     print(
         f"mail appended just before IDLE: committed {waited:.2f}s after (light sync every {light_sync}s)"
