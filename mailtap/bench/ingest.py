@@ -76,6 +76,9 @@ NEW_MAIL_TIMEOUT_S = 30.0
 #: How much longer missed samples are waited for after the last one: past the source's light
 #: sync (uidvalidity_check_seconds, 10 s), which finds any mail IDLE did not announce.
 MISSED_GRACE_S = 45.0
+#: Dovecot's warning when it cannot watch a mailbox for IDLE: it then looks for changes only
+#: every ``mailbox_idle_check_interval`` (30 s by default). The limit is per uid and machine-wide.
+DOVECOT_NO_INOTIFY = "Inotify instance limit"
 ACCOUNT = "bench"
 #: The issue's target: ingest at >= 80 % of the raw FETCH rate.
 TARGET_RATIO = 0.8
@@ -784,6 +787,16 @@ def _round(
                 f"{NEW_MAIL_TIMEOUT_S:g} s; arrived after (s, None: not within "
                 f"{MISSED_GRACE_S:g} s more): {figures['new_mail_missed_arrived_after_s']}"
             )
+        if _dovecot_push_off(info, username):
+            figures["dovecot_idle_push_off"] = True
+            _say(
+                "Dovecot could not watch this mailbox (its log: 'Inotify instance limit ... "
+                "exceeded, disabling': fs.inotify.max_user_instances is per uid, machine-wide, "
+                "and every dev and test Dovecot runs mail as nobody): its IDLE announces a "
+                "change only at its mailbox_idle_check_interval (30 s), so the raw client waits "
+                "that long and the source's figures are those of its light sync "
+                "(uidvalidity_check_seconds, 10 s)"
+            )
         figures["idle_samples"] = len(src_lat)
         figures["new_mail_to_kafka_ms_p50"] = (
             round(statistics.median(src_lat), 1) if src_lat else None
@@ -818,6 +831,17 @@ def _round(
         if not keep_work:
             shutil.rmtree(work, ignore_errors=True)
     return figures
+
+
+def _dovecot_push_off(info: DevServices, username: str) -> bool:
+    """Whether Dovecot said it could not watch ``username``'s mailboxes for IDLE (inotify)."""
+    if not info.imap.kind.startswith("dovecot"):
+        return False
+    try:
+        lines = Path(info.imap.log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(DOVECOT_NO_INOTIFY in line and f"({username})" in line for line in lines)
 
 
 def _check_alive(proc: subprocess.Popen[bytes], arrivals: Arrivals, work: Path) -> None:

@@ -1,5 +1,6 @@
-"""``bench ingest``'s new-mail samples stop at once when what they wait on is gone: a source that
-exited or a consumer thread that ended made every later sample wait out its 30 s before."""
+"""``bench ingest``'s new-mail samples stop at once when what they wait on is gone (a source that
+exited or a consumer thread that ended made every later sample wait out its 30 s before), and
+say when Dovecot could not watch the mailbox for IDLE."""
 
 from __future__ import annotations
 
@@ -7,11 +8,13 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from connectors.core.config import KafkaSettings
-from mailtap.bench.ingest import Arrivals, _check_alive
+from mailtap.bench.ingest import Arrivals, _check_alive, _dovecot_push_off
 
 
 def arrivals() -> Arrivals:
@@ -52,3 +55,31 @@ def test_a_running_source_and_consumer_let_the_samples_go_on(tmp_path: Path) -> 
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def services_logging(tmp_path: Path, text: str, kind: str = "dovecot") -> Any:
+    log = tmp_path / "dovecot.log"
+    log.write_text(text)
+    return SimpleNamespace(imap=SimpleNamespace(kind=kind, log_path=log))
+
+
+#: Dovecot 2.3's line, as logged here on 2026-12-06 while a 100-mailbox soak ran.
+NO_INOTIFY = (
+    "Dec 06 00:35:53 imap({user})<26494><MaWmSuxh9rN/AAAB>: Warning: Inotify instance limit "
+    "for user 65534 (UID nobody) exceeded, disabling. Increase "
+    "/proc/sys/fs/inotify/max_user_instances\n"
+)
+
+
+def test_dovecot_without_inotify_for_the_bench_user_is_reported(tmp_path: Path) -> None:
+    services = services_logging(tmp_path, NO_INOTIFY.format(user="bench-1@example.com"))
+    assert _dovecot_push_off(services, "bench-1@example.com")
+
+
+def test_dovecot_without_inotify_for_another_user_is_not_this_bench(tmp_path: Path) -> None:
+    services = services_logging(tmp_path, NO_INOTIFY.format(user="alice@example.com"))
+    assert not _dovecot_push_off(services, "bench-1@example.com")
+    assert not _dovecot_push_off(
+        services_logging(tmp_path, NO_INOTIFY.format(user="bench-1@example.com"), kind="cyrus"),
+        "bench-1@example.com",
+    )
