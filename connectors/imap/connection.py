@@ -39,7 +39,7 @@ from imapclient import exceptions as imap_exc
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.errors import ConnectionLost, FolderMissing, ImapProtocolError
 from connectors.imap.fetchparse import FetchResponse, parse_fetch
-from connectors.imap.idle import IdleOutcome, classify_untagged, idle_until
+from connectors.imap.idle import IdleOutcome, NoopThenIdle, classify_untagged, idle_until
 from connectors.imap.qresync import QresyncRequest, parse_vanished
 from connectors.imap.search import any_message_id, message_ids_in, search
 from connectors.imap.session import log_in, open_client
@@ -444,7 +444,9 @@ class ImapConnection:
     ) -> IdleOutcome:
         """IDLE until the server announces a change, ``deadline`` (monotonic time) passes, or
         ``should_stop()`` (:func:`connectors.imap.idle.idle_until`)."""
-        return idle_until(self.client, deadline, should_stop, slice_seconds, self.noop)
+        return idle_until(
+            NoopThenIdle(self.client), deadline, should_stop, slice_seconds, self.noop
+        )
 
     def noop(self) -> IdleOutcome:
         """NOOP: what changed, as IDLE would say it. Dovecot answers a NOOP in a session whose

@@ -14,6 +14,25 @@ Pitfalls handled here (PITFALLS.md, imapclient 4.1): ``idle_check()`` swallows E
 errors of ``idle_done()`` (``IMAPClientAbortError`` or a plain ``OSError``) mean a dead
 connection; a cut network would block ``idle_done()`` forever without the read timeout the
 connection sets (#449).
+
+Dovecot 2.3 does not announce in IDLE a change that happened after the session's last sync
+and before the IDLE command: measured here, a mail appended between a NOOP and the IDLE that
+followed it was not announced for as long as the IDLE lasted (3 s, 15 s), only in DONE's
+answer. A worker that entered IDLE after its sync's NOOP and STATUS missed any mail appended
+in that window until its next light sync (``uidvalidity_check_seconds``, 10 s by default, up
+to the catch-up with a longer setting); under load the window is the length of the client's
+wait for the CPU, and a stream of mail hits it often. So IDLE starts as ``NOOP`` + ``IDLE``
+in one write (RFC 3501 5.5 allows the pipelining): Dovecot syncs for the NOOP and arms IDLE's
+watch without reading the socket in between, and whatever came since the last sync is in the
+NOOP's answer, which ends the IDLE at once::
+
+    C: A8 NOOP
+    C: A9 IDLE
+    S: * 5 EXISTS
+    S: A8 OK NOOP completed.
+    S: + idling
+    C: DONE
+    S: A9 OK Idle completed.
 """
 
 from __future__ import annotations
@@ -23,10 +42,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from imapclient import exceptions as imap_exc
+from imapclient.imapclient import IMAPClient, _parse_untagged_response
+
 from connectors.imap.errors import ConnectionLost
 from connectors.imap.wire import wire
 
-__all__ = ["IdleOutcome", "classify_untagged", "idle_until"]
+__all__ = ["IdleOutcome", "NoopThenIdle", "classify_untagged", "idle_until"]
 
 #: An idle_check() that returns nothing before this fraction of its timeout did not time out:
 #: imapclient swallowed an EOF or socket error (#565).
@@ -48,9 +70,10 @@ class IdleOutcome:
 
 
 class IdleClient(Protocol):
-    """What IDLE needs of imapclient's ``IMAPClient``."""
+    """What IDLE needs of imapclient's ``IMAPClient``; ``idle()`` may return untagged responses
+    it read on the way into IDLE (:class:`NoopThenIdle`)."""
 
-    def idle(self) -> Any: ...
+    def idle(self) -> list[Any] | None: ...
 
     def idle_check(self, timeout: float | None = None) -> list[Any]: ...
 
@@ -71,11 +94,12 @@ def idle_until(
     no answer within the read timeout (a silent connection).
     """
     with wire("idle"):
-        client.idle()
-    responses: list[tuple[Any, ...]] = []
+        told = client.idle() or []
+    responses: list[tuple[Any, ...]] = list(told)
     suspicious = False
     try:
-        while not should_stop():
+        # A change announced on the way in ends this IDLE at once: the sync reads it.
+        while not should_stop() and not classify_untagged(told).activity:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -139,3 +163,56 @@ def uidvalidity_code(response: tuple[Any, ...]) -> bool:
     """
     text = response[1] if len(response) > 1 else b""
     return isinstance(text, bytes) and text.upper().startswith(b"[UIDVALIDITY ")
+
+
+class NoopThenIdle:
+    """An ``IMAPClient`` whose ``idle()`` sends NOOP and IDLE in one write and returns the
+    NOOP's untagged responses (see the module docstring for why); ``idle_check()`` and
+    ``idle_done()`` are imapclient's.
+
+    imapclient 4.1 has no call for two commands in flight, so this goes through the same
+    imaplib calls as ``IMAPClient.noop()`` and ``IMAPClient.idle()`` (``_command``,
+    ``_get_response``, ``tagged_commands``) and sets ``_idle_tag`` as ``idle()`` does; pyproject
+    pins imapclient ``>=4.1,<4.2``: recheck when moving the pin.
+    """
+
+    def __init__(self, client: IMAPClient) -> None:
+        self.client = client
+
+    def idle(self) -> list[Any]:
+        client = self.client
+        # Capabilities must be known before IDLE: asking for them later would send CAPABILITY
+        # inside IDLE (imapclient's idle_check() checks them; cached after login).
+        if not client.has_capability("IDLE"):
+            raise imap_exc.IMAPClientError("the server does not offer IDLE")
+        imap = client._imap
+        noop_tag = imap._command("NOOP")
+        idle_tag = imap._command("IDLE")
+        told: list[Any] = []
+        noop_done = False
+        while True:
+            line = imap._get_response()  # filed like any answer; None: a continuation
+            if line is None:
+                break  # "+ idling"
+            if imap.tagged_commands.get(idle_tag) is not None:
+                raise imap_exc.IMAPClientAbortError(f"IDLE refused: {line!r}")
+            if not noop_done and imap.tagged_commands.get(noop_tag) is not None:
+                noop_done = True
+                continue
+            told.append(_parse_untagged_response(line))
+        if not noop_done:
+            # A server that accepts IDLE before it answers the NOOP: the session's state is
+            # not what we think; a new one is (ConnectionLost through wire()).
+            raise imap_exc.IMAPClientAbortError("IDLE accepted before the NOOP's answer")
+        status, data = imap.tagged_commands.pop(noop_tag)
+        if status != "OK":
+            raise imap_exc.IMAPClientAbortError(f"NOOP before IDLE: {status} {data!r}")
+        client._idle_tag = idle_tag
+        return told
+
+    def idle_check(self, timeout: float | None = None) -> list[Any]:
+        return list(self.client.idle_check(timeout=timeout))
+
+    def idle_done(self) -> tuple[Any, list[Any]]:
+        done: tuple[Any, list[Any]] = self.client.idle_done()
+        return done

@@ -7,6 +7,7 @@ flag changes): it catches what a dropped IDLE missed (DESIGN.md, reliability rul
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -18,7 +19,13 @@ from connectors.imap.state import WorkerState
 
 __all__ = ["IDLE_SLICE_S", "ChangeWait"]
 
+log = logging.getLogger(__name__)
+
 S = WorkerState
+#: IDLE periods in a row that ended with nothing announced while the sync after each found new
+#: mail: the server's IDLE notifications do not arrive. More than one, because a mail appended
+#: in the last ~0.5 s of a period (Dovecot's notification delay) is found by the sync first.
+SILENT_IDLE_PERIODS = 3
 #: Length of one idle_check() slice: bounds how long a stop request waits, and how fast an
 #: imapclient #565 early return (EOF swallowed) is noticed.
 IDLE_SLICE_S = 1.0
@@ -44,10 +51,42 @@ class ChangeWait:
         self.machine = machine
         self.stop = stop
         self._last_catchup = 0.0
+        #: The last wait was an IDLE period that ran to its end with nothing announced.
+        self._quiet_idle = False
+        #: Such periods in a row after which the sync found new mail; said once per session.
+        self._silent_periods = 0
+        self._said_silent = False
 
     def caught_up(self) -> None:
         """A full sync just ran (a new session's first): the next catch-up is a period away."""
         self._last_catchup = time.monotonic()
+        self._quiet_idle = False
+        self._silent_periods = 0
+        self._said_silent = False
+
+    def found_new(self, mails: int) -> None:
+        """After a sync, the new mails it found. New mail found after quiet IDLE periods, again
+        and again, means IDLE is not announcing anything (on Dovecot: "Inotify instance limit
+        ... exceeded, disabling" in its log): new mail then waits for the light sync or the
+        catch-up. Said once per session, so that it does not go unnoticed."""
+        quiet, self._quiet_idle = self._quiet_idle, False
+        if not quiet or mails == 0:
+            return
+        self._silent_periods += 1
+        if self._silent_periods < SILENT_IDLE_PERIODS or self._said_silent:
+            return
+        self._said_silent = True
+        log.warning(
+            "imap %s/%s: the server announced no new mail in IDLE %d periods in a row, "
+            "while the sync after each found new mail: its IDLE notifications do not arrive "
+            "(Dovecot: look for 'Inotify instance limit' in its log, raise "
+            "fs.inotify.max_user_instances). New mail waits up to uidvalidity_check_seconds "
+            "(%g s) meanwhile; said once per connection",
+            self.account.name,
+            self.folder,
+            self._silent_periods,
+            self.settings.uidvalidity_check_seconds,
+        )
 
     def wait(self, conn: ImapConnection, flags_listed: bool) -> bool:
         """Wait for a change; returns True when the next sync must also look for expunges.
@@ -65,7 +104,12 @@ class ChangeWait:
             deadline = min(now + period, catchup_due)
             outcome = conn.idle_until(deadline, self._interrupted, IDLE_SLICE_S)
             expunged = outcome.expunged or outcome.other or (outcome.flags_changed and flags_listed)
+            # Ran to its end with nothing announced (not cut short by a stop or another folder).
+            self._quiet_idle = not outcome.activity and time.monotonic() >= deadline
+            if outcome.new_mail:
+                self._silent_periods = 0  # IDLE does announce new mail
         else:
+            self._quiet_idle = False
             self.machine.to(S.POLLING)
             self.stop.wait(max(0.0, min(self.settings.poll_interval_seconds, catchup_due - now)))
             expunged = False

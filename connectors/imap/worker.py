@@ -349,8 +349,13 @@ class MailboxWorker(FolderWorker[WorkerState]):
             mails += self.flag_changes.sync_modseq(conn, hms)
         elif reconcile:
             mails += self.flag_changes.sync_listed(conn)  # no MODSEQs: no CONDSTORE, or NOMODSEQ
-        if status.uidnext - 1 > self.cursor.last_uid:
-            mails += self._sync_new(conn, hms, status.uidnext)
+        new = (
+            self._sync_new(conn, hms, status.uidnext)
+            if status.uidnext - 1 > self.cursor.last_uid
+            else 0
+        )
+        self.waits.found_new(new)
+        mails += new
         if asked := self.index.take_republish(self.folder):
             mails += self._republish(conn, asked)
         if reconcile:

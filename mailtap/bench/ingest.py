@@ -71,6 +71,14 @@ SLOW_NEW_MAIL_SAMPLES = 12
 BENCH_POLL_INTERVAL_S = 5.0
 #: The source made no progress for this long: report it instead of waiting forever.
 STALL_S = 120.0
+#: A new-mail sample not on Kafka within this long is missed (counted, not averaged in).
+NEW_MAIL_TIMEOUT_S = 30.0
+#: How much longer missed samples are waited for after the last one: past the source's light
+#: sync (uidvalidity_check_seconds, 10 s), which finds any mail IDLE did not announce.
+MISSED_GRACE_S = 45.0
+#: Dovecot's warning when it cannot watch a mailbox for IDLE: it then looks for changes only
+#: every ``mailbox_idle_check_interval`` (30 s by default). The limit is per uid and machine-wide.
+DOVECOT_NO_INOTIFY = "Inotify instance limit"
 ACCOUNT = "bench"
 #: The issue's target: ingest at >= 80 % of the raw FETCH rate.
 TARGET_RATIO = 0.8
@@ -285,10 +293,19 @@ class Arrivals:
     first: float | None = None
     last: float | None = None
     last_wall: float | None = None
+    #: Why the consumer thread ended early: the bench checks it rather than time out sample
+    #: after sample on a consumer that is gone.
+    failed: Exception | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def run(self) -> None:
+        try:
+            self._consume()
+        except Exception as exc:  # said by _check_alive, in the bench's own thread
+            self.failed = exc
+
+    def _consume(self) -> None:
         topic = self.kafka.topics.events
         consumer = Consumer(consumer_config(self.kafka, f"bench-{uuid.uuid4().hex[:8]}"))
         parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
@@ -639,6 +656,7 @@ def _round(
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
     )
+    keep_work = False
     rss_samples: list[tuple[int, int]] = []
     next_sample = 0
     progressed, last_done = time.monotonic(), -1
@@ -729,18 +747,22 @@ def _round(
         raw = RawIdle(info, username, password) if has_idle else None
         raw_lat: list[float] = []
         src_lat: list[float] = []
+        missed: dict[str, float] = {}  # key -> when its APPEND was sent
         for i in range(samples):
             key = f"{ACCOUNT}/mid:bench-{mails + i}-{tag}@example.com"
             if raw is not None:
                 raw.seen.clear()
             sent = time.monotonic()
             appender.append("INBOX", _mail(tag, mails + i))
-            deadline = sent + 30
+            deadline = sent + NEW_MAIL_TIMEOUT_S
             while (
                 key not in arrivals.times or (raw is not None and not raw.seen.is_set())
             ) and time.monotonic() < deadline:
+                _check_alive(proc, arrivals, work)
                 time.sleep(0.002)
-            if key in arrivals.times:
+            if key not in arrivals.times:
+                missed[key] = sent
+            else:
                 src_lat.append((arrivals.times[key] - sent) * 1000)
                 if raw is not None and raw.seen.is_set():
                     raw_lat.append((raw.at - sent) * 1000)
@@ -748,6 +770,33 @@ def _round(
         appender.logout()
         if raw is not None:
             raw.close()
+        if missed:
+            # Late or never? A missed mail still comes by the source's next light sync or
+            # catch-up; the figure says which, instead of a silent gap in the samples.
+            until = time.monotonic() + MISSED_GRACE_S
+            while time.monotonic() < until and not all(k in arrivals.times for k in missed):
+                _check_alive(proc, arrivals, work)
+                time.sleep(0.05)
+            figures["new_mail_missed"] = len(missed)
+            figures["new_mail_missed_arrived_after_s"] = [
+                round(arrivals.times[k] - at, 1) if k in arrivals.times else None
+                for k, at in missed.items()
+            ]
+            _say(
+                f"{len(missed)} of {samples} new mails not on Kafka within "
+                f"{NEW_MAIL_TIMEOUT_S:g} s; arrived after (s, None: not within "
+                f"{MISSED_GRACE_S:g} s more): {figures['new_mail_missed_arrived_after_s']}"
+            )
+        if _dovecot_push_off(info, username):
+            figures["dovecot_idle_push_off"] = True
+            _say(
+                "Dovecot could not watch this mailbox (its log: 'Inotify instance limit ... "
+                "exceeded, disabling': fs.inotify.max_user_instances is per uid, machine-wide, "
+                "and every dev and test Dovecot runs mail as nobody): its IDLE announces a "
+                "change only at its mailbox_idle_check_interval (30 s), so the raw client waits "
+                "that long and the source's figures are those of its light sync "
+                "(uidvalidity_check_seconds, 10 s)"
+            )
         figures["idle_samples"] = len(src_lat)
         figures["new_mail_to_kafka_ms_p50"] = (
             round(statistics.median(src_lat), 1) if src_lat else None
@@ -762,6 +811,14 @@ def _round(
                 statistics.median(s - r for s, r in zip(src_lat, raw_lat, strict=True)), 1
             )
         figures["peak_rss_mb_overall"] = round(_rss_kb(proc.pid, "VmHWM") / 1024, 1)
+        if missed:
+            # Kept for a look at what the source did (its log is in work).
+            keep_work = True
+            figures["source_log"] = str(work / "source.log")
+    except BaseException:
+        keep_work = True
+        _say(f"the round failed: the source's log is kept in {work / 'source.log'}")
+        raise
     finally:
         terminate(proc)
         log_file.close()
@@ -771,8 +828,32 @@ def _round(
             info.doveadm("expunge", "-u", username, "mailbox", "INBOX", "all", check=False)
         _delete_topics(kafka, tag)
         shutil.rmtree(claims, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep_work:
+            shutil.rmtree(work, ignore_errors=True)
     return figures
+
+
+def _dovecot_push_off(info: DevServices, username: str) -> bool:
+    """Whether Dovecot said it could not watch ``username``'s mailboxes for IDLE (inotify)."""
+    if not info.imap.kind.startswith("dovecot"):
+        return False
+    try:
+        lines = Path(info.imap.log_path).read_text(errors="replace").splitlines()
+    except OSError:
+        return False
+    return any(DOVECOT_NO_INOTIFY in line and f"({username})" in line for line in lines)
+
+
+def _check_alive(proc: subprocess.Popen[bytes], arrivals: Arrivals, work: Path) -> None:
+    """A source that exited, or a consumer thread that ended, makes every later sample wait
+    out its timeout: say so at once instead."""
+    if proc.poll() is not None:
+        raise RuntimeError(
+            f"the source exited ({proc.returncode}) during the new-mail samples; "
+            f"see {work / 'source.log'}"
+        )
+    if arrivals.failed is not None:
+        raise RuntimeError(f"the bench's consumer of the events topic ended: {arrivals.failed!r}")
 
 
 if __name__ == "__main__":  # pragma: no cover

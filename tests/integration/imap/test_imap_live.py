@@ -7,10 +7,14 @@ precisely; the figures are printed.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
+from connectors.imap.connection import ImapConnection
+from connectors.imap.idle import IdleOutcome
 from tests.integration.imap.imap_harness import (
     ImapHarness,
     changes,
@@ -25,6 +29,10 @@ from tests.support.tcp_proxy import TcpProxy
 SLOW_POLL = {"catchup_poll_seconds": 600, "idle_renew_seconds": 600}
 #: Far under SLOW_POLL: a wait that ends later means the periodic poll was needed.
 PROMPT_S = 90.0
+#: The light sync (NOOP + STATUS) between IDLE periods, where a test must not depend on it.
+SLOW_LIGHT_SYNC = {"uidvalidity_check_seconds": 120}
+#: Far under SLOW_LIGHT_SYNC: a mail published later waited for the light sync.
+PROMPT_IDLE_S = 30.0
 
 
 @pytest.fixture
@@ -73,6 +81,56 @@ def test_mail_appended_during_a_backfill_is_published_right_after_it(
     events = imap.events()  # an independent read_committed consumer
     assert keys_of(events) == {f"{imap.account_name}/mid:{m}" for m in backlog + late}
     assert len(events) == 520 and set(changes(events)) == {"ADDED"}
+
+
+def test_mail_appended_just_before_idle_is_published_without_waiting_for_the_light_sync(
+    imap: ImapHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dovecot does not announce in IDLE a mail that came after the session's last sync and
+    before its IDLE command (connectors/imap/idle.py); on a loaded machine a stream of mail
+    lands in that window often. Here another client appends a mail at that moment: after the
+    worker's sync, just before its IDLE. It must be published at once, not at the next light
+    sync (120 s here). Before the NOOP that goes with IDLE, it waited the whole 120 s."""
+    first = imap.append_numbered(1)
+    window: list[str] = []
+    appended: list[float] = []
+    armed = threading.Event()
+    real_idle_until = ImapConnection.idle_until
+
+    def idle_until(
+        conn: ImapConnection,
+        deadline: float,
+        should_stop: Callable[[], bool],
+        slice_seconds: float,
+    ) -> IdleOutcome:
+        if armed.is_set():
+            armed.clear()
+            window.extend(imap.append_numbered(1, start=2, tag="window"))
+            appended.append(time.monotonic())
+        return real_idle_until(conn, deadline, should_stop, slice_seconds)
+
+    monkeypatch.setattr(ImapConnection, "idle_until", idle_until)
+    with running(imap, **SLOW_LIGHT_SYNC, **SLOW_POLL) as source:
+        worker = source.workers[0]
+        wait_for(lambda: worker.cursor and worker.cursor.last_uid >= 1, "first pass")
+        wait_for(lambda: worker.machine.state.value == "IDLE", "the source in IDLE")
+        armed.set()
+        # Announced in IDLE: a sync, then the next IDLE, just before which the window mail comes.
+        trigger = imap.append_numbered(1, start=1, tag="trigger")
+        wait_for(lambda: appended, "a mail appended just before IDLE")
+        wait_for(
+            lambda: worker.cursor and worker.cursor.last_uid >= 3,
+            "the mail appended just before IDLE published",
+            timeout=PROMPT_IDLE_S,
+        )
+        waited = time.monotonic() - appended[0]
+    light_sync = SLOW_LIGHT_SYNC["uidvalidity_check_seconds"]
+    print(
+        f"mail appended just before IDLE: committed {waited:.2f}s after (light sync every {light_sync}s)"
+    )
+    events = imap.events()
+    assert keys_of(events) == {f"{imap.account_name}/mid:{m}" for m in first + trigger + window}
+    assert changes(events) == ["ADDED"] * 3
 
 
 def test_uidvalidity_change_under_idle_is_rescanned_within_the_check_interval(

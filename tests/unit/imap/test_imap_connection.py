@@ -17,7 +17,7 @@ from connectors.imap import idle, search
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection, parse_copyuid
 from connectors.imap.errors import ConnectionLost, ImapProtocolError
-from connectors.imap.idle import classify_untagged
+from connectors.imap.idle import IdleOutcome, classify_untagged, idle_until
 from connectors.imap.wire import wire
 
 
@@ -73,23 +73,29 @@ def test_bye_is_a_dead_connection() -> None:
 def test_a_uidvalidity_response_code_ends_idle_for_a_sync() -> None:
     # RFC 3501 7.1: "* OK [UIDVALIDITY n]" may announce a new UIDVALIDITY; a keep-alive does not.
     client = FakeClient([[(b"OK", b"Still here")], [(b"OK", b"[UIDVALIDITY 42] changed")]])
-    outcome = connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+    outcome = idle_for(client, lambda: False)
     assert outcome.other
     assert client.calls == ["idle", "idle_check", "idle_check", "idle_done"]
 
 
 class FakeClient:
-    """Just enough of IMAPClient for idle_until()."""
+    """Just enough of IMAPClient for idle_until(); ``told``: what the way into IDLE answered
+    (the NOOP sent with it, :class:`~connectors.imap.idle.NoopThenIdle`)."""
 
     def __init__(
-        self, checks: list[list[tuple[Any, ...]]], done_error: Exception | None = None
+        self,
+        checks: list[list[tuple[Any, ...]]],
+        done_error: Exception | None = None,
+        told: list[tuple[Any, ...]] | None = None,
     ) -> None:
         self.checks = checks
         self.done_error = done_error
+        self.told = told or []
         self.calls: list[str] = []
 
-    def idle(self) -> None:
+    def idle(self) -> list[tuple[Any, ...]]:
         self.calls.append("idle")
+        return self.told
 
     def idle_check(self, timeout: float) -> list[tuple[Any, ...]]:
         self.calls.append("idle_check")
@@ -113,17 +119,31 @@ def connection(client: FakeClient) -> ImapConnection:
     return conn
 
 
+def idle_for(client: FakeClient, should_stop: Any) -> IdleOutcome:
+    """idle_until() on the fake, up to 60 s, checking the connection with the fake's NOOP."""
+    return idle_until(client, time.monotonic() + 60, should_stop, 5.0, connection(client).noop)
+
+
 def test_new_mail_ends_idle_at_once() -> None:
     client = FakeClient([[(b"OK", b"Still here")], [(5, b"EXISTS")]])
-    outcome = connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+    outcome = idle_for(client, lambda: False)
     assert outcome.new_mail
     assert client.calls == ["idle", "idle_check", "idle_check", "idle_done"]
+
+
+def test_new_mail_in_the_answer_on_the_way_into_idle_ends_it_at_once() -> None:
+    # Dovecot does not announce in IDLE what came between the last sync and the IDLE command;
+    # the NOOP sent with IDLE does, and the sync must not wait for the next light sync.
+    client = FakeClient([[(b"OK", b"Still here")]], told=[(7, b"EXISTS"), (7, b"RECENT")])
+    outcome = idle_for(client, lambda: False)
+    assert outcome.new_mail
+    assert client.calls == ["idle", "idle_done"]
 
 
 def test_an_early_empty_idle_check_is_verified_with_noop() -> None:
     # imapclient #565: EOF swallowed, [] returned at once although 5 s were allowed.
     client = FakeClient([[]])
-    outcome = connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+    outcome = idle_for(client, lambda: False)
     assert not outcome.activity
     assert client.calls == ["idle", "idle_check", "idle_done", "noop"]
 
@@ -134,12 +154,12 @@ def test_an_early_empty_idle_check_is_verified_with_noop() -> None:
 def test_idle_done_errors_mean_a_dead_connection(error: Exception) -> None:
     client = FakeClient([[]], done_error=error)
     with pytest.raises(ConnectionLost):
-        connection(client).idle_until(time.monotonic() + 60, lambda: False, 5.0)
+        idle_for(client, lambda: False)
 
 
 def test_stop_request_ends_idle_with_done() -> None:
     client = FakeClient([])
-    connection(client).idle_until(time.monotonic() + 60, lambda: True, 5.0)
+    idle_for(client, lambda: True)
     assert client.calls == ["idle", "idle_done"]
 
 
