@@ -12,7 +12,9 @@ change of an account's owned folders restarts all of them with a fresh index.
 What IMAP adds to the runtime: the key index changelog topic, the schema's registration in the
 background (the mailboxes start meanwhile; start() returns with the registry's answer), the key
 indexes of the owned accounts (loaded for those only), the parse processes and the claim-check
-store with its threads.
+store with its threads, and (without a group) the configured folders' IMAP logins, started at
+the beginning of the start-up so that they overlap its waits on Kafka
+(:mod:`connectors.imap.earlylogin`).
 
 Start-up order matters for exactly-once (Kafka Connect KIP-618): each worker first creates its
 transactional producer (``init_transactions`` fences a previous instance and aborts its open
@@ -40,6 +42,7 @@ from connectors.core.source.runtime import FolderRun, FolderSourceRuntime, ensur
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
+from connectors.imap.earlylogin import EarlyLogins
 from connectors.imap.errors import ParsePoolClosed
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.indexlog import topic_spec as index_topic_spec
@@ -81,6 +84,8 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         self._serde: AvroSerde | None = None
         self._registration: Future[None] = _DONE
         self._preloaded: dict[str, AccountIndex] = {}  # loaded by prepare(), not yet running
+        #: The configured folders' logins, started with the start-up (no group only).
+        self._early: EarlyLogins | None = None
         #: account name -> the key index its running folders share.
         self._indexes: dict[str, AccountIndex] = {}
 
@@ -146,6 +151,13 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         # topic: 30 s, past the 30 s a missing ACL may take to be named), and must not hold
         # the refusal, nor the process's exit, until then; it closes its watcher if it ends.
         threading.Thread(target=read, name="imap-mailboxes", daemon=True).start()
+        if self.settings.group is None:
+            # Every configured folder is this instance's (unless the mailboxes topic says
+            # otherwise): their IMAP logins overlap the waits on Kafka below and the workers'
+            # init_transactions (connectors.imap.earlylogin). With a group, the assignment
+            # decides later which are ours.
+            self._early = EarlyLogins(self._open_session)
+            self._early.start(self.settings.accounts)
         if self.settings.parse_workers > 0:
             # The parse processes start now, in the background: spawning them and their
             # imports (~1 s of CPU each, more on a loaded machine) overlap the waits on the
@@ -161,6 +173,9 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         return reading.result()
 
     def _ready(self) -> None:
+        if self._early is not None:
+            # The folders that did not start here (the mailboxes topic removed them) log out.
+            self._early.keep_only({(u.account, u.folder) for u in self._runs})
         # A registry that refuses the schema stops the source at start, with the sentence,
         # before its first transaction: a worker's first encode waits for the same answer.
         self._registration.result()
@@ -194,7 +209,17 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
             assert self._serde is not None, "prepare() first"
             self._indexes.update(load_indexes(self.cfg.kafka, self._serde, missing))
 
-    def _connection(self, account: ImapAccountSettings) -> ImapConnection:
+    def _connection(self, account: ImapAccountSettings, folder: str) -> ImapConnection:
+        """A worker's session: its early login when there is one, else a new connection."""
+        early = self._early.take(account, folder) if self._early is not None else None
+        return early if early is not None else self._new_connection(account)
+
+    def _open_session(self, account: ImapAccountSettings) -> ImapConnection:
+        conn = self._new_connection(account)
+        conn.open(qresync=self.settings.qresync == "auto")
+        return conn
+
+    def _new_connection(self, account: ImapAccountSettings) -> ImapConnection:
         return ImapConnection(
             account,
             connect_timeout=self.settings.connect_timeout_seconds,
@@ -223,7 +248,7 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
             settings=self.settings,
             builder=make_builder(spec, self._claim_check),
             index=index,
-            connection_factory=functools.partial(self._connection, account),
+            connection_factory=functools.partial(self._connection, account, folder),
             watched_folders=account.folders,
             parsing=MailboxParsing(self._pool, spec) if self._pool else None,
             **self._folder_runtime(account.name, folder, stop),
@@ -242,6 +267,9 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
                 index.close()
 
     def _closed(self) -> None:
+        if self._early is not None:
+            self._early.close()
+            self._early = None
         if self._pool is not None:
             # After a refused start the processes may still be importing: the refusal's
             # sentence must not wait for them (they exit with this process either way).
