@@ -19,16 +19,16 @@ worker's thread. A session changes threads once, before its first command there:
 future's result is the hand-over, and the worker is its only user from then on (imapclient
 is not thread-safe, so never two at a time).
 
-What a worker gets is what it would have opened itself, or nothing: a login that failed, one
-still queued behind the others (cancelled), one for other account settings (a reload changed
-them meanwhile) or one older than :data:`MAX_AGE_S` is not handed out, and the worker opens
-its own session, so every error is met, counted and reported where it always was.
+The early login is the worker's first attempt: its session, or its error, which the worker
+meets as it would its own (backoff, ``connect_failures``, an ``AuthenticationError`` waits the
+cap): a wrong password is not tried twice (retrying would lock the account). A login still
+queued behind the others (cancelled), one for other account settings (a reload changed them
+meanwhile) or one older than :data:`MAX_AGE_S` is not handed out: the worker opens its own.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -38,8 +38,6 @@ from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
 
 __all__ = ["AT_ONCE", "MAX_AGE_S", "EarlyLogins"]
-
-log = logging.getLogger(__name__)
 
 #: Logins in flight at once: a handful covers the first folders of a large instance, whose
 #: other workers, started meanwhile, cancel theirs and log in in parallel as they always did.
@@ -85,7 +83,8 @@ class EarlyLogins:
 
     def take(self, account: ImapAccountSettings, folder: str) -> ImapConnection | None:
         """The folder's logged-in session, once (waiting for a login under way: it is bounded
-        by the connection's own timeouts), or None: the caller opens its own."""
+        by the connection's own timeouts), or None: the caller opens its own. Raises what the
+        login raised."""
         with self._lock:
             found = self._logins.pop((account.name, folder), None)
         if found is None:
@@ -95,10 +94,8 @@ class EarlyLogins:
             return None  # still queued: the worker's own login starts now, not after the queue
         try:
             conn = future.result()
-        except (Exception, CancelledError) as exc:
-            # The worker's own attempt meets it again and reports it (backoff, metrics, health).
-            log.debug("imap %s/%s: early login failed: %s", account.name, folder, exc)
-            return None
+        except CancelledError:
+            return None  # closed meanwhile (the source stops)
         if not _same_server_and_login(login.account, account) or _aged(login):
             conn.logout()
             return None

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from connectors.core.errors import AuthenticationError
 from connectors.imap import earlylogin
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.earlylogin import EarlyLogins
@@ -68,13 +69,16 @@ def test_a_worker_takes_its_folders_session_logged_in_on_another_thread_once() -
     assert not inbox.logged_out.is_set()  # taken: the worker's now
 
 
-def test_a_failed_login_is_not_handed_out_the_worker_meets_the_error_itself() -> None:
+def test_a_failed_login_is_the_workers_first_attempt_a_wrong_password_is_not_tried_twice() -> None:
     server = Server()
-    server.refuse = ConnectionRefusedError("connection refused")
+    server.refuse = AuthenticationError("imap login refused for acct")
     early = EarlyLogins(server.open_session)
     early.start([account()])
     assert server.entered.acquire(timeout=10)
-    assert early.take(account(), "INBOX") is None
+    with pytest.raises(AuthenticationError):
+        early.take(account(), "INBOX")
+    assert early.take(account(), "INBOX") is None  # the next attempt is the worker's own
+    assert not server.entered.acquire(timeout=0.2)  # one login only
     early.close()
 
 
