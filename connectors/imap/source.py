@@ -27,9 +27,9 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 __all__ = ["TRANSACTIONAL_PREFIX", "ImapSource"]
 
 TRANSACTIONAL_PREFIX = "mailtap-imap"
+Loaded = TypeVar("Loaded")
 #: The registration of a source that has not prepared yet: nothing to wait for.
 _DONE: Future[None] = Future()
 _DONE.set_result(None)
@@ -99,9 +100,11 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         """What every mailbox shares: topics, the schema, the claim-check store, parse processes.
 
         Without a group every configured account is this instance's: their key indexes load
-        while the registry and the claim-check store are checked, both mostly waits on the
-        network, so start-up pays the longer one only. Not while the topics are ensured: a
-        topic created a moment ago has no partition leader yet, and reading it then fails.
+        while the topics are ensured, the registry and the claim-check store checked, all
+        mostly waits on the network, so start-up pays the longest one only. They load once
+        every permission is granted, and only then while the topics are ensured when every
+        topic they read exists (``mail.events``, the offsets, the key index changelog): a topic
+        created a moment ago has no partition leader yet, and reading it then fails.
 
         The schema's registration (connectors.core.avro.registry) runs in the background; with
         ``wait_for_registry`` this returns once it is done (raising the registry's refusal).
@@ -113,19 +116,32 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         serde = AvroSerde.shared("MailEvent", kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
+        t = kafka.topics
         # The key index changelog is IMAP's own topic too (connectors.imap.indexlog's spec).
-        specs = {kafka.topics.imap_index: functools.partial(index_topic_spec, kafka)}
-        ensure_own_topics(kafka, "imap", self.settings.group, specs)
+        specs = {t.imap_index: functools.partial(index_topic_spec, kafka)}
+        loading: list[Future[dict[str, AccountIndex]]] = []
+
+        def load() -> None:
+            if names and not loading:
+                loading.append(_in_background(load_indexes, "imap-index", kafka, serde, names))
+
+        def checked(missing: Collection[str]) -> None:
+            if {t.events, t.offsets, t.imap_index}.isdisjoint(missing):
+                load()
+
+        try:
+            ensure_own_topics(kafka, "imap", self.settings.group, specs, checked=checked)
+        except BaseException:
+            for future in loading:  # refused meanwhile: what loaded is dropped
+                future.add_done_callback(_close_indexes)
+            raise
         registering = ThreadPoolExecutor(1, thread_name_prefix="imap-registry")
         self._registration = registering.submit(serde.prepare, kafka.topics.events)
         registering.shutdown(wait=False)  # the submitted registration still runs to its end
-        with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
-            loading = loader.submit(load_indexes, kafka, serde, names) if names else None
-            self._claim_check = open_configured(
-                self.cfg.claim_check, self.settings.claim_check_threads
-            )
-            if loading is not None:
-                self._preloaded = loading.result()
+        load()
+        self._claim_check = open_configured(self.cfg.claim_check, self.settings.claim_check_threads)
+        for future in loading:
+            self._preloaded = future.result()
         if wait_for_registry:
             self._registration.result()
         if self._pool is None and self.settings.parse_workers > 0:
@@ -280,6 +296,28 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         self._preloaded.clear()
         store, self._claim_check = self._claim_check, None
         close_store(store)
+
+
+def _in_background(call: Callable[..., Loaded], name: str, *args: Any) -> Future[Loaded]:
+    """``call(*args)`` on a daemon thread: a refused start-up says its sentence and exits
+    without waiting for it."""
+    done: Future[Loaded] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
+def _close_indexes(done: Future[dict[str, AccountIndex]]) -> None:
+    """The key indexes of a load that ended after the start was refused."""
+    with contextlib.suppress(Exception):
+        for index in done.result().values():
+            index.close()
 
 
 def _close_watcher(done: Future[MailboxesRead]) -> None:
