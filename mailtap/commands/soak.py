@@ -39,6 +39,12 @@ import click
     show_default=True,
     help="Pause between workload steps (one action each).",
 )
+@click.option(
+    "--faults/--no-faults",
+    default=True,
+    show_default=True,
+    help="--no-faults: a baseline run, the workload and the verifier without any fault.",
+)
 def soak(
     minutes: float,
     seed: int,
@@ -47,6 +53,7 @@ def soak(
     report_dir: Path | None,
     state_dir: Path | None,
     step_seconds: float,
+    faults: bool,
 ) -> None:
     """3 imap-source, 2 streams and 2 smtp-sink instances under random faults; the last line
     is the verdict."""
@@ -55,7 +62,9 @@ def soak(
     def say(text: str) -> None:
         click.echo(f"{dt.datetime.now().strftime('%H:%M:%S')}  {text}", err=as_json)
 
-    options = SoakOptions(minutes, seed, mailboxes, report_dir, state_dir, step_seconds)
+    options = SoakOptions(
+        minutes, seed, mailboxes, report_dir, state_dir, step_seconds, faults=faults
+    )
     passed, document = run_soak(options, say)
     if as_json:
         summary = {k: v for k, v in document.items() if k != "samples"}

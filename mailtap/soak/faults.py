@@ -83,6 +83,8 @@ class FaultInjector:
     #: kills of a sink and faults on a sink's SMTP path: each may leave pool_size mails UNKNOWN
     sink_disruptions: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    #: False for a baseline run: the workload and the verifier without any fault
+    inject: bool = True
     _pending: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _seq: Any = field(default_factory=itertools.count)
     _injecting: bool = True
@@ -94,6 +96,7 @@ class FaultInjector:
     _thread: threading.Thread = field(init=False)
 
     def __post_init__(self) -> None:
+        self._injecting = self.inject
         self._thread = threading.Thread(target=self._run, daemon=True, name="soak-faults")
 
     def now(self) -> float:

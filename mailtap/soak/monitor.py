@@ -28,6 +28,8 @@ class Sample:
     fds: dict[str, int]
     lives: dict[str, int]
     healthy: dict[str, bool] = field(default_factory=dict)
+    #: how many mailboxes each source instance runs (its /healthz), when it answered
+    owned: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +42,7 @@ class Sample:
             "fds": self.fds,
             "lives": self.lives,
             "healthy": self.healthy,
+            "owned": self.owned,
         }
 
 
@@ -125,15 +128,12 @@ def health_of(instances: dict[str, Instance]) -> dict[str, bool]:
     return {name: instance.health()[0] for name, instance in instances.items()}
 
 
-def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
-    """Least-squares slope of (seconds, value) points, per minute; None for fewer than 3."""
-    if len(points) < 3:
-        return None
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    var = sum((t - mean_t) ** 2 for t, _ in points)
-    if var == 0:
-        return None
-    cov = sum((t - mean_t) * (v - mean_v) for t, v in points)
-    return cov / var * 60.0
+def owned_by(instances: dict[str, Instance]) -> dict[str, int]:
+    """The number of mailboxes each instance that reports them runs (the sources)."""
+    owned = {}
+    for name, instance in instances.items():
+        if name.startswith("imap-source"):
+            _, detail = instance.health()
+            if detail is not None and "mailboxes" in detail:
+                owned[name] = len(detail["mailboxes"])
+    return owned

@@ -12,41 +12,56 @@ from pathlib import Path
 from typing import Any
 
 from mailtap.soak.faults import Fault
-from mailtap.soak.monitor import Sample, slope_per_minute
+from mailtap.soak.monitor import Sample
 
 #: Samples of an instance's life before this are start-up (imports, backfill, group join).
 WARM_UP_S = 120.0
+#: After a source instance takes mailboxes over or hands them back, its RSS steps (a worker,
+#: a transactional producer and two connections per folder) and settles: not judged as a slope.
+SETTLE_S = 60.0
 #: A life shorter than this after warm-up says nothing about a slope.
 MIN_WINDOW_S = 300.0
 #: Growth that counts as a leak over a window of at least MIN_WINDOW_S.
 RSS_LEAK_MB_PER_MIN = 1.0
 FD_LEAK_PER_MIN = 0.5
 
+Point = tuple[float, float, float]  # (seconds, RSS MB, open fds)
+
 
 def leak_figures(samples: list[Sample]) -> dict[str, Any]:
     """Per instance, the RSS and fd slope of each life long enough to judge; ``leaks`` names
-    the lives over the limits."""
-    lives: dict[tuple[str, int], list[tuple[float, int, int]]] = defaultdict(list)
+    the lives over the limits.
+
+    A source's memory follows the mailboxes it runs: a takeover after another instance's
+    kill is a step up, not a leak. So a life is cut into spans with the same number of
+    mailboxes (from its /healthz), each after SETTLE_S, and the slope is the one line fitted
+    through every span at once with an offset of its own (the within-span slope): a leak
+    grows inside the spans, a takeover only between them. Instances that report no mailboxes
+    are one span per life."""
+    lives: dict[tuple[str, int], list[tuple[float, int, int, int | None]]] = defaultdict(list)
     for sample in samples:
         for name, rss in sample.rss.items():
-            lives[(name, sample.lives[name])].append((sample.at, rss, sample.fds[name]))
+            lives[(name, sample.lives[name])].append(
+                (sample.at, rss, sample.fds[name], sample.owned.get(name))
+            )
     figures: dict[str, Any] = {"per_life": [], "leaks": []}
     for (name, life), points in sorted(lives.items()):
-        start = points[0][0]
-        window = [p for p in points if p[0] - start >= WARM_UP_S]
-        if not window or window[-1][0] - window[0][0] < MIN_WINDOW_S:
+        spans = _spans(points)
+        window = sum(span[-1][0] - span[0][0] for span in spans)
+        if window < MIN_WINDOW_S:
             continue
-        rss_slope = slope_per_minute([(t, r / 2**20) for t, r, _ in window])
-        fd_slope = slope_per_minute([(t, float(f)) for t, _, f in window])
+        rss_slope = _within_slope([[(t, r) for t, r, _ in span] for span in spans])
+        fd_slope = _within_slope([[(t, f) for t, _, f in span] for span in spans])
         entry = {
             "instance": name,
             "life": life,
-            "window_s": round(window[-1][0] - window[0][0]),
-            "rss_mb_start": round(window[0][1] / 2**20, 1),
-            "rss_mb_end": round(window[-1][1] / 2**20, 1),
+            "window_s": round(window),
+            "spans": len(spans),
+            "rss_mb_start": round(spans[0][0][1], 1),
+            "rss_mb_end": round(spans[-1][-1][1], 1),
             "rss_mb_per_min": None if rss_slope is None else round(rss_slope, 3),
-            "fds_start": window[0][2],
-            "fds_end": window[-1][2],
+            "fds_start": int(spans[0][0][2]),
+            "fds_end": int(spans[-1][-1][2]),
             "fds_per_min": None if fd_slope is None else round(fd_slope, 3),
         }
         figures["per_life"].append(entry)
@@ -55,11 +70,45 @@ def leak_figures(samples: list[Sample]) -> dict[str, Any]:
     figures["judged_lives"] = len(figures["per_life"])
     figures["limits"] = {
         "warm_up_s": WARM_UP_S,
+        "settle_s": SETTLE_S,
         "min_window_s": MIN_WINDOW_S,
         "rss_mb_per_min": RSS_LEAK_MB_PER_MIN,
         "fds_per_min": FD_LEAK_PER_MIN,
     }
     return figures
+
+
+def _spans(points: list[tuple[float, int, int, int | None]]) -> list[list[Point]]:
+    """The life's points after warm-up, cut where the number of mailboxes changes; each span
+    starts SETTLE_S after its change and has at least 3 points. A sample without an answer
+    from /healthz keeps the last known number."""
+    start = points[0][0]
+    spans: list[list[Point]] = []
+    current: list[Point] = []
+    owned: int | None = None
+    changed_at = start
+    for t, rss, fds, count in points:
+        if count is not None and owned is not None and count != owned:
+            spans.append(current)
+            current, changed_at = [], t
+        if count is not None:
+            owned = count
+        if t - start >= WARM_UP_S and t - changed_at >= (SETTLE_S if changed_at > start else 0):
+            current.append((t, rss / 2**20, float(fds)))
+    spans.append(current)
+    return [span for span in spans if len(span) >= 3]
+
+
+def _within_slope(spans: list[list[tuple[float, float]]]) -> float | None:
+    """Least-squares slope per minute of one line through every span, each span with an
+    offset of its own; None without any spread in time."""
+    cov = var = 0.0
+    for span in spans:
+        mean_t = sum(t for t, _ in span) / len(span)
+        mean_v = sum(v for _, v in span) / len(span)
+        cov += sum((t - mean_t) * (v - mean_v) for t, v in span)
+        var += sum((t - mean_t) ** 2 for t, _ in span)
+    return cov / var * 60.0 if var else None
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from mailtap.dev.tcp_proxy import TcpProxy
 from mailtap.soak import report
 from mailtap.soak.faults import FaultInjector
 from mailtap.soak.fleet import INSTANCES, SINKS, Instance
-from mailtap.soak.monitor import LagProbe, Sample, health_of, sample_fleet
+from mailtap.soak.monitor import LagProbe, Sample, health_of, owned_by, sample_fleet
 from mailtap.soak.relay import SoakRelay
 from mailtap.soak.stack import HOST, Stack
 from mailtap.soak.verifier import Decoder, Ledger, TopicReader, Violation, read_server
@@ -65,6 +65,8 @@ class SoakOptions:
     #: seconds between workload steps
     step_seconds: float = 1.0
     keep_state: bool = False
+    #: False: a baseline without faults (what the fleet's RSS does under the workload alone)
+    faults: bool = True
 
 
 @dataclass
@@ -177,7 +179,12 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
         run.started = time.monotonic()  # the soak's clock starts with the workload
         workload.start()
         injector = FaultInjector(
-            random.Random(options.seed * 7919 + 1), stack, relay, instances, run.started
+            random.Random(options.seed * 7919 + 1),
+            stack,
+            relay,
+            instances,
+            run.started,
+            inject=options.faults,
         )
         injector.start()
         _soak_phase(run, options.minutes * 60, instances, ledger, lag, injector)
@@ -371,6 +378,7 @@ def _sample(
         fds=fds,
         lives={n: i.lives for n, i in instances.items()},
         healthy=health_of(instances) if with_health else {},
+        owned=owned_by(instances),
     )
     run.samples.append(sample)
     return sample

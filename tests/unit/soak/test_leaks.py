@@ -1,10 +1,11 @@
 """The soak's leak rule: RSS and fd slopes per instance life, after the warm-up, over a window
-long enough to judge; a restart starts a new life (its RSS drop is no negative slope)."""
+long enough to judge; a restart starts a new life (its RSS drop is no negative slope); a source
+taking mailboxes over steps up without a slope, a leak inside the spans between is still one."""
 
 from __future__ import annotations
 
-from mailtap.soak.monitor import Sample, slope_per_minute
-from mailtap.soak.report import leak_figures
+from mailtap.soak.monitor import Sample
+from mailtap.soak.report import SETTLE_S, _within_slope, leak_figures
 
 MB = 2**20
 
@@ -28,9 +29,10 @@ def samples(rss_mb_per_min: float, fds_per_min: float, minutes: int = 12) -> lis
     return out
 
 
-def test_slope_is_per_minute() -> None:
-    assert slope_per_minute([(0, 0.0), (60, 2.0), (120, 4.0)]) == 2.0
-    assert slope_per_minute([(0, 1.0), (5, 1.0)]) is None
+def test_slope_is_per_minute_and_ignores_the_offset_between_spans() -> None:
+    assert _within_slope([[(0, 0.0), (60, 2.0), (120, 4.0)]]) == 2.0
+    assert _within_slope([[(0, 0.0), (60, 2.0)], [(120, 50.0), (180, 52.0)]]) == 2.0
+    assert _within_slope([[(0, 1.0)]]) is None
 
 
 def test_flat_memory_is_no_leak() -> None:
@@ -62,3 +64,55 @@ def test_a_restart_starts_a_new_life() -> None:
     figures = leak_figures(first + second)
     assert figures["judged_lives"] == 2
     assert figures["leaks"] == []
+
+
+def source_samples(rss_mb_per_min: float, takeovers: list[tuple[float, int]]) -> list[Sample]:
+    """A source running 30 mailboxes, then the number of mailboxes changing at each
+    (second, count): every mailbox is 0.5 MB, and RSS grows by rss_mb_per_min besides."""
+    out = []
+    owned = 30
+    for i in range(20 * 12):
+        t = i * 5.0
+        for at, count in takeovers:
+            if t >= at:
+                owned = count
+        rss = 100 + 0.5 * owned + rss_mb_per_min * t / 60
+        out.append(
+            Sample(
+                at=t,
+                events=i,
+                commands=i,
+                deliveries=i,
+                lag_s=0.0,
+                rss={"imap-source-1": int(rss * MB)},
+                fds={"imap-source-1": 40 + 2 * owned},
+                lives={"imap-source-1": 1},
+                owned={"imap-source-1": owned},
+            )
+        )
+    return out
+
+
+def test_a_takeover_is_a_step_not_a_leak() -> None:
+    # 30 -> 60 mailboxes at 5 min (another instance killed), back to 30 at 12 min: +15 MB and
+    # +60 fds in one step, which a plain slope over the life reads as 2 MB/min.
+    figures = leak_figures(source_samples(0.0, [(300.0, 60), (720.0, 30)]))
+    assert figures["leaks"] == []
+    life = figures["per_life"][0]
+    assert life["spans"] == 3
+    assert life["rss_mb_per_min"] == 0.0
+    assert life["fds_per_min"] == 0.0
+
+
+def test_a_leak_between_takeovers_is_still_a_leak() -> None:
+    figures = leak_figures(source_samples(1.5, [(300.0, 60), (720.0, 30)]))
+    assert [e["instance"] for e in figures["leaks"]] == ["imap-source-1"]
+    assert abs(figures["leaks"][0]["rss_mb_per_min"] - 1.5) < 0.01
+
+
+def test_the_settling_after_a_takeover_is_not_judged() -> None:
+    samples = source_samples(0.0, [(300.0, 60)])
+    for s in samples:  # the new mailboxes' backfill: +10 MB over the first settle period
+        if 300.0 <= s.at < 300.0 + SETTLE_S:
+            s.rss["imap-source-1"] -= int(10 * MB * (1 - (s.at - 300.0) / SETTLE_S))
+    assert leak_figures(samples)["leaks"] == []
