@@ -29,10 +29,11 @@ meanwhile) or one older than :data:`MAX_AGE_S` is not handed out: the worker ope
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future
 
 from connectors.imap.config import ImapAccountSettings
 from connectors.imap.connection import ImapConnection
@@ -48,10 +49,11 @@ MAX_AGE_S = 60.0
 
 
 class _Login:
-    """One folder's early login: the connection once logged in, and when that was."""
+    """One folder's early login: its account, its future session, and when it logged in."""
 
     def __init__(self, account: ImapAccountSettings) -> None:
         self.account = account
+        self.session: Future[ImapConnection] = Future()
         self.at = 0.0
 
 
@@ -60,9 +62,10 @@ class EarlyLogins:
 
     def __init__(self, open_session: Callable[[ImapAccountSettings], ImapConnection]) -> None:
         self._open_session = open_session
-        self._pool = ThreadPoolExecutor(AT_ONCE, thread_name_prefix="imap-early-login")
+        self._queue: queue.SimpleQueue[_Login | None] = queue.SimpleQueue()
+        self._threads = 0
         self._lock = threading.Lock()
-        self._logins: dict[tuple[str, str], tuple[_Login, Future[ImapConnection]]] = {}
+        self._logins: dict[tuple[str, str], _Login] = {}
         self._closed = False
 
     def start(self, accounts: Sequence[ImapAccountSettings]) -> None:
@@ -73,13 +76,28 @@ class EarlyLogins:
             for account in accounts:
                 for folder in account.folders:
                     login = _Login(account)
-                    future = self._pool.submit(self._log_in, login)
-                    self._logins[(account.name, folder)] = (login, future)
+                    self._logins[(account.name, folder)] = login
+                    self._queue.put(login)
+                    if self._threads < AT_ONCE:
+                        self._threads += 1
+                        # Daemon threads: a login waiting on an unreachable server (up to the
+                        # connect timeout) must not hold the process's exit after SIGTERM or a
+                        # refused start, as the worker thread it stands in for would not.
+                        threading.Thread(
+                            target=self._log_in, name="imap-early-login", daemon=True
+                        ).start()
 
-    def _log_in(self, login: _Login) -> ImapConnection:
-        conn = self._open_session(login.account)
-        login.at = time.monotonic()
-        return conn
+    def _log_in(self) -> None:
+        while (login := self._queue.get()) is not None:
+            if not login.session.set_running_or_notify_cancel():
+                continue  # taken (or dropped) while queued
+            try:
+                conn = self._open_session(login.account)
+            except BaseException as exc:
+                login.session.set_exception(exc)
+            else:
+                login.at = time.monotonic()
+                login.session.set_result(conn)
 
     def take(self, account: ImapAccountSettings, folder: str) -> ImapConnection | None:
         """The folder's logged-in session, once (waiting for a login under way: it is bounded
@@ -89,7 +107,7 @@ class EarlyLogins:
             found = self._logins.pop((account.name, folder), None)
         if found is None:
             return None
-        login, future = found
+        login, future = found, found.session
         if future.cancel():
             return None  # still queued: the worker's own login starts now, not after the queue
         try:
@@ -116,8 +134,9 @@ class EarlyLogins:
             self._closed = True
             left = list(self._logins.values())
             self._logins.clear()
+            for _ in range(self._threads):
+                self._queue.put(None)  # each thread ends after the login it may be in
         _drop(left)
-        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _same_server_and_login(had: ImapAccountSettings, wanted: ImapAccountSettings) -> bool:
@@ -130,11 +149,11 @@ def _aged(login: _Login) -> bool:
     return time.monotonic() - login.at > MAX_AGE_S
 
 
-def _drop(logins: Sequence[tuple[_Login, Future[ImapConnection]]]) -> None:
+def _drop(logins: Sequence[_Login]) -> None:
     """Cancel what is queued; log out of what logged in, or will (when its login ends)."""
-    for _login, future in logins:
-        future.cancel()
-        future.add_done_callback(_log_out)
+    for login in logins:
+        login.session.cancel()
+        login.session.add_done_callback(_log_out)
 
 
 def _log_out(future: Future[ImapConnection]) -> None:
