@@ -6,6 +6,7 @@ import base64
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -197,15 +198,30 @@ def make_coordinators(bootstrap_servers: str, timeout: float = START_TIMEOUT_S) 
     """
     from confluent_kafka import Consumer, Producer, TopicPartition
 
+    from connectors.core.kafka.retry import retry_retriable
+
+    deadline = time.monotonic() + timeout
     client = {"bootstrap.servers": bootstrap_servers, "log_level": 0}
     producer = Producer(
         {**client, "transactional.id": COORDINATORS_PROBE, "enable.sparse.connections": False}
     )
-    producer.init_transactions(timeout)
+    # A coordinator still loading answers NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS for
+    # a moment (seen under load): asked again, it answers.
+    retry_retriable(
+        lambda: producer.init_transactions(max(0.1, deadline - time.monotonic())),
+        deadline,
+        "kafka: making the transaction coordinator",
+    )
     producer.flush(timeout)
     consumer = Consumer({**client, "group.id": COORDINATORS_PROBE, "enable.auto.commit": False})
     try:
         # Asking the group coordinator for committed offsets makes the broker create it.
-        consumer.committed([TopicPartition(COORDINATORS_PROBE, 0)], timeout)
+        retry_retriable(
+            lambda: consumer.committed(
+                [TopicPartition(COORDINATORS_PROBE, 0)], max(0.1, deadline - time.monotonic())
+            ),
+            deadline,
+            "kafka: making the group coordinator",
+        )
     finally:
         consumer.close()
