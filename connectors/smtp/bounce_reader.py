@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, Producer, TopicPartition
 
 from connectors.core.avro.replies import DeliveryEvent
 from connectors.core.avro.serde import AvroSerde
@@ -47,6 +47,8 @@ from connectors.smtp.render import BlobFetcher
 log = logging.getLogger(__name__)
 
 POLL_TIMEOUT_S = 0.5
+#: While the schema registry does not answer, the batch is read again this often.
+REGISTRY_RETRY_S = 5.0
 COMPRESSION = "lz4"  # see connectors.smtp.sink.PRODUCER_COMPRESSION
 
 
@@ -115,6 +117,7 @@ class BounceReader:
         self._consumer = Consumer(
             consumer_config(config.kafka, settings.bounce_group_id, group_instance_id=instance)
         )
+        self._stop = threading.Event()
 
     def start(self) -> None:
         init_transactions(self._producer, self.config.kafka, 60)
@@ -124,6 +127,7 @@ class BounceReader:
         log.info("bounce reader started accounts=%s", sorted(self.accounts))
 
     def run(self, stop: threading.Event) -> None:
+        self._stop = stop
         self.start()
         try:
             while not stop.is_set():
@@ -138,9 +142,27 @@ class BounceReader:
             self.suppressions.close()
 
     def poll_once(self) -> int:
+        """Read a batch and publish its BOUNCED events and suppressions with its offsets in one
+        transaction; returns the records read (0 when the batch waits for the registry)."""
         records = self._consumer.consume(200, timeout=POLL_TIMEOUT_S)
         if not records:
             return 0
+        try:
+            return self._publish(records)
+        except RegistryUnavailable as exc:
+            # Not bad data: the batch is read again once the registry answers, nothing skipped
+            # and nothing committed (found by `mailtap soak`, registry-down faults; before, the
+            # reader ended and took the sink down with it until the registry came back).
+            self._rewind(records)
+            log.warning(
+                "schema registry unavailable; reading the bounce batch again in %.0f s: %s",
+                REGISTRY_RETRY_S,
+                exc,
+            )
+            self._stop.wait(REGISTRY_RETRY_S)
+            return 0
+
+    def _publish(self, records: list[Message]) -> int:
         offsets: dict[tuple[str, int], int] = {}
         events: list[DeliveryEvent] = []
         entries: dict[str, dict[str, Any]] = {}  # the batch's suppression records, last wins
@@ -154,18 +176,22 @@ class BounceReader:
         delivery = self.config.kafka.topics.delivery
         suppressions_topic = self.config.kafka.topics.suppressions
         self._producer.begin_transaction()
-        for event in events:
-            self._producer.produce(
-                delivery,
-                key=event["command_id"].encode(),
-                value=self.delivery_serde.encode(event, delivery),
-            )
-        for key, entry in entries.items():
-            self._producer.produce(
-                suppressions_topic,
-                key=key.encode("utf-8"),
-                value=self.suppression_serde.encode(entry, suppressions_topic),
-            )
+        try:
+            for event in events:
+                self._producer.produce(
+                    delivery,
+                    key=event["command_id"].encode(),
+                    value=self.delivery_serde.encode(event, delivery),
+                )
+            for key, entry in entries.items():
+                self._producer.produce(
+                    suppressions_topic,
+                    key=key.encode("utf-8"),
+                    value=self.suppression_serde.encode(entry, suppressions_topic),
+                )
+        except RegistryUnavailable:
+            self._producer.abort_transaction(COMMIT_TIMEOUT_S)
+            raise
         # Bounded, as in the sink's recorder (confluent-kafka waits forever by default): a
         # timeout ends the reader, and the process restarts with the batch uncommitted.
         # send_offsets_to_transaction may ignore its timeout (watchdog.py): the process exits.
@@ -185,6 +211,21 @@ class BounceReader:
             self.metrics.outcomes.labels("BOUNCED").inc(len(events))
         return len(records)
 
+    def _rewind(self, records: list[Message]) -> None:
+        """Back to the batch's first record of each partition, so the next poll reads it again."""
+        first: dict[tuple[str, int], int] = {}
+        for record in records:
+            topic, partition, offset = record.topic(), record.partition(), record.offset()
+            if record.error() or topic is None or partition is None or offset is None:
+                continue
+            first.setdefault((topic, partition), offset)
+        for (topic, partition), offset in first.items():
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as exc:
+                # Revoked meanwhile: its next owner reads from the committed offset anyway.
+                log.info("bounce batch not rewound on %s [%d]: %s", topic, partition, exc)
+
     def _bounces_in(
         self, record: Message, entries: dict[str, dict[str, Any]]
     ) -> list[DeliveryEvent]:
@@ -195,8 +236,7 @@ class BounceReader:
             mail = self.events_serde.decode(value, record.topic() or "")
         except RegistryUnavailable:
             # Not a bad record: skipping it would lose a DSN (no BOUNCED, no suppression).
-            # Raised before the batch's transaction, so its offsets stay uncommitted and the
-            # restarted reader reads it again (found by `mailtap soak`, registry-down faults).
+            # Raised before the batch's transaction: `poll_once` reads the batch again.
             raise
         except Exception as exc:
             log.warning("undecodable MailEvent at %s: %s", record.offset(), exc)
