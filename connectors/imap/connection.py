@@ -119,6 +119,7 @@ class ImapConnection:
         self._ssl_context = ssl_context
         self._client: IMAPClient | None = None
         self._capabilities: frozenset[bytes] = frozenset()
+        self._logged_in = False
         self.condstore = False
         self.qresync = False
 
@@ -140,6 +141,23 @@ class ImapConnection:
 
     def login(self) -> None:
         self._capabilities = log_in(self.client, self.account)
+        self._logged_in = True
+
+    @property
+    def logged_in(self) -> bool:
+        """Connected and logged in (an early login, :mod:`connectors.imap.earlylogin`)."""
+        return self._logged_in and self._client is not None
+
+    def open(self, qresync: bool) -> None:
+        """Connect, log in and ENABLE (:meth:`enable_condstore`): the steps a worker's session
+        takes before its SELECT, in one call, for a login ahead of the worker."""
+        self.connect()
+        try:
+            self.login()
+            self.enable_condstore(qresync=qresync)
+        except BaseException:
+            self.close()
+            raise
 
     def enable_condstore(self, qresync: bool = False) -> bool:
         """ENABLE CONDSTORE when offered (RFC 7162), or QRESYNC (which implies it) when
@@ -172,6 +190,7 @@ class ImapConnection:
     def close(self) -> None:
         """Drop the connection without a round trip (it may be dead)."""
         client, self._client = self._client, None
+        self._logged_in = False
         if client is None:
             return
         with contextlib.suppress(Exception):

@@ -12,7 +12,9 @@ change of an account's owned folders restarts all of them with a fresh index.
 What IMAP adds to the runtime: the key index changelog topic, the schema's registration in the
 background (the mailboxes start meanwhile; start() returns with the registry's answer), the key
 indexes of the owned accounts (loaded for those only), the parse processes and the claim-check
-store with its threads.
+store with its threads, and (without a group) the configured folders' IMAP logins, started at
+the beginning of the start-up so that they overlap its waits on Kafka
+(:mod:`connectors.imap.earlylogin`).
 
 Start-up order matters for exactly-once (Kafka Connect KIP-618): each worker first creates its
 transactional producer (``init_transactions`` fences a previous instance and aborts its open
@@ -25,9 +27,9 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.open import open_configured
@@ -40,6 +42,7 @@ from connectors.core.source.runtime import FolderRun, FolderSourceRuntime, ensur
 from connectors.imap.config import SECTION, ImapAccountSettings, ImapSourceSettings
 from connectors.imap.connection import ImapConnection
 from connectors.imap.cursor import SOURCE as SOURCE_KIND
+from connectors.imap.earlylogin import EarlyLogins
 from connectors.imap.errors import ParsePoolClosed
 from connectors.imap.index import AccountIndex, load_indexes
 from connectors.imap.indexlog import topic_spec as index_topic_spec
@@ -56,6 +59,7 @@ log = logging.getLogger(__name__)
 __all__ = ["TRANSACTIONAL_PREFIX", "ImapSource"]
 
 TRANSACTIONAL_PREFIX = "mailtap-imap"
+Loaded = TypeVar("Loaded")
 #: The registration of a source that has not prepared yet: nothing to wait for.
 _DONE: Future[None] = Future()
 _DONE.set_result(None)
@@ -81,6 +85,8 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         self._serde: AvroSerde | None = None
         self._registration: Future[None] = _DONE
         self._preloaded: dict[str, AccountIndex] = {}  # loaded by prepare(), not yet running
+        #: The configured folders' logins, started with the start-up (no group only).
+        self._early: EarlyLogins | None = None
         #: account name -> the key index its running folders share.
         self._indexes: dict[str, AccountIndex] = {}
 
@@ -94,9 +100,11 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         """What every mailbox shares: topics, the schema, the claim-check store, parse processes.
 
         Without a group every configured account is this instance's: their key indexes load
-        while the registry and the claim-check store are checked, both mostly waits on the
-        network, so start-up pays the longer one only. Not while the topics are ensured: a
-        topic created a moment ago has no partition leader yet, and reading it then fails.
+        while the topics are ensured, the registry and the claim-check store checked, all
+        mostly waits on the network, so start-up pays the longest one only. They load once
+        every permission is granted, and only then while the topics are ensured when every
+        topic they read exists (``mail.events``, the offsets, the key index changelog): a topic
+        created a moment ago has no partition leader yet, and reading it then fails.
 
         The schema's registration (connectors.core.avro.registry) runs in the background; with
         ``wait_for_registry`` this returns once it is done (raising the registry's refusal).
@@ -108,19 +116,32 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         serde = AvroSerde.shared("MailEvent", kafka)
         self._serde = serde
         names = [a.name for a in self.settings.accounts] if self.settings.group is None else []
+        t = kafka.topics
         # The key index changelog is IMAP's own topic too (connectors.imap.indexlog's spec).
-        specs = {kafka.topics.imap_index: functools.partial(index_topic_spec, kafka)}
-        ensure_own_topics(kafka, "imap", self.settings.group, specs)
+        specs = {t.imap_index: functools.partial(index_topic_spec, kafka)}
+        loading: list[Future[dict[str, AccountIndex]]] = []
+
+        def load() -> None:
+            if names and not loading:
+                loading.append(_in_background(load_indexes, "imap-index", kafka, serde, names))
+
+        def checked(missing: Collection[str]) -> None:
+            if {t.events, t.offsets, t.imap_index}.isdisjoint(missing):
+                load()
+
+        try:
+            ensure_own_topics(kafka, "imap", self.settings.group, specs, checked=checked)
+        except BaseException:
+            for future in loading:  # refused meanwhile: what loaded is dropped
+                future.add_done_callback(_close_indexes)
+            raise
         registering = ThreadPoolExecutor(1, thread_name_prefix="imap-registry")
         self._registration = registering.submit(serde.prepare, kafka.topics.events)
         registering.shutdown(wait=False)  # the submitted registration still runs to its end
-        with ThreadPoolExecutor(1, thread_name_prefix="imap-index") as loader:
-            loading = loader.submit(load_indexes, kafka, serde, names) if names else None
-            self._claim_check = open_configured(
-                self.cfg.claim_check, self.settings.claim_check_threads
-            )
-            if loading is not None:
-                self._preloaded = loading.result()
+        load()
+        self._claim_check = open_configured(self.cfg.claim_check, self.settings.claim_check_threads)
+        for future in loading:
+            self._preloaded = future.result()
         if wait_for_registry:
             self._registration.result()
         if self._pool is None and self.settings.parse_workers > 0:
@@ -146,6 +167,13 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         # topic: 30 s, past the 30 s a missing ACL may take to be named), and must not hold
         # the refusal, nor the process's exit, until then; it closes its watcher if it ends.
         threading.Thread(target=read, name="imap-mailboxes", daemon=True).start()
+        if self.settings.group is None:
+            # Every configured folder is this instance's (unless the mailboxes topic says
+            # otherwise): their IMAP logins overlap the waits on Kafka below and the workers'
+            # init_transactions (connectors.imap.earlylogin). With a group, the assignment
+            # decides later which are ours.
+            self._early = EarlyLogins(self._open_session)
+            self._early.start(self.settings.accounts)
         if self.settings.parse_workers > 0:
             # The parse processes start now, in the background: spawning them and their
             # imports (~1 s of CPU each, more on a loaded machine) overlap the waits on the
@@ -161,6 +189,9 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         return reading.result()
 
     def _ready(self) -> None:
+        if self._early is not None:
+            # The folders that did not start here (the mailboxes topic removed them) log out.
+            self._early.keep_only({(u.account, u.folder) for u in self._runs})
         # A registry that refuses the schema stops the source at start, with the sentence,
         # before its first transaction: a worker's first encode waits for the same answer.
         self._registration.result()
@@ -194,7 +225,17 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
             assert self._serde is not None, "prepare() first"
             self._indexes.update(load_indexes(self.cfg.kafka, self._serde, missing))
 
-    def _connection(self, account: ImapAccountSettings) -> ImapConnection:
+    def _connection(self, account: ImapAccountSettings, folder: str) -> ImapConnection:
+        """A worker's session: its early login when there is one, else a new connection."""
+        early = self._early.take(account, folder) if self._early is not None else None
+        return early if early is not None else self._new_connection(account)
+
+    def _open_session(self, account: ImapAccountSettings) -> ImapConnection:
+        conn = self._new_connection(account)
+        conn.open(qresync=self.settings.qresync == "auto")
+        return conn
+
+    def _new_connection(self, account: ImapAccountSettings) -> ImapConnection:
         return ImapConnection(
             account,
             connect_timeout=self.settings.connect_timeout_seconds,
@@ -223,7 +264,7 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
             settings=self.settings,
             builder=make_builder(spec, self._claim_check),
             index=index,
-            connection_factory=functools.partial(self._connection, account),
+            connection_factory=functools.partial(self._connection, account, folder),
             watched_folders=account.folders,
             parsing=MailboxParsing(self._pool, spec) if self._pool else None,
             **self._folder_runtime(account.name, folder, stop),
@@ -242,6 +283,9 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
                 index.close()
 
     def _closed(self) -> None:
+        if self._early is not None:
+            self._early.close()
+            self._early = None
         if self._pool is not None:
             # After a refused start the processes may still be importing: the refusal's
             # sentence must not wait for them (they exit with this process either way).
@@ -252,6 +296,28 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         self._preloaded.clear()
         store, self._claim_check = self._claim_check, None
         close_store(store)
+
+
+def _in_background(call: Callable[..., Loaded], name: str, *args: Any) -> Future[Loaded]:
+    """``call(*args)`` on a daemon thread: a refused start-up says its sentence and exits
+    without waiting for it."""
+    done: Future[Loaded] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call(*args))
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return done
+
+
+def _close_indexes(done: Future[dict[str, AccountIndex]]) -> None:
+    """The key indexes of a load that ended after the start was refused."""
+    with contextlib.suppress(Exception):
+        for index in done.result().values():
+            index.close()
 
 
 def _close_watcher(done: Future[MailboxesRead]) -> None:

@@ -226,11 +226,16 @@ class MailboxWorker(FolderWorker[WorkerState]):
         self.machine.to(S.CONNECTING)
         conn = self._connection_factory()
         self._conn = conn
-        conn.connect()
+        # Logged in already: a login started ahead of this worker, while the source's start-up
+        # waited on Kafka (connectors.imap.earlylogin), with ImapConnection.open's same steps.
+        early = conn.logged_in
+        if not early:
+            conn.connect()
         self.metrics.connects.labels(*self._labels).inc()
         self.machine.to(S.AUTHENTICATING)
-        conn.login()
-        conn.enable_condstore(qresync=self.settings.qresync == "auto")
+        if not early:
+            conn.login()
+            conn.enable_condstore(qresync=self.settings.qresync == "auto")
         self.fallbacks.say(conn.capabilities)
         self.machine.to(S.SELECTING)
         try:

@@ -6,6 +6,7 @@ import base64
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from mailtap.dev.layout import kafka_libs, render_template
 
 #: A cold JVM plus storage recovery takes 2-5 s here; a loaded shared 2-core CI box, much more.
 START_TIMEOUT_S = 120.0
+#: The transactional id and consumer group of :func:`make_coordinators` (no topic of that name).
+COORDINATORS_PROBE = "mailtap-dev-coordinators"
 JVM_OPTS = ("-Xmx512m", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
 
 
@@ -179,3 +182,46 @@ def wait_ready(layout: KafkaLayout, pid: int, bootstrap_servers: str) -> None:
         START_TIMEOUT_S,
         interval=0.2,
     )
+
+
+def make_coordinators(bootstrap_servers: str, timeout: float = START_TIMEOUT_S) -> None:
+    """Have a new broker create its transaction and group coordinators now, not at the first
+    component's start.
+
+    A broker creates ``__transaction_state`` and ``__consumer_offsets`` (10 partitions each
+    here) at their first use and loads them before it answers: the first ``init_transactions``
+    on a new broker took 4.5 s here, the next ones 0.3 s at the same load. Without this, that
+    wait fell into the first start of whatever came first (issue 29: the ingest bench's smoke
+    test, alone on the tests' new broker, printed a first event 9.5 s after the source's
+    spawn; 1.4-3.4 s in whole CI runs, where other tests had made them). Run on an existing
+    broker, it only finds them.
+    """
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from connectors.core.kafka.retry import retry_retriable
+
+    deadline = time.monotonic() + timeout
+    client = {"bootstrap.servers": bootstrap_servers, "log_level": 0}
+    producer = Producer(
+        {**client, "transactional.id": COORDINATORS_PROBE, "enable.sparse.connections": False}
+    )
+    # A coordinator still loading answers NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS for
+    # a moment (seen under load): asked again, it answers.
+    retry_retriable(
+        lambda: producer.init_transactions(max(0.1, deadline - time.monotonic())),
+        deadline,
+        "kafka: making the transaction coordinator",
+    )
+    producer.flush(timeout)
+    consumer = Consumer({**client, "group.id": COORDINATORS_PROBE, "enable.auto.commit": False})
+    try:
+        # Asking the group coordinator for committed offsets makes the broker create it.
+        retry_retriable(
+            lambda: consumer.committed(
+                [TopicPartition(COORDINATORS_PROBE, 0)], max(0.1, deadline - time.monotonic())
+            ),
+            deadline,
+            "kafka: making the group coordinator",
+        )
+    finally:
+        consumer.close()

@@ -431,6 +431,9 @@ def _start_all(root: Path, started: dict[str, Any], secured: bool, imap_kind: st
         )
     else:
         kafka.wait_ready(kafka_layout, kafka_pid, bootstrap)
+        # Ours is new: its coordinators now, while the registry starts, not in the first
+        # component's start-up (an external cluster has them).
+        kafka.make_coordinators(bootstrap)
     log.info("kafka ready at %s after %.2f s", bootstrap, time.monotonic() - t0)
     if schema_registry is not None:
         registry.wait_ready(registry_dir, schema_registry)

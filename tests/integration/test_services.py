@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient
 from imapclient import IMAPClient
 from imapclient.exceptions import LoginError
 
@@ -194,6 +195,12 @@ def test_up_is_idempotent_and_down_leaves_no_process(tmp_path: Path) -> None:
     state_dir = tmp_path / "second-set"
     info = up(state_dir)
     try:
+        # Its new broker made its coordinators already (issue 29: the first source started on
+        # it waited ~4 s for them inside its first init_transactions).
+        internal = AdminClient({"bootstrap.servers": info.bootstrap_servers}).list_topics(
+            timeout=30
+        )
+        assert {"__transaction_state", "__consumer_offsets"} <= set(internal.topics)
         groups = {pid: group_members(pid) for pid in info.pids}
         assert all(groups.values()), groups  # every service is running
         assert len(groups[info.imap.pid]) > 1  # Dovecot's master forked its helpers

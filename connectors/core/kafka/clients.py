@@ -195,6 +195,16 @@ def producer_config(kafka: KafkaSettings, **extra: Any) -> dict[str, Any]:
     if txn:
         conf["transactional.id"] = txn
         conf["transaction.timeout.ms"] = TRANSACTION_TIMEOUT_MS
+        # Connections to every broker from the start (librdkafka's default connects only to
+        # those a request needs, when it needs them): init_transactions then finds the
+        # transaction coordinator's connection up, instead of waiting for librdkafka's fixed
+        # 500 ms retry timer. Measured on the local broker, 10 producers each: 0.003-0.015 s
+        # per init_transactions, against 0.07-0.53 s (6 of 8 at 0.5 s) with the default (issue
+        # 29; the SMTP sink's lanes paid it once each, one after the other). A transactional
+        # producer writes to every partition of its topics, so to every broker leading one:
+        # the extra connections are those it would open at its first transactions. A
+        # client_properties setting of its own wins.
+        conf.setdefault("enable.sparse.connections", False)
     conf.update({k.replace("_", "."): v for k, v in extra.items()})
     return conf
 

@@ -90,15 +90,11 @@ class TransactionalSourceWriter:
         self.transactional_id = txn_id
         # Each MailEvent starts a trace (connectors.core.tracing); None: tracing is off.
         self._traced_topic = kafka.topics.events if kafka.tracing.enabled else None
-        # Connections to every broker from the start (librdkafka's default connects only to
-        # those a request needs, when it needs them): init_transactions then finds the
-        # transaction coordinator's connection up, instead of waiting for librdkafka's fixed
-        # 500 ms retry timer. Measured on the local broker, 10 producers each: 0.003-0.015 s
-        # per init_transactions, against 0.07-0.53 s (6 of 8 at 0.5 s) with the default. A
-        # writer's records go to every partition of the events topic, so to every broker
-        # leading one: the extra connections are those it would open at its first batches.
-        overrides = {"enable_sparse_connections": False, **producer_overrides}
-        self._producer = Producer(producer_config(kafka, transactional_id=txn_id, **overrides))
+        # Every broker connected from the start (producer_config's transactional setting):
+        # init_transactions does not wait librdkafka's 500 ms timer for the coordinator.
+        self._producer = Producer(
+            producer_config(kafka, transactional_id=txn_id, **producer_overrides)
+        )
         try:
             init_transactions(self._producer, kafka, INIT_TIMEOUT_S)
         except KafkaException as exc:

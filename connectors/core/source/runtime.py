@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -117,6 +117,8 @@ def ensure_own_topics(
     source: Literal["imap", "ews", "graph"],
     group: GroupSettings | None,
     specs: Mapping[str, Callable[[], TopicSpec]] | None = None,
+    *,
+    checked: Callable[[Collection[str]], None] | None = None,
 ) -> None:
     """Every permission of the source's topics and groups first, before a mail is read or a
     cursor moves: a refusal is one sentence naming the ACL (connectors.core.kafka.permissions).
@@ -128,9 +130,16 @@ def ensure_own_topics(
     ``specs``: the source's own topics beyond the shared three, by name, each created from its
     spec when missing (an existing one is kept). The group's work topic is
     :mod:`connectors.core.source.ownership.group`'s, created at its first use.
+
+    ``checked``: called once every permission is granted, with the topics still missing,
+    before any is created or checked further: a source may start reading the topics that
+    exist meanwhile (IMAP loads its key indexes), a wait on the broker that start-up would
+    otherwise pay after this one.
     """
     needed = source_acls(kafka, source=source, group=group)
     missing = check_permissions(kafka, needed)
+    if checked is not None:
+        checked(missing)
     t = kafka.topics
     own = [t.events, t.offsets, t.mailboxes]
     ensure_topics(kafka, only=own)

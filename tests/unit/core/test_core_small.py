@@ -120,3 +120,16 @@ def test_a_transactional_writer_connects_to_every_broker_at_once(
     writer.close()
     assert [c["enable.sparse.connections"] for c in made] == [False]
     assert made[0]["transactional.id"] == "mailtap-imap-a-INBOX"
+
+
+def test_only_transactional_producers_connect_to_every_broker_at_once() -> None:
+    # Every transactional producer of mailtap (source writers, the sink's lanes, the bounce
+    # reader) gets it from producer_config; a plain producer keeps librdkafka's default.
+    kafka = KafkaSettings(bootstrap_servers="127.0.0.1:1")
+    assert producer_config(kafka, transactional_id="t")["enable.sparse.connections"] is False
+    assert "enable.sparse.connections" not in producer_config(kafka)
+    # An operator's own client_properties setting wins.
+    own = KafkaSettings(
+        bootstrap_servers="127.0.0.1:1", client_properties={"enable.sparse.connections": "true"}
+    )
+    assert producer_config(own, transactional_id="t")["enable.sparse.connections"] == "true"

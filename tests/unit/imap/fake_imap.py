@@ -58,6 +58,8 @@ class FakeConnection:
     #: A server without QRESYNC: every expunge check lists the folder.
     qresync = False
     supports_idle = True
+    #: Every fake session starts unconnected (no early login, connectors.imap.earlylogin).
+    logged_in = False
     #: What the fake announces after login: no fallback to log (capabilities.py).
     capabilities = frozenset({b"IMAP4REV1", b"IDLE", b"CONDSTORE", b"MOVE", b"UIDPLUS"})
 

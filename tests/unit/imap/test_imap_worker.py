@@ -764,3 +764,47 @@ def test_two_different_mails_with_one_message_id_get_two_keys_and_are_both_added
     assert published[2] == ("a/mid:m1", "ADDED")
     assert published[5] == (other, "ADDED")
     assert published[6] == ("a/mid:m1", "UPDATED")  # the same mail again (documented)
+
+
+def test_a_session_logged_in_ahead_is_used_as_it_is_and_walks_the_same_diagram() -> None:
+    # connectors.imap.earlylogin: the source hands a worker its folder's session logged in
+    # while the start-up waited on Kafka; the worker selects on it without a second login.
+    server = filled(4)
+    worker, writer, stop = make_worker(server)
+    logins: list[FakeConnection] = []
+
+    class LoggedIn(FakeConnection):
+        logged_in = True
+
+        def login(self) -> None:
+            logins.append(self)
+
+    worker._connection_factory = lambda: LoggedIn(server, stop)  # type: ignore[assignment,return-value]
+    worker.run()
+    assert server.connects == 0 and logins == []
+    assert worker.machine.history == [
+        S.DISCONNECTED, S.CONNECTING, S.AUTHENTICATING, S.SELECTING, S.SYNCING, S.IDLE, S.STOPPED,
+    ]  # fmt: skip
+    assert [e["change"] for e in events(writer)] == ["ADDED"] * 4
+
+
+def test_an_early_logins_refusal_counts_as_the_workers_own_first_attempt() -> None:
+    # EarlyLogins.take raises what the early login met: the same cap, the same counters.
+    server = filled(1)
+    metrics = SourceMetrics()
+    worker, writer, stop = make_worker(server, stop=CountingStop(limit=1), metrics=metrics)
+    worker._connection_factory = Refusing(AuthenticationError("no"))  # type: ignore[assignment]
+    worker.run()
+    labels = {"source": "imap", "account": "a", "folder": "INBOX"}
+    assert stop.delays == [0.05]  # the cap: permanent
+    assert metrics.registry.get_sample_value("mailtap_auth_failures_total", labels) == 1
+    assert metrics.registry.get_sample_value("mailtap_connect_failures_total", labels) == 1
+    assert writer.records == [] and server.connects == 0
+
+
+class Refusing:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def __call__(self) -> FakeConnection:
+        raise self.exc
