@@ -22,6 +22,7 @@ from typing import Any, Literal, Unpack
 
 from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import ClaimCheckBatch
+from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail import ParsedMail
 from connectors.core.mail.event import MailEvent
@@ -214,6 +215,8 @@ class RecordBuilder(MailRecordBuilder):
             key, event["change"] = change_for(parsed.key, fingerprint)
             event["key"] = key
             value = self._records.encode(event)
+        except RegistryUnavailable:
+            raise  # the registry is down, not the mail bad: fail the batch and retry it
         except Exception as exc:
             log.error(
                 "imap %s/%s uid %d: mail could not be turned into an event: %r",

@@ -28,6 +28,7 @@ from functools import cache, partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from connectors.core.avro.errors import RegistryNotAnswering
 from connectors.core.avro.registry_bearer import SETTING as BEARER_SETTING
 from connectors.core.avro.registry_bearer import (
     bearer_config,
@@ -221,7 +222,7 @@ def _unreachable(url: str, exc: Exception) -> ConfigError:
             f"({cause.reason}): if it asks for a client certificate, set "
             f"kafka.schema_registry.ssl_certificate_location and ssl_key_location"
         )
-    return ConfigError(
+    return RegistryNotAnswering(
         f"cannot reach the schema registry at {shown(url)} ({type(exc).__name__}: {exc}); "
         f"check kafka.schema_registry_url and that the registry runs"
     )
@@ -254,7 +255,8 @@ def _refused(
             f"the schema registry at {url} rejects the schema for {subject} as invalid "
             f"({exc.error_message}); this build's schemas/ is broken, not the configuration"
         )
-    return ConfigError(
+    failed = RegistryNotAnswering if (status or 0) >= 500 else ConfigError
+    return failed(
         f"the schema registry at {url} failed for {subject} (HTTP {status}: "
         f"{exc.error_message}); check kafka.schema_registry_url and that the registry runs"
     )

@@ -30,7 +30,7 @@ from typing import Any
 
 import fastavro
 
-from connectors.core.avro.errors import UnexpectedValue
+from connectors.core.avro.errors import RegistryNotAnswering, UnexpectedValue
 from connectors.core.avro.registry import login_refused, prepare_subjects, registry_client
 from connectors.core.avro.registry_bearer import token_unavailable
 from connectors.core.avro.schemas import (
@@ -231,10 +231,23 @@ class AvroSerde:
         value without fastavro's union branch names."""
         from confluent_kafka.serialization import MessageField, SerializationContext
 
-        if topic not in self._prepared_topics:
-            self.prepare(topic)
         ctx = SerializationContext(topic, MessageField.VALUE)
-        out: bytes = self._serializer(value, ctx)
+        down: str | None = None
+        try:
+            if topic not in self._prepared_topics:
+                self.prepare(topic)
+            out: bytes = self._serializer(value, ctx)
+        except RegistryNotAnswering as exc:
+            down = str(exc)
+        except Exception as exc:
+            if not registry_unreachable(exc):
+                raise
+            down = f"the schema registry did not answer while encoding for {topic}: {exc}"
+        if down is not None:
+            # Raised outside the handler, without the ConfigError as its context: a writer
+            # retries a transient outage (found by `mailtap soak`: a source started during a
+            # registry-down fault dead-lettered the mail it was encoding, and moved on).
+            raise RegistryUnavailable(down)
         if self._writer is not None and topic not in self._confluent_prefixes:
             header, body = out[:5], out[5:]
             try:

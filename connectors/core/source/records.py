@@ -26,6 +26,7 @@ from typing import Any, ClassVar, NotRequired, TypedDict, Unpack
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.claimcheck.errors import ClaimCheckError
 from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore, staged_batch
+from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail import ParsedMail
 from connectors.core.mail.event import (
@@ -275,6 +276,8 @@ class MailRecordBuilder:
             value = self._records.encode(event)
         except ClaimCheckError:
             raise  # the store is down, not the mail bad: fail the batch and retry it
+        except RegistryUnavailable:
+            raise  # the registry is down, not the mail bad: likewise
         except Exception as exc:  # a parser bug must not stop the mailbox
             log.exception(
                 "%s %s/%s item %s: mail could not be turned into an event",

@@ -236,3 +236,20 @@ def test_a_registry_that_does_not_answer_is_unavailable_not_bad_data() -> None:
     with pytest.raises(RegistryUnavailable, match="registry did not answer") as raised:
         serde.decode(record, "mail.suppressions")
     assert classify(raised.value).value == "retry"
+
+
+def test_a_registry_that_does_not_answer_while_encoding_is_unavailable_not_a_config_error() -> None:
+    """At run time a registry outage is transient: a writer retries (a ConfigError would make
+    the IMAP source dead-letter the mail, and back off to the cap as for a bad setting)."""
+    import socket
+
+    from connectors.core.errors import ConfigError, RegistryUnavailable, classify
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again when the block ends: connection refused
+    serde = AvroSerde(load_schema("MailEvent"), f"http://127.0.0.1:{port}")
+    with pytest.raises(RegistryUnavailable, match="cannot reach the schema registry") as raised:
+        serde.encode(mail_event(), "mail.events")
+    assert not isinstance(raised.value, ConfigError)
+    assert classify(raised.value).value == "retry"

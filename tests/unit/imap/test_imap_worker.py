@@ -17,7 +17,7 @@ import pytest
 
 from connectors.core.claimcheck.local import LocalClaimCheckStore
 from connectors.core.claimcheck.store import ClaimCheckStore
-from connectors.core.errors import AuthenticationError
+from connectors.core.errors import AuthenticationError, RegistryUnavailable
 from connectors.core.kafka.errors import FencedError, TransactionAborted
 from connectors.core.kafka.offsets import canonical_json
 from connectors.core.metrics import SourceMetrics
@@ -808,3 +808,41 @@ class Refusing:
 
     def __call__(self) -> FakeConnection:
         raise self.exc
+
+
+class RegistryDownSerde(JsonSerde):
+    """The registry down for the first ``outages`` encodes, as `AvroSerde.encode` says it."""
+
+    def __init__(self, outages: int) -> None:
+        self.outages = outages
+
+    def encode(self, value: dict[str, Any], topic: str) -> bytes:
+        if self.outages > 0:
+            self.outages -= 1
+            raise RegistryUnavailable("the schema registry did not answer while encoding")
+        return super().encode(value, topic)
+
+
+def test_a_registry_outage_fails_the_batch_and_dead_letters_nothing() -> None:
+    """Found by `mailtap soak`: a source started during a registry-down fault dead-lettered the
+    mail it was encoding ("could not be turned into an event") and committed its cursor past
+    it, so the mail never reached mail.events. The batch now fails and is read again."""
+    builder = RecordBuilder(
+        account="a",
+        folder="INBOX",
+        parser=fake_parse,
+        serde=RegistryDownSerde(outages=2),  # type: ignore[arg-type]
+        events_topic="ev",
+        dlq_topic="dlq",
+        max_record_bytes=1_000_000,
+    )
+    worker, writer, stop = make_worker(filled(3), builder=builder, stop=CountingStop(limit=5))
+    worker.run()
+    written = [r for records, _ in writer.transactions for r in records]
+    assert [r.topic for r in written if r.topic == "dlq"] == []
+    assert sorted(json.loads(r.value)["source"]["uid"] for r in written if r.topic == "ev") == [
+        1,
+        2,
+        3,
+    ]
+    assert stop.delays  # it backed off before reading the batch again
