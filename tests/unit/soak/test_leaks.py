@@ -10,23 +10,28 @@ from mailtap.soak.report import SETTLE_S, _within_slope, leak_figures
 MB = 2**20
 
 
+def sample(i: int, name: str, rss_mb: float, fds: int, owned: int | None = None) -> Sample:
+    """The i-th sample (one every 5 s) of one instance in its first life."""
+    return Sample(
+        at=i * 5.0,
+        events=i,
+        commands=i,
+        deliveries=i,
+        lag_s=0.0,
+        rss={name: int(rss_mb * MB)},
+        fds={name: fds},
+        lives={name: 1},
+        owned={} if owned is None else {name: owned},
+    )
+
+
 def samples(rss_mb_per_min: float, fds_per_min: float, minutes: int = 12) -> list[Sample]:
-    out = []
-    for i in range(minutes * 12):  # one sample every 5 s
-        t = i * 5.0
-        out.append(
-            Sample(
-                at=t,
-                events=i,
-                commands=i,
-                deliveries=i,
-                lag_s=0.0,
-                rss={"streams-1": int((100 + rss_mb_per_min * t / 60) * MB)},
-                fds={"streams-1": int(40 + fds_per_min * t / 60)},
-                lives={"streams-1": 1},
-            )
+    return [
+        sample(
+            i, "streams-1", 100 + rss_mb_per_min * i * 5 / 60, int(40 + fds_per_min * i * 5 / 60)
         )
-    return out
+        for i in range(minutes * 12)
+    ]
 
 
 def test_slope_is_per_minute_and_ignores_the_offset_between_spans() -> None:
@@ -77,19 +82,7 @@ def source_samples(rss_mb_per_min: float, takeovers: list[tuple[float, int]]) ->
             if t >= at:
                 owned = count
         rss = 100 + 0.5 * owned + rss_mb_per_min * t / 60
-        out.append(
-            Sample(
-                at=t,
-                events=i,
-                commands=i,
-                deliveries=i,
-                lag_s=0.0,
-                rss={"imap-source-1": int(rss * MB)},
-                fds={"imap-source-1": 40 + 2 * owned},
-                lives={"imap-source-1": 1},
-                owned={"imap-source-1": owned},
-            )
-        )
+        out.append(sample(i, "imap-source-1", rss, 40 + 2 * owned, owned))
     return out
 
 
