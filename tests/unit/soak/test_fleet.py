@@ -4,6 +4,7 @@ the same killed streams worker, both started it, and the untracked one ran on as
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
@@ -12,9 +13,11 @@ from mailtap.soak.fleet import Instance
 
 class Sleeper(Instance):
     def command(self) -> list[str]:
-        # stands in for `mailtap run`: a process that runs until it is killed (the harness
-        # appends `-c CONFIG`, which sh passes on as $0)
-        return ["sh", "-c", "sleep 60"]
+        # stands in for `mailtap run`: one process that runs until it is killed (the harness
+        # appends `-c CONFIG`: the script's argv). Not `sh -c "sleep 60"`: a shell that forks
+        # its sleep leaves it behind when PR_SET_PDEATHSIG ends the shell alone (the restarting
+        # threads end), which a CI run's leftover check found (5 sleeps outlived the session).
+        return [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
 def test_a_running_instance_is_not_started_again(tmp_path: Path) -> None:
