@@ -87,7 +87,7 @@ class FaultInjector:
     inject: bool = True
     _pending: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
     _seq: Any = field(default_factory=itertools.count)
-    _injecting: bool = True
+    _injecting: bool = field(init=False)
     _heal_now: threading.Event = field(default_factory=threading.Event)
     _healed: threading.Event = field(default_factory=threading.Event)
     _closed: threading.Event = field(default_factory=threading.Event)

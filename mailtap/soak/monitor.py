@@ -128,12 +128,20 @@ def health_of(instances: dict[str, Instance]) -> dict[str, bool]:
     return {name: instance.health()[0] for name, instance in instances.items()}
 
 
-def owned_by(instances: dict[str, Instance]) -> dict[str, int]:
-    """The number of mailboxes each instance that reports them runs (the sources)."""
-    owned = {}
+def health_and_owned(
+    instances: dict[str, Instance], everyone: bool
+) -> tuple[dict[str, bool], dict[str, int]]:
+    """One /healthz call per instance asked: every instance's health when ``everyone``, and
+    always the number of mailboxes each source runs (the leak rule's spans)."""
+    healthy: dict[str, bool] = {}
+    owned: dict[str, int] = {}
     for name, instance in instances.items():
-        if name.startswith("imap-source"):
-            _, detail = instance.health()
-            if detail is not None and "mailboxes" in detail:
-                owned[name] = len(detail["mailboxes"])
-    return owned
+        source = name.startswith("imap-source")
+        if not (everyone or source):
+            continue
+        ok, detail = instance.health()
+        if everyone:
+            healthy[name] = ok
+        if source and detail is not None and "mailboxes" in detail:
+            owned[name] = len(detail["mailboxes"])
+    return healthy, owned

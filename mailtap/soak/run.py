@@ -32,7 +32,7 @@ from mailtap.dev.tcp_proxy import TcpProxy
 from mailtap.soak import report
 from mailtap.soak.faults import FaultInjector
 from mailtap.soak.fleet import INSTANCES, SINKS, Instance
-from mailtap.soak.monitor import LagProbe, Sample, health_of, owned_by, sample_fleet
+from mailtap.soak.monitor import LagProbe, Sample, health_and_owned, health_of, sample_fleet
 from mailtap.soak.relay import SoakRelay
 from mailtap.soak.stack import HOST, Stack
 from mailtap.soak.verifier import Decoder, Ledger, TopicReader, Violation, read_server
@@ -367,6 +367,7 @@ def _sample(
 ) -> Sample:
     run.feed_relay(ledger)
     rss, fds = sample_fleet(instances)
+    healthy, owned = health_and_owned(instances, everyone=with_health)
     figures = ledger.figures()
     sample = Sample(
         at=run.t(),
@@ -377,8 +378,8 @@ def _sample(
         rss=rss,
         fds=fds,
         lives={n: i.lives for n, i in instances.items()},
-        healthy=health_of(instances) if with_health else {},
-        owned=owned_by(instances),
+        healthy=healthy,
+        owned=owned,
     )
     run.samples.append(sample)
     return sample
