@@ -53,16 +53,15 @@ class ChangeWait:
         self._last_catchup = 0.0
         #: The last wait was an IDLE period that ran to its end with nothing announced.
         self._quiet_idle = False
-        #: Such periods in a row after which the sync found new mail; said once per session.
+        #: Such periods after which the sync found new mail; said when it reaches
+        #: SILENT_IDLE_PERIODS, once per session.
         self._silent_periods = 0
-        self._said_silent = False
 
     def caught_up(self) -> None:
         """A full sync just ran (a new session's first): the next catch-up is a period away."""
         self._last_catchup = time.monotonic()
         self._quiet_idle = False
         self._silent_periods = 0
-        self._said_silent = False
 
     def found_new(self, mails: int) -> None:
         """After a sync, the new mails it found. New mail found after quiet IDLE periods, again
@@ -73,9 +72,8 @@ class ChangeWait:
         if not quiet or mails == 0:
             return
         self._silent_periods += 1
-        if self._silent_periods < SILENT_IDLE_PERIODS or self._said_silent:
+        if self._silent_periods != SILENT_IDLE_PERIODS:
             return
-        self._said_silent = True
         log.warning(
             "imap %s/%s: the server announced no new mail in IDLE %d periods in a row, "
             "while the sync after each found new mail: its IDLE notifications do not arrive "
