@@ -59,11 +59,14 @@ class SinkMetrics:
         )
         self.build_info = build_info(r, "smtp-sink")
         self._last_round = time.time()
+        self._partitions = 0
         self._lock = threading.Lock()
 
     def observe_consumer(self, consumer: Any) -> None:
         """Work units and lag, once per round; local figures only (no broker round trip)."""
         assignment = consumer.assignment()
+        with self._lock:
+            self._partitions = len(assignment)
         self.assigned_partitions.set(len(assignment))
         for tp in consumer.position(assignment) if assignment else []:
             # cached: the high watermark of the last fetch response for this partition.
@@ -80,11 +83,13 @@ class SinkMetrics:
     def health(self, max_age: float) -> tuple[bool, dict[str, Any]]:
         with self._lock:
             age = round(time.time() - self._last_round, 3)
+            partitions = self._partitions
         ok = age <= max_age
         detail: dict[str, Any] = {
             "ok": ok,
             "max_age_seconds": max_age,
             "last_round_age_seconds": age,
+            "assigned_partitions": partitions,
         }
         if not ok:
             detail["reason"] = f"no consume round completed for {age:.0f}s (hung relay or Kafka?)"

@@ -131,17 +131,26 @@ def health_of(instances: dict[str, Instance]) -> dict[str, bool]:
 def health_and_owned(
     instances: dict[str, Instance], everyone: bool
 ) -> tuple[dict[str, bool], dict[str, int]]:
-    """One /healthz call per instance asked: every instance's health when ``everyone``, and
-    always the number of mailboxes each source runs (the leak rule's spans)."""
+    """One /healthz call per instance: every instance's health when ``everyone``, and always
+    its work units (the leak rule's spans): the mailboxes a source runs, the partitions a
+    streams worker or a sink holds."""
     healthy: dict[str, bool] = {}
     owned: dict[str, int] = {}
     for name, instance in instances.items():
-        source = name.startswith("imap-source")
-        if not (everyone or source):
-            continue
         ok, detail = instance.health()
         if everyone:
             healthy[name] = ok
-        if source and detail is not None and "mailboxes" in detail:
-            owned[name] = len(detail["mailboxes"])
+        units = work_units(detail)
+        if units is not None:
+            owned[name] = units
     return healthy, owned
+
+
+def work_units(detail: dict[str, Any] | None) -> int | None:
+    """What an instance's memory follows, from its /healthz answer; None when it did not say."""
+    if detail is None:
+        return None
+    if "mailboxes" in detail:
+        return len(detail["mailboxes"])
+    partitions = detail.get("assigned_partitions")
+    return partitions if isinstance(partitions, int) else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from confluent_kafka import TopicPartition
 from prometheus_client import generate_latest
 
 from connectors.core.metrics import SourceMetrics
@@ -42,3 +43,22 @@ def test_stale_mailbox_reason_and_build_info() -> None:
     assert value(sink, 'mailtap_build_info{component="smtp-sink"') == 1
     ok, detail = sink.health(-1)
     assert not ok and "no consume round" in detail["reason"]
+
+
+def test_the_sink_reports_its_work_units_in_healthz() -> None:
+    class Consumer:
+        def assignment(self) -> list[TopicPartition]:
+            return [TopicPartition("mail.commands", p) for p in (0, 3)]
+
+        def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+            return [TopicPartition(tp.topic, tp.partition, 5) for tp in partitions]
+
+        def get_watermark_offsets(self, tp: TopicPartition, cached: bool) -> tuple[int, int]:
+            return 0, 8
+
+    sink = SinkMetrics()
+    assert sink.health(600)[1]["assigned_partitions"] == 0
+    sink.observe_consumer(Consumer())
+    assert sink.health(600)[1]["assigned_partitions"] == 2
+    assert value(sink, "mailtap_smtp_assigned_partitions") == 2
+    assert value(sink, 'mailtap_smtp_consumer_lag{partition="3",topic="mail.commands"}') == 3
