@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import struct
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -69,6 +71,16 @@ CONFLUENT_MAGIC = b"\x00"
 #: The default symbol of every enum: what a reader gets for a symbol its schema does not know.
 #: Readers only; writers never write it (schemas/README.md, "Enums").
 UNRECOGNIZED = "UNRECOGNIZED"
+
+#: How long :meth:`AvroSerde.prepare` at a component's start waits for a schema registry that
+#: does not answer (restarting, or starting next to it) before it gives up with the sentence
+#: naming the setting: a component started during a registry outage rides it out, as it does
+#: Kafka's retriable errors, instead of exiting (found by `mailtap soak`: sinks and sources
+#: restarted in a registry-down fault exited 1 at start). A refusal is never waited for.
+REGISTRY_START_WAIT_S = 60.0
+REGISTRY_START_RETRY_MAX_S = 10.0
+
+log = logging.getLogger(__name__)
 
 
 def _enum_paths(node: dict[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
@@ -235,7 +247,7 @@ class AvroSerde:
         down: str | None = None
         try:
             if topic not in self._prepared_topics:
-                self.prepare(topic)
+                self.prepare(topic, wait_s=0)  # the writer retries its batch instead
             out: bytes = self._serializer(value, ctx)
         except RegistryNotAnswering as exc:
             down = str(exc)
@@ -271,19 +283,42 @@ class AvroSerde:
                     f"placeholder for an unknown symbol; a writer must name a real one"
                 )
 
-    def prepare(self, topic: str) -> None:
+    def prepare(self, topic: str, wait_s: float = REGISTRY_START_WAIT_S) -> None:
         """With a registry: set the compatibility of ``<topic>-key``/``-value`` and register the
         key and value schemas (connectors.core.avro.registry). :meth:`encode` does it before
-        the first write to a topic; a component may call it at start to fail there instead."""
-        if self._registry_url:
-            prepare_subjects(
-                self._registry_url,
-                topic,
-                self._schema_str,
-                self._compatibility,
-                self._registry_login,
-            )
-            self._prepared_topics.add(topic)
+        the first write to a topic; a component calls it at start to fail there instead.
+
+        A registry that does not answer is asked again, with a warning each time, for up to
+        ``wait_s`` seconds; then its :class:`RegistryNotAnswering` is raised. A refusal (a
+        schema, a login, a certificate) is raised at once."""
+        if not self._registry_url:
+            return
+        deadline = time.monotonic() + wait_s
+        pause = 1.0
+        while True:
+            try:
+                prepare_subjects(
+                    self._registry_url,
+                    topic,
+                    self._schema_str,
+                    self._compatibility,
+                    self._registry_login,
+                )
+                break
+            except RegistryNotAnswering as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                log.warning(
+                    "waiting for the schema registry to register the schemas of %s "
+                    "(%.0f s left before giving up): %s",
+                    topic,
+                    left,
+                    exc,
+                )
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, REGISTRY_START_RETRY_MAX_S)
+        self._prepared_topics.add(topic)
 
     def _with_branches(self, value: Mapping[str, Any]) -> Mapping[str, Any]:
         """Name the branch of each top-level ``["null", record]`` union (fastavro's tuple

@@ -15,10 +15,12 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -28,6 +30,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from connectors.core.avro import registry as schemaregistry
+from connectors.core.avro.errors import RegistryNotAnswering
 from connectors.core.avro.schemas import TOPIC_SCHEMAS, parse_order, schemas_dir
 from connectors.core.avro.serde import CONFLUENT_MAGIC, AnyAvroDecoder, AvroSerde
 from connectors.core.config import KafkaSettings, TopicNames, load_config
@@ -39,6 +42,7 @@ from connectors.smtp.config import SmtpSinkSettings
 from connectors.smtp.sink import SmtpSink
 from mailtap.dev import DevServices, registry
 from mailtap.dev.layout import REPO_ROOT as REPO
+from mailtap.dev.tcp_proxy import TcpProxy
 from streams.testing import mail_record
 from tests.integration.core.java_avro import AVRO_VERSIONS, run_checker
 from tests.unit.core.contract_samples import SAMPLES, TOPICS
@@ -524,3 +528,29 @@ def test_the_imap_source_and_the_smtp_sink_refuse_a_registry_at_start(
     with pytest.raises(ConfigError, match="BACKWARD_TRANSITIVE") as refused:
         sink.start()
     assert f"{names['delivery']}-value" in str(refused.value)
+
+
+def test_a_component_started_while_the_registry_does_not_answer_waits_for_it(
+    registry_url: str, unique: str
+) -> None:
+    """A start during a registry outage waits for the registry (with a warning each try), up
+    to its bound, instead of exiting with "cannot reach": found by `mailtap soak`, where sinks
+    and sources restarted in a registry-down fault exited 1. Past the bound it still fails
+    with the sentence naming the setting."""
+    target = urlsplit(registry_url)
+    with TcpProxy(target.hostname or "127.0.0.1", target.port or 80) as proxy:
+        proxied = registry_url.replace(
+            f"{target.hostname}:{target.port}", f"127.0.0.1:{proxy.port}"
+        )
+        serde = AvroSerde.for_schema("DeliveryEvent", registry_kafka(proxied))
+        proxy.refuse = True  # every connection closed at once, as by a registry restarting
+        with pytest.raises(RegistryNotAnswering, match="cannot reach the schema registry"):
+            serde.prepare(f"mail.delivery.gone.{unique}", wait_s=1.5)
+
+        topic = f"mail.delivery.back.{unique}"
+        threading.Timer(3.0, lambda: setattr(proxy, "refuse", False)).start()
+        started = time.monotonic()
+        serde.prepare(topic)
+        assert time.monotonic() - started >= 2.5
+    latest = get_json(f"{registry_url}/subjects/{topic}-value/versions/latest")
+    assert isinstance(latest, dict) and json.loads(latest["schema"])["name"] == "DeliveryEvent"
