@@ -124,11 +124,17 @@ class SourceMetrics:
         self._refused: dict[tuple[str, str, str], str] = {}
         #: Per mailbox, the server's missing extensions and the source's fallbacks (IMAP).
         self._fallbacks: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        #: Mailboxes that moved away: a worker that stopped late (after the runtime's join gave
+        #: up on it) still reports a sync or its STOPPED state, which must not bring the
+        #: mailbox back (found by `mailtap soak`: an instance counted a handed-over mailbox as
+        #: its own, "not synced", and stayed unhealthy for good).
+        self._gone: set[tuple[str, str, str]] = set()
         self._lock = threading.Lock()
 
     def watch(self, source: str, account: str, folder: str) -> None:
         """Register a mailbox: from now on it counts for health, synced or not."""
         with self._lock:
+            self._gone.discard((source, account, folder))
             self._last_sync.setdefault((source, account, folder), time.time())
             owned = sum(1 for k in self._last_sync if k[0] == source)
         self.watched.labels(source).set(owned)
@@ -139,9 +145,11 @@ class SourceMetrics:
         and its labelled series go, so a dashboard sums each mailbox once across instances."""
         key = (source, account, folder)
         with self._lock:
+            self._gone.add(key)
             self._last_sync.pop(key, None)
             state = self._states.pop(key, None)
             self._fallbacks.pop(key, None)
+            self._refused.pop(key, None)
             owned = sum(1 for k in self._last_sync if k[0] == source)
         self.watched.labels(source).set(owned)
         for gauge in (self.owned, self.last_sync, self.mails_per_sync):
@@ -159,6 +167,8 @@ class SourceMetrics:
     def set_state(self, source: str, account: str, folder: str, state: str) -> None:
         """The mailbox worker's state machine moved (``connectors.imap.state``, ews worker)."""
         with self._lock:
+            if (source, account, folder) in self._gone:
+                return
             old = self._states.get((source, account, folder))
             self._states[(source, account, folder)] = state
         if old is not None and old != state:
@@ -168,6 +178,8 @@ class SourceMetrics:
     def set_fallbacks(self, source: str, account: str, folder: str, notes: tuple[str, ...]) -> None:
         """What the mailbox's server lacks and what the source does instead (for /healthz)."""
         with self._lock:
+            if (source, account, folder) in self._gone:
+                return
             if notes:
                 self._fallbacks[(source, account, folder)] = notes
             else:
@@ -176,6 +188,8 @@ class SourceMetrics:
     def synced(self, source: str, account: str, folder: str, mails: int) -> None:
         now = time.time()
         with self._lock:
+            if (source, account, folder) in self._gone:
+                return
             self._last_sync[(source, account, folder)] = now
         self.last_sync.labels(source, account, folder).set(now)
         self.mails_per_sync.labels(source, account, folder).set(mails)
@@ -184,7 +198,7 @@ class SourceMetrics:
         """A mailbox the broker refuses a permission (None: granted again). Unhealthy until
         then, even before its first sync."""
         with self._lock:
-            if sentence is None:
+            if sentence is None or (source, account, folder) in self._gone:
                 self._refused.pop((source, account, folder), None)
             else:
                 self._refused[(source, account, folder)] = sentence

@@ -62,3 +62,29 @@ def test_the_sink_reports_its_work_units_in_healthz() -> None:
     assert sink.health(600)[1]["assigned_partitions"] == 2
     assert value(sink, "mailtap_smtp_assigned_partitions") == 2
     assert value(sink, 'mailtap_smtp_consumer_lag{partition="3",topic="mail.commands"}') == 3
+
+
+def test_a_worker_that_stops_after_its_mailbox_moved_away_does_not_bring_it_back() -> None:
+    """The runtime's join gave up on a slow worker and unwatched its mailbox (it moved to
+    another instance); the worker then finished its sync and stopped. Before, that re-added the
+    mailbox: /healthz listed it as this instance's, "not synced", unhealthy for good."""
+    m = SourceMetrics()
+    m.watch("imap", "a", "INBOX")
+    m.watch("imap", "b", "INBOX")
+    m.set_state("imap", "a", "INBOX", "SYNCING")
+    m.unwatch("imap", "a", "INBOX")
+    m.synced("imap", "a", "INBOX", 3)
+    m.set_state("imap", "a", "INBOX", "STOPPED")
+    m.set_fallbacks("imap", "a", "INBOX", ("no IDLE: polling",))
+    m.refused("imap", "a", "INBOX", "no Write on mail.events")
+    ok, detail = m.health(600)
+    assert ok, detail
+    assert detail["mailboxes"] == ["imap/b/INBOX"]
+    assert "imap/a/INBOX" not in detail["states"] and detail["fallbacks"] == {}
+    assert value(m, 'mailtap_source_mailboxes{source="imap"}') == 1
+    text = generate_latest(m.registry).decode()
+    assert 'account="a"' not in text
+    # Handed back later: a new worker's reports count again.
+    m.watch("imap", "a", "INBOX")
+    m.set_state("imap", "a", "INBOX", "IDLE")
+    assert m.health(600)[1]["states"]["imap/a/INBOX"] == "IDLE"
