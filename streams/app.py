@@ -87,6 +87,7 @@ from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
 from streams.conversation import conversation_key
+from streams.decoded import DecodedRecords
 from streams.kafka_security import faust_credentials
 from streams.partitions import PartitionedTable
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
@@ -308,6 +309,8 @@ class StreamsWorker:
         self.mail_serde = AvroSerde.for_schema("MailEvent", kafka)
         self.command_serde = AvroSerde.for_schema("ReplyCommand", kafka)
         self.workflow_serde = AvroSerde.for_schema("WorkflowEvent", kafka)
+        #: What ``forward`` decoded, for ``on_record`` (streams.decoded: decoded once).
+        self.decoded = DecodedRecords()
         self._lock = asyncio.Lock()
         #: Re-seeks a stream partition faust stopped delivering (streams.stall).
         self.stall_guard = StallGuard()
@@ -383,6 +386,7 @@ class StreamsWorker:
         try:
             record = await self.decode_event(value)
             conversation = conversation_key(record).encode()
+            self.decoded.put(value, record)
         except DataError:
             conversation = key or b""  # reported by the conversation agent, under its own key
         sent = await self.conversations_topic.send(
@@ -432,7 +436,7 @@ class StreamsWorker:
         if value is None:
             return Outcome()
         try:
-            record = await self.decode_event(value)
+            record = self.decoded.take(value) or await self.decode_event(value)
         except DataError as exc:
             # The record stays on the topic; saying so on mail.workflow beats a silent skip.
             log.warning("undecodable record on %s: %s", self.kafka.topics.events, exc)

@@ -173,6 +173,28 @@ async def test_a_lost_command_leaves_its_dedupe_mark_out_of_the_changelog(
     assert [type(e) for e in crashed] == [ConnectionError]
 
 
+async def test_a_forwarded_record_is_decoded_once_for_both_agents(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    w.conversations_topic.send = sent.sender("conversations")
+    decodes: list[bytes] = []
+    decode = w.mail_serde.decode
+
+    def counting(data: bytes, topic: str = "") -> dict[str, Any]:
+        decodes.append(data)
+        return decode(data, topic)
+
+    w.mail_serde.decode = counting  # type: ignore[method-assign]
+    forwarded = encoded(mail_record(message_id="one@example.com"))
+    await w.forward(*forwarded)
+    outcome = await w.on_record(*forwarded)
+    assert len(decodes) == 1 and len(outcome.commands) == 1
+    other = encoded(mail_record(message_id="two@example.com"))  # another worker forwarded it
+    assert len((await w.on_record(*other)).commands) == 1
+    assert len(decodes) == 2 and (w.decoded.hits, w.decoded.misses) == (1, 1)
+
+
 async def test_mail_events_are_rekeyed_by_conversation_with_value_and_headers_unchanged(
     worker: tuple[StreamsWorker, Recorder],
 ) -> None:
