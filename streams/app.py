@@ -370,6 +370,10 @@ class StreamsWorker:
         async for event in stream.events():
             self.stall_guard.delivered(event.message.tp, event.message.offset)
             await self.forward(event.key, event.value, event.headers)
+            # A send that is not awaited does not yield to the loop: without this the agent ran
+            # through a whole backlog before the conversation agent and the timer got a turn
+            # (bench streams: the first command 3 s late, "Timer _tick is overlapping").
+            await asyncio.sleep(0)
 
     async def forward(
         self, key: bytes | None, value: bytes | None, headers: tracing.RecordHeaders = None
