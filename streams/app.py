@@ -5,20 +5,23 @@ Two agents:
 
 - ``mail-events`` reads ``mail.events`` (``read_committed``) and re-keys each record by its
   conversation (:mod:`streams.conversation`: the thread root) onto the internal topic
-  ``<app_id>-mail-events-by-conversation``, value and headers unchanged, waiting for the
-  acknowledgement before its offset may be committed. Tombstones are not forwarded.
+  ``<app_id>-mail-events-by-conversation``, value and headers unchanged; its offset is
+  committed only after that send was acknowledged (the commit barrier of :mod:`streams.acks`).
+  Tombstones are not forwarded.
 - ``mail-conversations`` reads that topic; the lifecycle of one record (one at a time, in
   partition order):
 
   1. decode the Avro ``MailEvent``;
   2. :class:`~streams.pipeline.Pipeline` admits it (routing, loop guards, dedupe), authenticates
      the sender (in a thread when that needs DNS), runs the workflow;
-  3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent
-     and **their acknowledgements awaited**;
-  4. only then are the table writes applied (dedupe mark last), and faust commits the offset
-     later (``processing_guarantee="at_least_once"``).
+  3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent;
+  4. the table writes are applied (dedupe mark last) to the in-memory tables at once, so the
+     next record sees them, but **their changelog records are sent only after every output
+     sent before them was acknowledged** (:mod:`streams.acks`: sends are pipelined, not
+     awaited one by one), and faust commits the offset later
+     (``processing_guarantee="at_least_once"``), only after all of that (the commit barrier).
 
-A crash anywhere before 4 replays the mail against the old tables and re-emits the same
+A crash anywhere before the changelog writes are durable replays the mail against the old tables and re-emits the same
 command ids (``sha256(event key, workflow, step)``: from the input only), which the SMTP sink
 absorbs; after 4 the dedupe table stops the replay. faust's ``exactly_once`` mode is not used
 (open rebalance bugs, PITFALLS.md).
@@ -50,13 +53,14 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import faust
 from aiokafka.errors import IllegalStateError
 from faust.transport.drivers import aiokafka as aiokafka_driver
+from faust.types import TP
 
 from connectors.core import tracing
 from connectors.core.avro.serde import AvroSerde
@@ -78,10 +82,12 @@ from connectors.core.kafka.permissions import (
     under_prefix,
 )
 from connectors.core.kafka.topics import ensure_topics
+from streams.acks import OutputAcks
 from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
 from streams.conversation import conversation_key
+from streams.decoded import DecodedRecords
 from streams.kafka_security import faust_credentials
 from streams.partitions import PartitionedTable
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
@@ -138,13 +144,65 @@ class _ReadCommittedConsumer(aiokafka_driver.Consumer):
         """
         await super()._add_gap(tp, offset_from, offset_to - 1)
 
+    async def _commit_offsets(
+        self, offsets: Mapping[TP, int], start_new_transaction: bool = True
+    ) -> bool:
+        """Commit only once every send of the records processed so far was acknowledged.
+
+        faust flushes its producer before it commits, but a failed send's future is not
+        checked there: without this barrier a lost command would be committed past. Raises
+        :class:`~streams.errors.OutputLost` (nothing committed) after a failed send.
+        """
+        app: StreamsApp = self.app  # type: ignore[assignment]  # faust types it as AppT
+        await app.output_acks.settled()
+        return await super()._commit_offsets(offsets, start_new_transaction)
+
 
 class _ReadCommittedTransport(aiokafka_driver.Transport):
     Consumer = _ReadCommittedConsumer
 
 
+class GatedTable(faust.Table[Any, Any]):
+    """A faust Table whose changelog records wait for the outputs sent before them
+    (:meth:`streams.acks.OutputAcks.defer`); the in-memory value changes at once."""
+
+    def send_changelog(
+        self,
+        partition: int | None,
+        key: Any,
+        value: Any,
+        key_serializer: Any = None,
+        value_serializer: Any = None,
+    ) -> Any:
+        # What Collection.send_changelog does (faust/tables/base.py), with the producer's
+        # send_soon deferred: the message, its partition fixed now, is what callers read.
+        fut = self.changelog_topic.as_future_message(
+            key=key,
+            value=value,
+            partition=partition,
+            key_serializer=key_serializer or self.key_serializer,
+            value_serializer=value_serializer or self.value_serializer,
+            callback=self._on_changelog_sent,
+            eager_partitioning=True,
+        )
+        app: StreamsApp = self.app  # type: ignore[assignment]  # faust types it as AppT
+        producer = app.producer
+        app.output_acks.defer(lambda: producer.send_soon(fut))
+        return fut
+
+
 class StreamsApp(faust.App):
-    """A faust App whose consumer reads ``read_committed`` in at-least-once mode."""
+    """A faust App whose consumer reads ``read_committed`` in at-least-once mode, with the
+    pipelined acknowledgements of :mod:`streams.acks` (``output_acks``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, Table=GatedTable, **kwargs)
+        self.output_acks = OutputAcks(on_failure=self._stop_on_lost_output)
+
+    async def _stop_on_lost_output(self, exc: BaseException) -> None:
+        # A crash stops the worker with an error (mode's Worker re-raises the reason); its
+        # partitions go to the others, which re-read from the last committed offset.
+        await self.crash(exc)
 
     def _new_transport(self) -> Any:
         return _ReadCommittedTransport(self.conf.broker_consumer, self)
@@ -251,6 +309,8 @@ class StreamsWorker:
         self.mail_serde = AvroSerde.for_schema("MailEvent", kafka)
         self.command_serde = AvroSerde.for_schema("ReplyCommand", kafka)
         self.workflow_serde = AvroSerde.for_schema("WorkflowEvent", kafka)
+        #: What ``forward`` decoded, for ``on_record`` (streams.decoded: decoded once).
+        self.decoded = DecodedRecords()
         self._lock = asyncio.Lock()
         #: Re-seeks a stream partition faust stopped delivering (streams.stall).
         self.stall_guard = StallGuard()
@@ -310,6 +370,10 @@ class StreamsWorker:
         async for event in stream.events():
             self.stall_guard.delivered(event.message.tp, event.message.offset)
             await self.forward(event.key, event.value, event.headers)
+            # A send that is not awaited does not yield to the loop: without this the agent ran
+            # through a whole backlog before the conversation agent and the timer got a turn
+            # (bench streams: the first command 3 s late, "Timer _tick is overlapping").
+            await asyncio.sleep(0)
 
     async def forward(
         self, key: bytes | None, value: bytes | None, headers: tracing.RecordHeaders = None
@@ -317,20 +381,22 @@ class StreamsWorker:
         """Re-key one ``mail.events`` record by its conversation onto the internal topic, the
         value and headers unchanged; returns the new key (None: nothing forwarded).
 
-        The send is acknowledged before faust may commit the ``mail.events`` offset: a kill in
-        between forwards the record again, which the dedupe table absorbs downstream.
+        The send is not awaited here: the commit barrier (:mod:`streams.acks`) lets faust commit
+        the ``mail.events`` offset only after it was acknowledged; a kill in between forwards
+        the record again, which the dedupe table absorbs downstream.
         """
         if value is None:
             return None  # a tombstone: the mail left the mailbox, nothing to answer
         try:
             record = await self.decode_event(value)
             conversation = conversation_key(record).encode()
+            self.decoded.put(value, record)
         except DataError:
             conversation = key or b""  # reported by the conversation agent, under its own key
         sent = await self.conversations_topic.send(
             key=conversation, value=value, headers=headers or None
         )
-        await sent
+        self.app.output_acks.hold([sent])
         return conversation
 
     async def decode_event(self, value: bytes) -> dict[str, Any]:
@@ -374,7 +440,7 @@ class StreamsWorker:
         if value is None:
             return Outcome()
         try:
-            record = await self.decode_event(value)
+            record = self.decoded.take(value) or await self.decode_event(value)
         except DataError as exc:
             # The record stays on the topic; saying so on mail.workflow beats a silent skip.
             log.warning("undecodable record on %s: %s", self.kafka.topics.events, exc)
@@ -529,7 +595,8 @@ class StreamsWorker:
         return removed
 
     async def publish(self, outcome: Outcome, trace_parent: tracing.RecordHeaders = None) -> None:
-        """Send commands and events and wait until Kafka acknowledged every one of them.
+        """Send commands and events; table writes made after this wait for their
+        acknowledgements, and so does the commit of the offset (:mod:`streams.acks`).
 
         With tracing on, each command carries a child span of ``trace_parent`` (the mail
         event's headers), or starts a trace of its own (a reminder from a tick).
@@ -555,8 +622,7 @@ class StreamsWorker:
                     value=self.workflow_serde.encode(event, self.kafka.topics.workflow),
                 )
             )
-        if pending:
-            await asyncio.gather(*pending)
+        self.app.output_acks.hold(pending)
 
     def run(
         self,

@@ -11,3 +11,8 @@ class HeaderInjectionError(MailtapError, ValueError):
 
 class DnsTempError(MailtapError):
     """The answer could not be had now (timeout, SERVFAIL, no server reachable)."""
+
+
+class OutputLost(MailtapError):
+    """A command, workflow event or re-keyed record was not acknowledged by Kafka: the worker
+    stops without committing past it (:mod:`streams.acks`)."""

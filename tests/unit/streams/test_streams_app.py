@@ -23,6 +23,7 @@ from connectors.core.errors import RegistryUnavailable
 from streams import app as streams_app
 from streams.app import StreamsWorker
 from streams.config import StreamsSettings
+from streams.errors import OutputLost
 from streams.testing import EPOCH, mail_record
 from streams.workflows.approval import approval_id
 
@@ -122,6 +123,76 @@ async def test_agent_turns_a_mail_event_into_a_reply_command(
     ]
     (run,) = w.tables.runs.values()
     assert run == {"commands": [command["command_id"]], "at": EPOCH.timestamp()}
+
+
+async def test_table_writes_reach_the_changelog_only_after_the_outputs_were_acknowledged(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    """Sends are pipelined (streams.acks): the next mail sees the new state at once, but the
+    changelog (what a restarted worker restores) waits for the acknowledgements."""
+    w, sent = worker
+    acks: list[asyncio.Future[None]] = []
+
+    async def send(*, key: bytes, value: bytes, headers: Any = None) -> asyncio.Future[None]:
+        sent.log.append(("commands", key, value))
+        acks.append(asyncio.get_running_loop().create_future())
+        return acks[-1]
+
+    w.commands_topic.send = send
+    opening = mail_record(message_id="req@example.com")
+    await w.on_record(*encoded(opening))
+    assert sent.topics() == ["commands", "workflow"]  # nothing durable in the tables yet
+    assert await w.on_record(*encoded(opening)) is not None  # the same mail again...
+    assert [e["status"] for e in sent.events()] == ["TICKET_OPENED", "SKIPPED"]  # ...deduped
+    acks[0].set_result(None)
+    await w.app.output_acks.settled()
+    assert sent.topics()[-1] == "mailtap-streams-runs-changelog"
+
+
+async def test_a_lost_command_leaves_its_dedupe_mark_out_of_the_changelog(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+
+    async def send(*, key: bytes, value: bytes, headers: Any = None) -> asyncio.Future[None]:
+        lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        lost.set_exception(ConnectionError("the broker refused the record"))
+        return lost
+
+    crashed: list[BaseException] = []
+
+    async def crash(exc: BaseException) -> None:
+        crashed.append(exc)
+
+    w.app.crash = crash  # type: ignore[method-assign]
+    w.commands_topic.send = send
+    await w.on_record(*encoded(mail_record()))
+    with pytest.raises(OutputLost):
+        await w.app.output_acks.settled()
+    assert not [t for t in sent.topics() if t.endswith("-changelog")]
+    assert [type(e) for e in crashed] == [ConnectionError]
+
+
+async def test_a_forwarded_record_is_decoded_once_for_both_agents(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, sent = worker
+    w.conversations_topic.send = sent.sender("conversations")
+    decodes: list[bytes] = []
+    decode = w.mail_serde.decode
+
+    def counting(data: bytes, topic: str = "") -> dict[str, Any]:
+        decodes.append(data)
+        return decode(data, topic)
+
+    w.mail_serde.decode = counting  # type: ignore[method-assign]
+    forwarded = encoded(mail_record(message_id="one@example.com"))
+    await w.forward(*forwarded)
+    outcome = await w.on_record(*forwarded)
+    assert len(decodes) == 1 and len(outcome.commands) == 1
+    other = encoded(mail_record(message_id="two@example.com"))  # another worker forwarded it
+    assert len((await w.on_record(*other)).commands) == 1
+    assert len(decodes) == 2 and (w.decoded.hits, w.decoded.misses) == (1, 1)
 
 
 async def test_mail_events_are_rekeyed_by_conversation_with_value_and_headers_unchanged(

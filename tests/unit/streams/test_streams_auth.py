@@ -16,6 +16,7 @@ from streams.auth import (
     authserv_id_of,
     check_authserv,
     check_dkim,
+    parse_results,
     sender_authentication,
 )
 from streams.guards import Skip
@@ -262,3 +263,21 @@ def test_unsigned_mail_and_missing_raw_mime_are_skipped() -> None:
     assert isinstance(unsigned, Skip) and "no DKIM-Signature" in unsigned.reason
     no_raw = check_dkim(mail(), {}.__getitem__)
     assert isinstance(no_raw, Skip) and "claim-check" in no_raw.reason
+
+
+def test_a_header_seen_before_is_not_parsed_again_and_each_mail_gets_its_own_verdict() -> None:
+    header = f"{MX}; dkim=pass header.d=cached.example; spf=fail smtp.mailfrom=x@cached.example"
+    parse_results.cache_clear()
+    first = check_authserv(mail(header, sender="ann@cached.example"), MX)
+    second = check_authserv(mail(header, sender="bob@other.example"), MX)
+    assert parse_results.cache_info().hits == 1 and parse_results.cache_info().misses == 1
+    assert passed(first, "dkim")  # the cached header is only read: the verdict is per mail
+    assert isinstance(second, Skip) and "dkim=pass" in second.reason
+
+
+def test_an_unparsable_header_is_refused_every_time_not_cached() -> None:
+    parse_results.cache_clear()
+    for _ in range(2):
+        verdict = check_authserv(mail(f"{MX}; dkim=pass (unclosed comment"), MX)
+        assert isinstance(verdict, Skip) and "unparsable" in verdict.reason
+    assert parse_results.cache_info().currsize == 0
