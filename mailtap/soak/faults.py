@@ -71,6 +71,10 @@ class Fault:
             "healed_at_s": None if self.healed_at is None else round(self.healed_at, 1),
         }
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Fault:
+        return cls(doc["at_s"], doc["kind"], doc["target"], doc["duration_s"], doc["healed_at_s"])
+
 
 @dataclass
 class FaultInjector:

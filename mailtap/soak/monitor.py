@@ -45,6 +45,22 @@ class Sample:
             "owned": self.owned,
         }
 
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Sample:
+        """A sample read back from a report (``to_json``; RSS to the 0.1 MB written there)."""
+        return cls(
+            at=doc["at_s"],
+            events=doc["events"],
+            commands=doc["commands"],
+            deliveries=doc["deliveries"],
+            lag_s=doc["lag_s"],
+            rss={k: int(v * 2**20) for k, v in doc["rss_mb"].items()},
+            fds=doc["fds"],
+            lives=doc["lives"],
+            healthy=doc.get("healthy", {}),
+            owned=doc.get("owned", {}),
+        )
+
 
 class LagProbe:
     """Committed offsets vs end offsets of (group, topic) pairs, as seconds behind."""

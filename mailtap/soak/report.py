@@ -1,12 +1,14 @@
 """The soak's report: leak figures from the samples, the JSON document and the PNG plot.
 
 The plot needs matplotlib (the optional ``soak`` extra); without it the JSON says so and the
-run's verdict does not change.
+run's verdict does not change. ``python -m mailtap.soak.report DIR`` draws ``DIR/soak.png``
+from ``DIR/soak.json`` afterwards (a run of an hour need not run again for its plot).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -157,7 +159,10 @@ def plot(path: Path, samples: list[Sample], faults: list[Fault], title: str) -> 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'mailtap[soak]')"
+        return (
+            "matplotlib is not installed (pip install 'mailtap[soak]', then "
+            f"python -m mailtap.soak.report {path.parent} draws it from soak.json)"
+        )
     if len(samples) < 2:
         return "fewer than 2 samples"
     minutes = [s.at / 60 for s in samples]
@@ -208,3 +213,20 @@ def plot(path: Path, samples: list[Sample], faults: list[Fault], title: str) -> 
     fig.savefig(path)
     plt.close(fig)
     return None
+
+
+def replot(report_dir: Path) -> str | None:
+    """Draw ``report_dir/soak.png`` from ``report_dir/soak.json``; why not, if it could not."""
+    document = json.loads((report_dir / "soak.json").read_text())
+    return plot(
+        report_dir / "soak.png",
+        [Sample.from_json(s) for s in document.get("samples", [])],
+        [Fault.from_json(f) for f in document.get("faults", [])],
+        f"mailtap soak seed {document['seed']}, {document['mailboxes']} mailboxes",
+    )
+
+
+if __name__ == "__main__":
+    why_not = replot(Path(sys.argv[1]))
+    if why_not:
+        sys.exit(f"no plot: {why_not}")

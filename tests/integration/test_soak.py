@@ -98,6 +98,9 @@ def test_a_short_soak_has_no_violation(
     assert document["verifier"]["relayed_mails"] > 5 * minutes
     assert document["recovery_s"] is not None and document["recovery_s"] <= 60
     assert len(document["samples"]) > 10
+    # The report a person reads: the plot beside the JSON (matplotlib comes with `.[dev]`).
+    png = tmp_path / f"report-{seed}" / "soak.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "no plot"
 
 
 @pytest.mark.timeout(600)

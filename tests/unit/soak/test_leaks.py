@@ -181,3 +181,11 @@ def test_a_step_late_in_the_life_that_stays_is_judged_on_both_halves() -> None:
         for i in range(12 * 12)
     ]
     assert leak_figures(points)["leaks"] == []
+
+
+def test_a_report_reads_back_the_samples_it_wrote() -> None:
+    # `python -m mailtap.soak.report DIR` draws the plot from the JSON afterwards.
+    written = sample(7, "imap-source-1", 201.3, 612, 64)
+    back = Sample.from_json(written.to_json())
+    assert back.to_json() == written.to_json()
+    assert abs(back.rss["imap-source-1"] - written.rss["imap-source-1"]) < 0.05 * MB
