@@ -35,6 +35,11 @@ class TokenRequestRefused(AuthenticationError):
         self.error = error
 
 
+class StopRequested(MailtapError):
+    """The process was asked to stop while it waited at start (for Kafka, for the schema
+    registry); nothing was left half-done (:mod:`connectors.core.stopping`)."""
+
+
 class DataError(MailtapError):
     """One input item is bad; skip it (with a record of why) and move on."""
 

@@ -52,6 +52,7 @@ from connectors.core.config import (
     SchemaRegistryClientSettings,
 )
 from connectors.core.errors import DataError, RegistryUnavailable, TokenEndpointUnavailable
+from connectors.core.stopping import pause_unless_stopping
 
 __all__ = [
     "CONFLUENT_MAGIC",
@@ -316,7 +317,7 @@ class AvroSerde:
                     left,
                     exc,
                 )
-                time.sleep(min(pause, left))
+                pause_unless_stopping(min(pause, left), "the schema registry")  # SIGTERM
                 pause = min(pause * 2, REGISTRY_START_RETRY_MAX_S)
         self._prepared_topics.add(topic)
 

@@ -13,17 +13,21 @@ from __future__ import annotations
 
 import atexit
 import logging
-import threading
 import time
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from connectors.core import stopping
 from connectors.core.config import KafkaSettings
-from connectors.core.kafka.errors import KafkaSecurityRefused, KafkaUnavailable, StopRequested
+from connectors.core.kafka.errors import KafkaSecurityRefused, KafkaUnavailable
+from connectors.core.kafka.errors import StopRequested as StopRequested
 from connectors.core.kafka.log import ClientLog
 from connectors.core.kafka.security import librdkafka_security, refusal
+from connectors.core.stopping import raise_if_stopping as raise_if_stopping
+from connectors.core.stopping import request_stop as request_stop
+from connectors.core.stopping import stop_requested as stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +48,8 @@ MAX_METADATA_REQUEST_S = 2.0
 #: librdkafka errors that mean "the cluster did not answer (yet)": keep waiting until the deadline.
 _NOT_YET = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN}
 
-_stop = threading.Event()
-
-
-def request_stop() -> None:
-    """Make every wait for the cluster in this process give up (signal handlers call this)."""
-    _stop.set()
-
-
-def stop_requested() -> bool:
-    return _stop.is_set()
-
-
-def raise_if_stopping() -> None:
-    if _stop.is_set():
-        raise StopRequested("stop requested while waiting for Kafka")
+# The stop request lives below the Kafka layer (the registry's start-up wait honours it too):
+# connectors.core.stopping; its names are re-exported here for the Kafka layer's callers.
 
 
 def unreachable(kafka: KafkaSettings, reason: object, waited: float | None = None) -> str:
@@ -150,7 +141,7 @@ def init_transactions(producer: Producer, kafka: KafkaSettings, timeout: float) 
                 raise
             log.debug("init_transactions: %s; resuming", err.str())
             if err.code() != KafkaError._TIMED_OUT:
-                _stop.wait(WAIT_SLICE_S / 5)  # an error that came back at once: do not spin
+                stopping.STOP.wait(WAIT_SLICE_S / 5)  # an error that came back at once: do not spin
         finally:
             producer.poll(0)
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from connectors.core.errors import ConfigError, MailtapError
+from connectors.core.errors import ConfigError, MailtapError, StopRequested
 
-
-class StopRequested(MailtapError):
-    """The process was asked to stop while it waited for Kafka; nothing was left half-done."""
+__all__ = ["StopRequested"]  # defined with the stop request below this layer (core.stopping)
 
 
 class KafkaUnavailable(ConfigError):

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from connectors.core import stopping
 from connectors.core.config import KafkaSettings
 from connectors.core.kafka import clients as kafka
 from connectors.core.kafka.log import ClientLog
@@ -118,7 +119,7 @@ def closed_port() -> int:
 
 @pytest.fixture
 def fresh_stop(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(kafka, "_stop", threading.Event())
+    monkeypatch.setattr(stopping, "STOP", threading.Event())
     yield
 
 

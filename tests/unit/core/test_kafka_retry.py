@@ -13,9 +13,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from connectors.core.errors import Disposition, classify
-from connectors.core.kafka.clients import _stop
 from connectors.core.kafka.errors import KafkaTimeout, StopRequested
 from connectors.core.kafka.retry import is_retriable, retry_retriable
+from connectors.core.stopping import STOP as _stop
 
 #: The text of the error an imap-source exited on in CI (issue 29).
 NOT_LEADER_TEXT = "Failed to get watermark offsets: Broker: Not leader for partition"

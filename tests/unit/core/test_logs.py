@@ -69,11 +69,12 @@ def test_a_thread_that_dies_is_a_json_record_not_a_raw_traceback(
 ) -> None:
     import threading
 
+    from connectors.core import stopping
     from connectors.core.kafka import clients as kafka
 
     logs.configure(logging.INFO, "json")
     monkeypatch.setattr(threading, "excepthook", logs.log_thread_exception)
-    monkeypatch.setattr(kafka, "_stop", threading.Event())
+    monkeypatch.setattr(stopping, "STOP", threading.Event())
 
     def fail() -> None:
         raise RuntimeError("consumer thread broke")

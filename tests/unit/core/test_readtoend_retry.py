@@ -16,6 +16,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from connectors.core import stopping
 from connectors.core.errors import MailtapError
 from connectors.core.kafka import clients
 from connectors.core.kafka.errors import KafkaTimeout, StopRequested
@@ -121,4 +122,4 @@ def test_a_stop_request_ends_the_retries() -> None:
         with pytest.raises(StopRequested):
             retry_retriable(call, time.monotonic() + 10, "finding the end of t")
     finally:
-        clients._stop.clear()
+        stopping.STOP.clear()

@@ -253,3 +253,26 @@ def test_a_registry_that_does_not_answer_while_encoding_is_unavailable_not_a_con
         serde.encode(mail_event(), "mail.events")
     assert not isinstance(raised.value, ConfigError)
     assert classify(raised.value).value == "retry"
+
+
+def test_a_stop_ends_the_start_up_wait_for_a_registry_that_does_not_answer() -> None:
+    """SIGTERM during the wait (the handler calls request_stop) stops it at once, not after
+    REGISTRY_START_WAIT_S; without the stop, the wait would end in RegistryNotAnswering."""
+    import socket
+    import threading
+
+    from connectors.core import stopping
+    from connectors.core.errors import StopRequested
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again when the block ends: connection refused
+    serde = AvroSerde(load_schema("DeliveryEvent"), f"http://127.0.0.1:{port}")
+    timer = threading.Timer(0.5, stopping.request_stop)
+    timer.start()
+    try:
+        with pytest.raises(StopRequested, match="schema registry"):
+            serde.prepare("mail.delivery.stopping", wait_s=120)
+    finally:
+        timer.cancel()
+        stopping.STOP.clear()
