@@ -144,18 +144,13 @@ def health_of(instances: dict[str, Instance]) -> dict[str, bool]:
     return {name: instance.health()[0] for name, instance in instances.items()}
 
 
-def health_and_owned(
-    instances: dict[str, Instance], everyone: bool
-) -> tuple[dict[str, bool], dict[str, int]]:
-    """One /healthz call per instance: every instance's health when ``everyone``, and always
-    its work units (the leak rule's spans): the mailboxes a source runs, the partitions a
-    streams worker or a sink holds."""
+def health_and_owned(instances: dict[str, Instance]) -> tuple[dict[str, bool], dict[str, int]]:
+    """One /healthz call per instance: its health, and its work units (the leak rule's spans):
+    the mailboxes a source runs, the partitions a streams worker or a sink holds."""
     healthy: dict[str, bool] = {}
     owned: dict[str, int] = {}
     for name, instance in instances.items():
-        ok, detail = instance.health()
-        if everyone:
-            healthy[name] = ok
+        healthy[name], detail = instance.health()
         units = work_units(detail)
         if units is not None:
             owned[name] = units

@@ -367,7 +367,7 @@ def _sample(
 ) -> Sample:
     run.feed_relay(ledger)
     rss, fds = sample_fleet(instances)
-    healthy, owned = health_and_owned(instances, everyone=with_health)
+    healthy, owned = health_and_owned(instances)
     figures = ledger.figures()
     sample = Sample(
         at=run.t(),
@@ -378,7 +378,7 @@ def _sample(
         rss=rss,
         fds=fds,
         lives={n: i.lives for n, i in instances.items()},
-        healthy=healthy,
+        healthy=healthy if with_health else {},
         owned=owned,
     )
     run.samples.append(sample)
