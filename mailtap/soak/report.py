@@ -29,6 +29,7 @@ RSS_LEAK_MB_PER_MIN = 1.0
 FD_LEAK_PER_MIN = 0.5
 
 Point = tuple[float, float, float]  # (seconds, RSS MB, open fds)
+RSS, FDS = 1, 2  # the columns of a Point
 
 
 def leak_figures(samples: list[Sample]) -> dict[str, Any]:
@@ -61,10 +62,8 @@ def leak_figures(samples: list[Sample]) -> dict[str, Any]:
         if window < MIN_WINDOW_S:
             continue
         late = _later_halves(spans)
-        rss_slope = _within_slope([[(t, r) for t, r, _ in span] for span in spans])
-        fd_slope = _within_slope([[(t, f) for t, _, f in span] for span in spans])
-        rss_late = _within_slope([[(t, r) for t, r, _ in span] for span in late])
-        fd_late = _within_slope([[(t, f) for t, _, f in span] for span in late])
+        rss_slope, fd_slope = _within_slope(_series(spans, RSS)), _within_slope(_series(spans, FDS))
+        rss_late, fd_late = _within_slope(_series(late, RSS)), _within_slope(_series(late, FDS))
         entry = {
             "instance": name,
             "life": life,
@@ -131,6 +130,11 @@ def _grows(whole: float | None, later_half: float | None, limit: float) -> bool:
 
 def _rounded(slope: float | None) -> float | None:
     return None if slope is None else round(slope, 3)
+
+
+def _series(spans: list[list[Point]], column: int) -> list[list[tuple[float, float]]]:
+    """(seconds, value) of one column (RSS or FDS) of every span."""
+    return [[(p[0], p[column]) for p in span] for span in spans]
 
 
 def _within_slope(spans: list[list[tuple[float, float]]]) -> float | None:
