@@ -88,6 +88,10 @@ class RecipientOutcome:
     smtp_code: int | None = None
     enhanced_status: str | None = None
     diagnostic: str | None = None
+    published: bool = False
+    """True when this outcome's DeliveryEvent is already on the delivery topic, written by
+    another writer (the bounce reader's BOUNCED): the sink records the recipient as done in the
+    command state and publishes no event of its own for it."""
 
 
 def enhanced_status(message: str) -> str | None:

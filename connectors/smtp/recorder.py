@@ -253,6 +253,8 @@ class DeliveryRecorder:
                 self.dead_letter(item.record, reason, "GiveUp")
             self.put_state(item, CommandState("DONE", item.attempt, message_id, (), to_ms(now)))
         for outcome in outcomes:
+            if outcome.published:
+                continue  # its event is on the delivery topic already (the bounce reader's)
             self._emit(
                 item, outcome, message_id, next_at if not outcome.status.final else None, now
             )

@@ -31,6 +31,14 @@ every entry), then kept up to date by a background consumer while it runs, so an
 another team is honoured within about a poll interval, without a restart. A command to a
 suppressed recipient is not sent to that recipient: its outcome is ``SUPPRESSED`` with the reason
 (:func:`screen`); the other recipients of the command are sent as usual.
+
+Except when the entry was written for a bounce of *this very command* (its ``command_id``, reason
+HARD_BOUNCE or SOFT_BOUNCES): the bounce reader published that recipient's BOUNCED event in the
+same transaction, so BOUNCED is its outcome already. This happens when the sink stopped after the
+relay accepted the mail but before the outcome was recorded (a kill -9, a broker outage): the
+command is recovered as UNKNOWN and resent, and meanwhile its DSN came back. The resend then sends
+nothing to that recipient and publishes nothing more for it (a SUPPRESSED event would be a second
+final outcome of one command; found by ``mailtap soak`` on a secured broker).
 """
 
 from __future__ import annotations
@@ -66,6 +74,8 @@ POLL_TIMEOUT_S = 0.5
 #: How often a record is decoded again while the schema registry does not answer.
 REGISTRY_RETRY_S = 2.0
 REASONS = ("HARD_BOUNCE", "SOFT_BOUNCES", "COMPLAINT", "UNSUBSCRIBE", "MANUAL")
+#: Reasons written together with a BOUNCED DeliveryEvent of the entry's command.
+BOUNCE_REASONS = frozenset({"HARD_BOUNCE", "SOFT_BOUNCES"})
 
 
 def normalize(address: str) -> str:
@@ -292,7 +302,8 @@ class SuppressionTable:
 def screen(
     rendered: RenderedMessage, table: SuppressionTable | None
 ) -> tuple[RenderedMessage, list[RecipientOutcome]]:
-    """``rendered`` without its suppressed recipients, and their SUPPRESSED outcomes."""
+    """``rendered`` without its suppressed recipients, and their outcomes: SUPPRESSED, or the
+    BOUNCED already published when this command's own bounce suppressed the recipient."""
     if table is None:
         return rendered, []
     outcomes = []
@@ -301,6 +312,15 @@ def screen(
         entry = table.suppressed(rcpt)
         if entry is None:
             keep.append(rcpt)
+        elif bounced_by(entry, rendered.command_id):
+            outcomes.append(
+                RecipientOutcome(
+                    rcpt,
+                    DeliveryStatus.BOUNCED,
+                    diagnostic=f"bounced already (resend not sent): {why(entry)}"[:MAX_DIAGNOSTIC],
+                    published=True,
+                )
+            )
         else:
             outcomes.append(
                 RecipientOutcome(rcpt, DeliveryStatus.SUPPRESSED, diagnostic=why(entry))
@@ -310,6 +330,12 @@ def screen(
     log.info(
         "suppressed command_id=%s recipients=%s",
         rendered.command_id,
-        ",".join(o.recipient or "" for o in outcomes),
+        ",".join(f"{o.recipient}:{o.status.value}" for o in outcomes),
     )
     return dataclasses.replace(rendered, recipients=tuple(keep)), outcomes
+
+
+def bounced_by(entry: Mapping[str, Any], command_id: str) -> bool:
+    """Whether ``entry`` was written for a bounce of the command ``command_id`` (so that
+    command's BOUNCED event is published already)."""
+    return entry.get("command_id") == command_id and entry.get("reason") in BOUNCE_REASONS

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -22,10 +23,13 @@ from smtp_harness import (
 )
 from smtp_scripted_server import ScriptedRelay
 
+from connectors.core.avro.serde import AvroSerde
 from connectors.core.kafka.clients import producer_config
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.retry import HEADER_ATTEMPT, HEADER_ERROR_REASON, HEADER_RECIPIENTS
 from connectors.smtp.sink import SmtpSink
+from connectors.smtp.suppression import record as suppression_record
+from mailtap.components import wait_for
 from mailtap.dev import DevServices
 
 FINAL = {"SENT", "FAILED", "BOUNCED", "SUPPRESSED"}
@@ -223,6 +227,62 @@ async def test_stall_after_final_dot_is_unknown_and_resent_with_the_same_message
     assert {e["message_id"] for e in got} == {message_id}
     # The relay got the content twice with the same Message-ID (it accepted the first one late).
     assert relay.handler.deliveries[f"<{message_id}>"] == 2
+    events.close()
+
+
+async def test_a_resend_after_its_own_bounce_sends_nothing_and_publishes_nothing_more(
+    services: DevServices, unique: str, relay: ScriptedRelay
+) -> None:
+    """The relay accepted the mail but the sink recorded no outcome (here: the 250 came after
+    data_timeout; in `mailtap soak`: a broker kill between the "." and the commit), so the
+    command is UNKNOWN and resent later. Meanwhile its DSN came back, and the bounce reader
+    published BOUNCED and suppressed the address for this command. The resend must not mail the
+    address again nor publish SUPPRESSED: that would be a second final outcome of one command
+    (the soak's ``two-final-deliveries``: [BOUNCED, UNKNOWN, SUPPRESSED])."""
+    cfg, settings, _ = sink_config(
+        services.bootstrap_servers, unique, relay.port, data_timeout=1, retry_tiers=["2s"]
+    )
+    cmd = command(["stall@example.org"])
+    produce_commands(cfg, [cmd])
+    events = TopicReader(cfg, cfg.kafka.topics.delivery)
+    sink = SmtpSink(cfg, settings)
+    cid = str(cmd["command_id"])
+
+    async def poll_until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while not done():
+            assert time.monotonic() < deadline, events.values
+            await sink.poll_once()
+            events.poll(0.05)
+
+    sink.start()
+    try:
+        await poll_until(lambda: [e["status"] for e in events.values] == ["UNKNOWN"])
+        assert sink.suppressions is not None
+        serde = AvroSerde.for_schema("Suppression", cfg.kafka)
+        topic = cfg.kafka.topics.suppressions
+        entry = suppression_record(
+            "stall@example.org",
+            reason="HARD_BOUNCE",
+            now=datetime.now(UTC),
+            detail="5.1.1 550 5.1.1 <stall@example.org>: Recipient address rejected",
+            source="bounce-reader",
+            command_id=cid,
+        )
+        producer = Producer(producer_config(cfg.kafka))
+        producer.produce(topic, key=b"stall@example.org", value=serde.encode(entry, topic))
+        assert producer.flush(30) == 0
+        table = sink.suppressions
+        assert wait_for(lambda: table.suppressed("stall@example.org") is not None, WAIT_S)
+        await poll_until(
+            lambda: (state := sink.states.get(cid)) is not None and state.phase == "DONE"
+        )
+        events.drain()
+    finally:
+        await sink.close()
+    assert [(e["status"], e["attempt"]) for e in events.values] == [("UNKNOWN", 1)]
+    message_id = message_id_for(cid, "example.com")
+    assert relay.handler.deliveries[f"<{message_id}>"] == 1  # the stalled first copy only
     events.close()
 
 

@@ -152,6 +152,32 @@ def test_screen_takes_suppressed_recipients_out_with_their_reason() -> None:
     assert screen(message, None) == (message, [])
 
 
+def test_a_recipient_suppressed_by_this_commands_own_bounce_is_bounced_already() -> None:
+    """A resend after an UNKNOWN outcome whose DSN came back meanwhile: the bounce reader
+    published BOUNCED with the suppression, so the recipient is done and nothing more is
+    published for it; another command's bounce, or a complaint, still means SUPPRESSED."""
+    message = RenderedMessage(
+        "c1",
+        "m1",
+        "s@example.com",
+        ("gone@example.org", "other@example.org", "c@example.org"),
+        b"x",
+    )
+    own = record("gone@example.org", reason="HARD_BOUNCE", now=NOW, command_id="c1")
+    earlier = record("other@example.org", reason="HARD_BOUNCE", now=NOW, command_id="c0")
+    complaint = record("c@example.org", reason="COMPLAINT", now=NOW, command_id="c1")
+    table = Table(
+        {"gone@example.org": own, "other@example.org": earlier, "c@example.org": complaint}
+    )
+    kept, outcomes = screen(message, table)  # type: ignore[arg-type]
+    assert kept.recipients == ()
+    assert [(o.recipient, o.status, o.published) for o in outcomes] == [
+        ("gone@example.org", DeliveryStatus.BOUNCED, True),
+        ("other@example.org", DeliveryStatus.SUPPRESSED, False),
+        ("c@example.org", DeliveryStatus.SUPPRESSED, False),
+    ]
+
+
 def test_replies_carry_list_unsubscribe_when_configured() -> None:
     command: dict[str, Any] = {
         "command_id": "c1",
