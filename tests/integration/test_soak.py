@@ -31,9 +31,9 @@ REGRESSION_SEEDS = (4,)
 #: Seeds that find a bug not fixed yet: run with ``MAILTAP_SOAK_OPEN_SEEDS=1`` (they are not
 #: collected otherwise, so CI stays the judge of what is fixed). Seed 4 ended on slow-recovery
 #: now and then: the sinks' librdkafka hang after its broker kill lasted until the watchdog's
-#: 65 s; with 25 s (SEND_OFFSETS_TIMEOUT_S) two runs passed, and it stays here until more agree
-#: (docs/soak.md).
-OPEN_SEEDS: tuple[int, ...] = (4,)
+#: 65 s; with 25 s (SEND_OFFSETS_TIMEOUT_S) it passed three runs in three (the third beside two
+#: other soaks on 2 cores: recovered in 27 s), so it runs in CI again (docs/soak.md).
+OPEN_SEEDS: tuple[int, ...] = ()
 FIXED_SEEDS = tuple(s for s in REGRESSION_SEEDS if s not in OPEN_SEEDS)
 SEEDS_RUN = REGRESSION_SEEDS if os.environ.get("MAILTAP_SOAK_OPEN_SEEDS") == "1" else FIXED_SEEDS
 
@@ -97,7 +97,8 @@ def test_a_short_soak_has_no_violation(
     assert document["verifier"]["commands"] > 5 * minutes
     assert document["verifier"]["relayed_mails"] > 5 * minutes
     assert document["recovery_s"] is not None and document["recovery_s"] <= 60
-    assert len(document["samples"]) > 10
+    # A sample every 5 s when the machine is quiet; on 2 loaded cores one took 9 s.
+    assert len(document["samples"]) >= minutes * 60 / 15
     # The report a person reads: the plot beside the JSON (matplotlib comes with `.[dev]`).
     png = tmp_path / f"report-{seed}" / "soak.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "no plot"
