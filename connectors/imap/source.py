@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -180,7 +181,8 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
             # broker below instead of following them, and the first backfill batch finds them
             # up. A mailbox with nothing to catch up never waits for them.
             self._pool = ParsePool(self.settings.parse_workers)
-            threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
+            if not os.environ.get("MAILTAP_EXP_LATE_POOL"):
+                threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
         try:
             self.prepare(wait_for_registry=False)
         except BaseException:
@@ -189,6 +191,8 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         return reading.result()
 
     def _ready(self) -> None:
+        if os.environ.get("MAILTAP_EXP_LATE_POOL"):
+            threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
         if self._early is not None:
             # The folders that did not start here (the mailboxes topic removed them) log out.
             self._early.keep_only({(u.account, u.folder) for u in self._runs})
