@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -176,13 +175,7 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
             self._early = EarlyLogins(self._open_session)
             self._early.start(self.settings.accounts)
         if self.settings.parse_workers > 0:
-            # The parse processes start now, in the background: spawning them and their
-            # imports (~1 s of CPU each, more on a loaded machine) overlap the waits on the
-            # broker below instead of following them, and the first backfill batch finds them
-            # up. A mailbox with nothing to catch up never waits for them.
             self._pool = ParsePool(self.settings.parse_workers)
-            if not os.environ.get("MAILTAP_EXP_LATE_POOL"):
-                threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
         try:
             self.prepare(wait_for_registry=False)
         except BaseException:
@@ -191,7 +184,13 @@ class ImapSource(FolderSourceRuntime[ImapSourceSettings, MailboxWorker]):
         return reading.result()
 
     def _ready(self) -> None:
-        if os.environ.get("MAILTAP_EXP_LATE_POOL"):
+        if self._pool is not None:
+            # The parse processes start once the workers have: spawning them and their imports
+            # (~1 s of CPU each) ran beside this start-up's own imports and Kafka round trips
+            # and slowed it on 2 cores (process start -> first event, 5 rounds each, load 3-7:
+            # median 2.04 s when they started with _prepare, 1.27 s from here; backfill rate
+            # no worse). A worker's first batch does not wait for them (worker.py,
+            # FIRST_BATCH_INLINE); the rest of a backlog finds them up or starting.
             threading.Thread(target=self._warm_up, name="parse-pool-warm-up", daemon=True).start()
         if self._early is not None:
             # The folders that did not start here (the mailboxes topic removed them) log out.
