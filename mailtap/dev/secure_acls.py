@@ -25,11 +25,18 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from connectors.core.config import load_config
 from mailtap.aclgrant import bindings
 from mailtap.acls import component_acls
+from mailtap.dev.errors import AclsNotHeld
 from mailtap.dev.secure import PRINCIPALS, SecureKafka
 
 log = logging.getLogger(__name__)
 
-__all__ = ["bindings", "grant_component_acls", "principal_bindings", "wanted_bindings"]
+__all__ = [
+    "bindings",
+    "grant_component_acls",
+    "hold_exactly",
+    "principal_bindings",
+    "wanted_bindings",
+]
 
 #: dev component -> the ``mailtap acls --component`` it is granted as.
 GRANTED_AS = {
@@ -75,16 +82,35 @@ def grant_component_acls(info: SecureKafka) -> dict[str, list[AclBinding]]:
     # Its log lines through Python logging, not librdkafka's own stderr lines.
     admin = AdminClient({"bootstrap.servers": info.admin_bootstrap, "logger": log})  # type: ignore[dict-item]
     wanted = wanted_bindings(info)
+    hold_exactly(admin, wanted)
+    return wanted
+
+
+def hold_exactly(
+    admin: AdminClient, wanted: dict[str, list[AclBinding]]
+) -> dict[str, list[AclBinding]]:
+    """Grant each principal its ``wanted`` bindings and delete any other binding it holds,
+    then read back what the broker holds: ``{principal: bindings}``, sorted. Raises
+    `AclsNotHeld` when that is not exactly ``wanted`` (``admin`` must be a super user's)."""
+    held: dict[str, list[AclBinding]] = {}
     for principal, acls in wanted.items():
         keep = set(acls)
         stale = [b for b in principal_bindings(admin, principal) if b not in keep]
         if stale:
             for future in admin.delete_acls([_filter(b) for b in stale]).values():
                 future.result(TIMEOUT_S)
-        for future in admin.create_acls(acls).values():
-            future.result(TIMEOUT_S)
+        if acls:
+            for future in admin.create_acls(acls).values():
+                future.result(TIMEOUT_S)
+        held[principal] = sorted(principal_bindings(admin, principal), key=str)
         log.info("ACLs of User:%s: %d granted, %d stale removed", principal, len(acls), len(stale))
-    return wanted
+        if set(held[principal]) != keep or len(held[principal]) != len(keep):
+            missing = sorted(map(str, keep - set(held[principal])))
+            extra = sorted(map(str, set(held[principal]) - keep))
+            raise AclsNotHeld(
+                f"User:{principal} holds other ACLs than granted: missing {missing}, extra {extra}"
+            )
+    return held
 
 
 def _filter(binding: AclBinding) -> AclBindingFilter:
