@@ -11,6 +11,7 @@ are deleted.
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
@@ -50,6 +51,8 @@ GRANTED_AS = {
 #: The written config whose names are used (every mechanism's config holds the same names).
 CONFIG_MECHANISM = "scram-sha-512"
 TIMEOUT_S = 30.0
+#: Between reads of what the broker holds after a grant (it applies them within milliseconds).
+READ_BACK_INTERVAL_S = 0.2
 
 
 def wanted_bindings(info: SecureKafka) -> dict[str, list[AclBinding]]:
@@ -102,15 +105,28 @@ def hold_exactly(
         if acls:
             for future in admin.create_acls(acls).values():
                 future.result(TIMEOUT_S)
-        held[principal] = sorted(principal_bindings(admin, principal), key=str)
+        held[principal] = _read_back(admin, principal, keep)
         log.info("ACLs of User:%s: %d granted, %d stale removed", principal, len(acls), len(stale))
-        if set(held[principal]) != keep or len(held[principal]) != len(keep):
-            missing = sorted(map(str, keep - set(held[principal])))
-            extra = sorted(map(str, set(held[principal]) - keep))
-            raise AclsNotHeld(
-                f"User:{principal} holds other ACLs than granted: missing {missing}, extra {extra}"
-            )
     return held
+
+
+def _read_back(admin: AdminClient, principal: str, wanted: set[AclBinding]) -> list[AclBinding]:
+    """What the broker holds for ``principal`` once it is ``wanted``. CreateAcls answers when
+    the controller has committed the records; the broker serves them to DescribeAcls only once
+    it has applied them from the metadata log (a read at once after a grant found none)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        held = sorted(principal_bindings(admin, principal), key=str)
+        if set(held) == wanted and len(held) == len(wanted):
+            return held
+        if time.monotonic() > deadline:
+            missing = sorted(map(str, wanted - set(held)))
+            extra = sorted(map(str, set(held) - wanted))
+            raise AclsNotHeld(
+                f"User:{principal} holds other ACLs than granted after {TIMEOUT_S:.0f} s: "
+                f"{len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}"
+            )
+        time.sleep(READ_BACK_INTERVAL_S)
 
 
 def _filter(binding: AclBinding) -> AclBindingFilter:
