@@ -70,8 +70,7 @@ OAUTH_START_TIMEOUT_S = 30.0
 #: The SCRAM mechanisms every principal is a user of.
 SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
 #: CN=mailtap-smtp-sink,O=mailtap dev -> User:mailtap-smtp-sink: the same principal name as its
-#: SCRAM user, so one set of ACLs serves every mechanism (server-secure.properties.tmpl has the
-#: same rule, with its $ doubled for the template).
+#: SCRAM user and its OAuth client id, so one set of ACLs serves every mechanism.
 PRINCIPAL_MAPPING_RULE = "RULE:^CN=([^,]+)(,.*)?$/$1/,DEFAULT"
 
 
@@ -404,9 +403,6 @@ def launch(
         "oauth_port": str(ports["kafka_oauth"]),
         "controller_port": str(ports["kafka_controller"]),
         "data_dir": str(layout.data_dir),
-        "super_users": ";".join(SUPER_USERS),
-        "keystore": str(material.keystore),
-        "truststore": str(material.ca.certificate),
         "plain_users": plain_users,
         "jwks_url": jwks_url,
         "issuer": _issuer(host, ports["oauth_token"]),
@@ -414,6 +410,10 @@ def launch(
     }
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.config.write_text(render_template("kafka/server-secure.properties.tmpl", values))
+    kafka.set_properties(
+        layout.config,
+        {**authorizer_section(), **tls_section(material), **mtls_section("MTLS")},
+    )
     layout.config.chmod(0o600)  # PLAIN passwords
     write_log4j(layout)
     scram = scram_format_args(principals)
