@@ -45,6 +45,14 @@ import click
     show_default=True,
     help="--no-faults: a baseline run, the workload and the verifier without any fault.",
 )
+@click.option(
+    "--secure",
+    type=click.Choice(["scram", "mtls"]),
+    default=None,
+    help="On a secured broker (SASL_SSL SCRAM-SHA-512 or mTLS, StandardAuthorizer, no ACL "
+    "means no access): each component logs in as its principal and holds only the ACLs "
+    "`mailtap acls` computes; a refused operation is a violation.",
+)
 def soak(
     minutes: float,
     seed: int,
@@ -54,6 +62,7 @@ def soak(
     state_dir: Path | None,
     step_seconds: float,
     faults: bool,
+    secure: str | None,
 ) -> None:
     """3 imap-source, 2 streams and 2 smtp-sink instances under random faults; the last line
     is the verdict."""
@@ -63,17 +72,18 @@ def soak(
         click.echo(f"{dt.datetime.now().strftime('%H:%M:%S')}  {text}", err=as_json)
 
     options = SoakOptions(
-        minutes, seed, mailboxes, report_dir, state_dir, step_seconds, faults=faults
+        minutes, seed, mailboxes, report_dir, state_dir, step_seconds, faults=faults, secure=secure
     )
     passed, document = run_soak(options, say)
     if as_json:
         summary = {k: v for k, v in document.items() if k != "samples"}
         click.echo(json.dumps(summary, sort_keys=True, default=str))
     count = len(document.get("violations", []))
+    mode = f" (--secure {secure})" if secure else ""
     verdict = (
-        f"PASS: seed {seed}, {document.get('faults_by_kind', {})} faults, 0 violations"
+        f"PASS: seed {seed}{mode}, {document.get('faults_by_kind', {})} faults, 0 violations"
         if passed
-        else f"FAIL: seed {seed}, {count} violation(s): "
+        else f"FAIL: seed {seed}{mode}, {count} violation(s): "
         + "; ".join(f"{v['rule']} {v['subject']}" for v in document.get("violations", [])[:5])
     )
     click.echo(verdict)

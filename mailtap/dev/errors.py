@@ -20,3 +20,7 @@ class DoveadmError(MailtapError, subprocess.CalledProcessError):
 
 class ClientGone(MailtapError, ConnectionError):
     """The Courier login front end's client went away before logging in."""
+
+
+class AclsNotHeld(MailtapError, RuntimeError):
+    """After a grant, the broker holds other ACLs for a principal than the ones granted."""

@@ -225,3 +225,18 @@ def make_coordinators(bootstrap_servers: str, timeout: float = START_TIMEOUT_S) 
         )
     finally:
         consumer.close()
+
+
+def set_properties(config: Path, values: dict[str, str]) -> None:
+    """Set ``values`` in a rendered ``server.properties``: a key already there gets the new
+    value in its place, a new key is appended (one line per key, so the file stays the
+    truth a person reads; Java's Properties would let a later duplicate win silently)."""
+    pending = dict(values)
+    lines = []
+    for line in config.read_text().splitlines():
+        key = line.split("=", 1)[0].strip() if "=" in line and not line.startswith("#") else None
+        if key is not None and key in pending:
+            line = f"{key}={pending.pop(key)}"
+        lines.append(line)
+    lines += [f"{key}={value}" for key, value in pending.items()]
+    config.write_text("\n".join(lines) + "\n")

@@ -67,6 +67,11 @@ OAUTH_SCOPE = "kafka"
 #: The ports a secured set needs besides the admin (``kafka``) and controller ports.
 PORT_NAMES = ("kafka_sasl", "kafka_mtls", "kafka_oauth", "oauth_token", "oauth_jwks")
 OAUTH_START_TIMEOUT_S = 30.0
+#: The SCRAM mechanisms every principal is a user of.
+SCRAM_MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")
+#: CN=mailtap-smtp-sink,O=mailtap dev -> User:mailtap-smtp-sink: the same principal name as its
+#: SCRAM user and its OAuth client id, so one set of ACLs serves every mechanism.
+PRINCIPAL_MAPPING_RULE = "RULE:^CN=([^,]+)(,.*)?$/$1/,DEFAULT"
 
 
 @dataclass(frozen=True)
@@ -104,25 +109,9 @@ class SecureKafka:
         (one of `MECHANISMS`), credentials included."""
         who = self.principals[component]
         if mechanism in ("scram-sha-512", "scram-sha-256", "plain"):
-            return {
-                "bootstrap_servers": self.sasl_bootstrap,
-                "security_protocol": "SASL_SSL",
-                "sasl_mechanism": mechanism.upper(),
-                "sasl_username": who.name,
-                "sasl_password": who.password,
-                "ssl_ca_location": self.ca_location,
-            }
+            return client_section(who, mechanism, self.sasl_bootstrap, self.ca_location)
         if mechanism == "mtls":
-            section: dict[str, Any] = {
-                "bootstrap_servers": self.mtls_bootstrap,
-                "security_protocol": "SSL",
-                "ssl_ca_location": self.ca_location,
-                "ssl_certificate_location": who.certificate,
-                "ssl_key_location": who.key,
-            }
-            if who.key_password:
-                section["ssl_key_password"] = who.key_password
-            return section
+            return client_section(who, mechanism, self.mtls_bootstrap, self.ca_location)
         if mechanism == "oauthbearer":
             return {
                 "bootstrap_servers": self.oauth_bootstrap,
@@ -150,6 +139,35 @@ class SecureKafka:
         values = {k: v for k, v in data.items() if k not in ("folder", "principals")}
         principals = {c: Principal(**p) for c, p in data["principals"].items()}
         return cls(folder=Path(data["folder"]), principals=principals, **values)
+
+
+def client_section(
+    who: Principal, mechanism: str, bootstrap: str, ca_location: str
+) -> dict[str, Any]:
+    """The ``kafka:`` connection settings of ``who`` on a listener at ``bootstrap`` that takes
+    ``mechanism``: ``scram-sha-512``, ``scram-sha-256``, ``plain`` (SASL_SSL) or ``mtls`` (SSL
+    with a client certificate)."""
+    if mechanism in ("scram-sha-512", "scram-sha-256", "plain"):
+        return {
+            "bootstrap_servers": bootstrap,
+            "security_protocol": "SASL_SSL",
+            "sasl_mechanism": mechanism.upper(),
+            "sasl_username": who.name,
+            "sasl_password": who.password,
+            "ssl_ca_location": ca_location,
+        }
+    if mechanism == "mtls":
+        section: dict[str, Any] = {
+            "bootstrap_servers": bootstrap,
+            "security_protocol": "SSL",
+            "ssl_ca_location": ca_location,
+            "ssl_certificate_location": who.certificate,
+            "ssl_key_location": who.key,
+        }
+        if who.key_password:
+            section["ssl_key_password"] = who.key_password
+        return section
+    raise ValueError(f"no client section for {mechanism!r}: scram-sha-*, plain or mtls")
 
 
 def _credentials(folder: Path) -> dict[str, dict[str, str]]:
@@ -204,12 +222,94 @@ def _jaas_quote(value: str) -> str:
     return f'"{value}"'
 
 
-def _scram_arguments(principals: dict[str, Principal]) -> list[str]:
+def scram_format_args(principals: dict[str, Principal]) -> list[str]:
+    """``kafka-storage format`` arguments adding every principal as a SCRAM user (both
+    mechanisms): a KRaft cluster's SCRAM users are part of its formatted metadata, so they
+    survive a broker restart and need no running broker to be added."""
     arguments: list[str] = []
     for who in principals.values():
-        for mechanism in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+        for mechanism in SCRAM_MECHANISMS:
             arguments += ["--add-scram", f"{mechanism}=[name={who.name},password={who.password}]"]
     return arguments
+
+
+def scram_marker(format_args: list[str]) -> str:
+    """What `kafka.prepare_storage` compares to reuse data formatted with these SCRAM users."""
+    return hashlib.sha256(" ".join(format_args).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class BrokerMaterial:
+    """The TLS material and identities a secured broker and its clients share."""
+
+    ca: CertificateAuthority
+    #: the broker's PEM keystore (key + certificate for localhost and the host)
+    keystore: Path
+    principals: dict[str, Principal]
+
+
+def broker_material(folder: Path, host: str) -> BrokerMaterial:
+    """The dev CA, the broker's keystore and every component's principal under ``folder``
+    (made once and kept: configs written earlier stay valid)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca = CertificateAuthority.create(folder / "ca")
+    keystore = _keystore(_server_pair(ca, folder / "broker", host))
+    return BrokerMaterial(ca, keystore, _principals(folder, ca))
+
+
+def authorizer_section(super_users: tuple[str, ...] = SUPER_USERS) -> dict[str, str]:
+    """Broker properties of a cluster run like a company's: nothing without an ACL, and no
+    topic created by a client's metadata request (as in server-secure.properties.tmpl)."""
+    return {
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": ";".join(super_users),
+        "auto.create.topics.enable": "false",
+    }
+
+
+def tls_section(material: BrokerMaterial) -> dict[str, str]:
+    """The broker's TLS settings for every SSL / SASL_SSL listener (PEM files), with the
+    certificate's CN as the principal (`PRINCIPAL_MAPPING_RULE`)."""
+    return {
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(material.keystore),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(material.ca.certificate),
+        "ssl.endpoint.identification.algorithm": "https",
+        "ssl.principal.mapping.rules": PRINCIPAL_MAPPING_RULE,
+    }
+
+
+def sasl_section(listener: str, mechanisms: tuple[str, ...] = SCRAM_MECHANISMS) -> dict[str, str]:
+    """A SASL_SSL listener named ``listener`` accepting the SCRAM ``mechanisms`` (users from
+    `scram_format_args`)."""
+    name = listener.lower()  # Kafka's listener-scoped keys use the lower-case name
+    section = {f"listener.name.{name}.sasl.enabled.mechanisms": ",".join(mechanisms)}
+    for mechanism in mechanisms:
+        if not mechanism.startswith("SCRAM-"):
+            raise ValueError(f"sasl_section makes SCRAM listeners only, not {mechanism}")
+        section[f"listener.name.{name}.{mechanism.lower()}.sasl.jaas.config"] = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        )
+    return section
+
+
+def mtls_section(listener: str) -> dict[str, str]:
+    """An SSL listener named ``listener`` that refuses a client without a certificate from
+    the dev CA."""
+    return {f"listener.name.{listener.lower()}.ssl.client.auth": "required"}
+
+
+def write_log4j(layout: kafka.KafkaLayout) -> None:
+    """The secured broker's logging: the authorizer's decisions (every DENIED operation with
+    principal, operation and resource) in `KafkaLayout.authorizer_log`."""
+    layout.log4j_config.write_text(
+        render_template(
+            "kafka/log4j2-secure.properties.tmpl",
+            {"log_path": str(layout.server_log), "authorizer_log_path": str(layout.authorizer_log)},
+        )
+    )
 
 
 def _start_oauth(
@@ -274,11 +374,9 @@ def launch(
     broker fetches the JWKS as it starts) and the broker (not waited for: see `kafka.wait_ready`
     on ``admin_bootstrap``). ``ports`` holds ``kafka`` (admin), ``kafka_controller`` and
     `PORT_NAMES`; ``record`` gets each pid as soon as it exists."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ca = CertificateAuthority.create(folder / "ca")
-    broker_pair = _server_pair(ca, folder / "broker", host)
-    principals = _principals(folder, ca)
-    _server_pair(ca, folder / "oauth" / "tls", host)
+    material = broker_material(folder, host)
+    principals = material.principals
+    _server_pair(material.ca, folder / "oauth" / "tls", host)
 
     oauth_pid, oauth_log = _start_oauth(
         folder, host, ports["oauth_token"], ports["oauth_jwks"], principals
@@ -289,7 +387,7 @@ def launch(
 
     def oauth_answers() -> None:
         probe_jwks(jwks_url)
-        probe_token_endpoint(token_url, str(ca.certificate))
+        probe_token_endpoint(token_url, str(material.ca.certificate))
 
     process.wait_until_ready(
         "oauth server", oauth_pid, oauth_answers, [oauth_log], OAUTH_START_TIMEOUT_S
@@ -305,9 +403,6 @@ def launch(
         "oauth_port": str(ports["kafka_oauth"]),
         "controller_port": str(ports["kafka_controller"]),
         "data_dir": str(layout.data_dir),
-        "super_users": ";".join(SUPER_USERS),
-        "keystore": str(_keystore(broker_pair)),
-        "truststore": str(ca.certificate),
         "plain_users": plain_users,
         "jwks_url": jwks_url,
         "issuer": _issuer(host, ports["oauth_token"]),
@@ -315,18 +410,20 @@ def launch(
     }
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.config.write_text(render_template("kafka/server-secure.properties.tmpl", values))
-    layout.config.chmod(0o600)  # PLAIN passwords
-    layout.log4j_config.write_text(
-        render_template(
-            "kafka/log4j2-secure.properties.tmpl",
-            {"log_path": str(layout.server_log), "authorizer_log_path": str(layout.authorizer_log)},
-        )
+    kafka.set_properties(
+        layout.config,
+        {**authorizer_section(), **tls_section(material), **mtls_section("MTLS")},
     )
-    scram = _scram_arguments(principals)
+    layout.config.chmod(0o600)  # PLAIN passwords
+    write_log4j(layout)
+    scram = scram_format_args(principals)
     # The voter set names the controller port; the SCRAM users are part of the formatted data.
-    marker = hashlib.sha256(" ".join(scram).encode()).hexdigest()[:16]
     kafka.prepare_storage(
-        layout, ports["kafka"], ports["kafka_controller"], extra_format_args=scram, marker=marker
+        layout,
+        ports["kafka"],
+        ports["kafka_controller"],
+        extra_format_args=scram,
+        marker=scram_marker(scram),
     )
     # Kafka 4 fetches OAuth URLs only when this JVM property allows them (CVE-2025-27817).
     allowed = f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={jwks_url},{token_url}"
@@ -339,7 +436,7 @@ def launch(
         sasl_bootstrap=f"{host}:{ports['kafka_sasl']}",
         mtls_bootstrap=f"{host}:{ports['kafka_mtls']}",
         oauth_bootstrap=f"{host}:{ports['kafka_oauth']}",
-        ca_location=str(ca.certificate),
+        ca_location=str(material.ca.certificate),
         token_url=token_url,
         jwks_url=jwks_url,
         principals=principals,

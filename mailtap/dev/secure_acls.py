@@ -11,6 +11,7 @@ are deleted.
 from __future__ import annotations
 
 import logging
+import time
 
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
@@ -25,11 +26,18 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from connectors.core.config import load_config
 from mailtap.aclgrant import bindings
 from mailtap.acls import component_acls
+from mailtap.dev.errors import AclsNotHeld
 from mailtap.dev.secure import PRINCIPALS, SecureKafka
 
 log = logging.getLogger(__name__)
 
-__all__ = ["bindings", "grant_component_acls", "principal_bindings", "wanted_bindings"]
+__all__ = [
+    "bindings",
+    "grant_component_acls",
+    "hold_exactly",
+    "principal_bindings",
+    "wanted_bindings",
+]
 
 #: dev component -> the ``mailtap acls --component`` it is granted as.
 GRANTED_AS = {
@@ -43,6 +51,8 @@ GRANTED_AS = {
 #: The written config whose names are used (every mechanism's config holds the same names).
 CONFIG_MECHANISM = "scram-sha-512"
 TIMEOUT_S = 30.0
+#: Between reads of what the broker holds after a grant (it applies them within milliseconds).
+READ_BACK_INTERVAL_S = 0.2
 
 
 def wanted_bindings(info: SecureKafka) -> dict[str, list[AclBinding]]:
@@ -75,16 +85,48 @@ def grant_component_acls(info: SecureKafka) -> dict[str, list[AclBinding]]:
     # Its log lines through Python logging, not librdkafka's own stderr lines.
     admin = AdminClient({"bootstrap.servers": info.admin_bootstrap, "logger": log})  # type: ignore[dict-item]
     wanted = wanted_bindings(info)
+    hold_exactly(admin, wanted)
+    return wanted
+
+
+def hold_exactly(
+    admin: AdminClient, wanted: dict[str, list[AclBinding]]
+) -> dict[str, list[AclBinding]]:
+    """Grant each principal its ``wanted`` bindings and delete any other binding it holds,
+    then read back what the broker holds: ``{principal: bindings}``, sorted. Raises
+    `AclsNotHeld` when that is not exactly ``wanted`` (``admin`` must be a super user's)."""
+    held: dict[str, list[AclBinding]] = {}
     for principal, acls in wanted.items():
         keep = set(acls)
         stale = [b for b in principal_bindings(admin, principal) if b not in keep]
         if stale:
             for future in admin.delete_acls([_filter(b) for b in stale]).values():
                 future.result(TIMEOUT_S)
-        for future in admin.create_acls(acls).values():
-            future.result(TIMEOUT_S)
+        if acls:
+            for future in admin.create_acls(acls).values():
+                future.result(TIMEOUT_S)
+        held[principal] = _read_back(admin, principal, keep)
         log.info("ACLs of User:%s: %d granted, %d stale removed", principal, len(acls), len(stale))
-    return wanted
+    return held
+
+
+def _read_back(admin: AdminClient, principal: str, wanted: set[AclBinding]) -> list[AclBinding]:
+    """What the broker holds for ``principal`` once it is ``wanted``. CreateAcls answers when
+    the controller has committed the records; the broker serves them to DescribeAcls only once
+    it has applied them from the metadata log (a read at once after a grant found none)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        held = sorted(principal_bindings(admin, principal), key=str)
+        if set(held) == wanted and len(held) == len(wanted):
+            return held
+        if time.monotonic() > deadline:
+            missing = sorted(map(str, wanted - set(held)))
+            extra = sorted(map(str, set(held) - wanted))
+            raise AclsNotHeld(
+                f"User:{principal} holds other ACLs than granted after {TIMEOUT_S:.0f} s: "
+                f"{len(missing)} missing {missing[:5]}, {len(extra)} extra {extra[:5]}"
+            )
+        time.sleep(READ_BACK_INTERVAL_S)
 
 
 def _filter(binding: AclBinding) -> AclBindingFilter:

@@ -34,6 +34,7 @@ from mailtap.soak.faults import FaultInjector
 from mailtap.soak.fleet import INSTANCES, SINKS, Instance
 from mailtap.soak.monitor import LagProbe, Sample, health_and_owned, health_of, sample_fleet
 from mailtap.soak.relay import SoakRelay
+from mailtap.soak.secured import make_stack
 from mailtap.soak.stack import HOST, Stack
 from mailtap.soak.verifier import Decoder, Ledger, TopicReader, Violation, read_server
 from mailtap.soak.workload import PASSWORD, WATCHED, Mailbox, Workload
@@ -67,6 +68,8 @@ class SoakOptions:
     keep_state: bool = False
     #: False: a baseline without faults (what the fleet's RSS does under the workload alone)
     faults: bool = True
+    #: None: a PLAINTEXT broker; "scram" or "mtls": a secured one (`mailtap.soak.secured`)
+    secure: str | None = None
 
 
 @dataclass
@@ -135,7 +138,7 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
     state = state.resolve()
     state.mkdir(parents=True, exist_ok=True)
     run = SoakRun(options, say)
-    stack = Stack(state, INSTANCES)
+    stack = make_stack(state, INSTANCES, options.secure)
     relay = SoakRelay(HOST, free_port()).start()
     run.relay = relay
     instances: dict[str, Instance] = {}
@@ -143,7 +146,11 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
     workload: Workload | None = None
     injector: FaultInjector | None = None
     lag: LagProbe | None = None
-    document: dict[str, Any] = {"seed": options.seed, "state_dir": str(state)}
+    document: dict[str, Any] = {
+        "seed": options.seed,
+        "state_dir": str(state),
+        "secure": options.secure,
+    }
     ledger = Ledger()
     try:
         say(
@@ -173,7 +180,12 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
         ).start()
         for name in INSTANCES:
             instances[name] = _instance(name, stack, relay, [*boxes, bounce], state)
-            instances[name].start()
+        if options.secure:
+            held = stack.grant_acls({n: i.config for n, i in instances.items()})
+            document["acls_held"] = held
+            say(f"ACLs held: {', '.join(f'{p} {len(b)}' for p, b in held.items())}")
+        for instance in instances.values():
+            instance.start()
         _wait_healthy(run, instances)
         lag = LagProbe(stack.bootstrap, {STREAMS_APP: "mail.events", SINK_GROUP: "mail.commands"})
         run.started = time.monotonic()  # the soak's clock starts with the workload
@@ -228,6 +240,16 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
                 instance.smtp_proxy.close()
         if injector is not None:
             injector.close()
+    for principal, refused in stack.denied().items():
+        run.found(
+            [
+                Violation(
+                    "acl-denied",
+                    f"User:{principal}",
+                    f"{len(refused)} refused, first: {refused[0][:300]}",
+                )
+            ]
+        )
     orphans = _orphans(state, stack, instances)
     if orphans:
         run.found([Violation("orphan", "process", f"left running: {orphans}")])
@@ -336,7 +358,7 @@ def _instance(
             "pool_size": POOL_SIZE,
         },
     }
-    config["kafka"] = {**config["kafka"], "bootstrap_servers": stack.kafka_address(name)}
+    config["kafka"] = {**config["kafka"], **stack.kafka_client(name)}
     instance = Instance(name, config, state)
     instance.smtp_proxy = smtp_proxy
     return instance

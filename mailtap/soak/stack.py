@@ -19,6 +19,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mailtap.dev import dovecot, kafka, process, registry
 from mailtap.dev.errors import ServiceStartError
@@ -68,8 +69,7 @@ class Stack:
         for name, port in listeners.items():
             self.kafka_proxies[name] = TcpProxy(HOST, port).start()
         kafka.render(self.kafka_layout, HOST, self.broker_port, self.controller_port)
-        _add_listeners(self.kafka_layout.config, listeners, self.kafka_proxies)
-        kafka.prepare_storage(self.kafka_layout, self.broker_port, self.controller_port)
+        self._configure_kafka(listeners)
         self._start_kafka(wait=False)
         self.registry_port = process.free_port(HOST)
         self._start_registry(wait=False)
@@ -86,9 +86,27 @@ class Stack:
         )
         return self
 
+    def _configure_kafka(self, listeners: dict[str, int]) -> None:
+        """The instances' listeners on the rendered broker config, then its storage."""
+        add_listeners(self.kafka_layout.config, listeners, self.kafka_proxies)
+        kafka.prepare_storage(self.kafka_layout, self.broker_port, self.controller_port)
+
     def kafka_address(self, instance: str) -> str:
         """The bootstrap address an instance uses: its own proxy."""
         return f"{HOST}:{self.kafka_proxies[instance].port}"
+
+    def kafka_client(self, instance: str) -> dict[str, Any]:
+        """The connection settings of an instance's ``kafka:`` section."""
+        return {"bootstrap_servers": self.kafka_address(instance)}
+
+    def grant_acls(self, configs: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+        """ACLs for the instances' principals, from their configs (``{instance: config}``);
+        returns what the broker holds per principal. A plaintext broker has no principals."""
+        return {}
+
+    def denied(self) -> dict[str, list[str]]:
+        """Operations the broker refused, per principal (none without an authorizer)."""
+        return {}
 
     def imap_address(self, instance: str) -> tuple[str, int]:
         return HOST, self.imap_proxies[instance].port
@@ -165,8 +183,14 @@ def _kill_group(pgid: int) -> None:
     process.stop_group(pgid, timeout=5)  # reaps it
 
 
-def _add_listeners(config: Path, listeners: dict[str, int], proxies: dict[str, TcpProxy]) -> None:
-    """One PLAINTEXT listener per instance, advertised at that instance's proxy."""
+def add_listeners(
+    config: Path,
+    listeners: dict[str, int],
+    proxies: dict[str, TcpProxy],
+    protocol: str = "PLAINTEXT",
+) -> dict[str, str]:
+    """One listener per instance (``protocol``: PLAINTEXT, SSL or SASL_SSL), advertised at that
+    instance's proxy. Returns the listener name of each instance."""
     names = {instance: f"I{n}" for n, instance in enumerate(listeners)}
     lines = []
     for line in config.read_text().splitlines():
@@ -175,6 +199,7 @@ def _add_listeners(config: Path, listeners: dict[str, int], proxies: dict[str, T
         elif line.startswith("advertised.listeners="):
             line += "".join(f",{names[i]}://{HOST}:{proxies[i].port}" for i in listeners)
         elif line.startswith("listener.security.protocol.map="):
-            line += "".join(f",{n}:PLAINTEXT" for n in names.values())
+            line += "".join(f",{n}:{protocol}" for n in names.values())
         lines.append(line)
     config.write_text("\n".join(lines) + "\n")
+    return names
