@@ -16,11 +16,16 @@ import hashlib
 import json
 import sys
 from datetime import UTC, datetime, timedelta, timezone
+from email import policy
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from connectors.smtp import render as render_module
 from connectors.smtp.render import RenderedMessage, render
 
 pytestmark = pytest.mark.unit
@@ -302,6 +307,58 @@ def test_render_is_byte_identical_to_the_stored_message(name: str) -> None:
 def test_the_corpus_covers_every_stored_message() -> None:
     stored = {p.stem for p in FIXTURES.glob("*.eml")}
     assert stored == set(CORPUS)
+
+
+#: The stdlib policies the render used before its own policy (with the same line length).
+REFERENCE_POLICY = policy.SMTP.clone(max_line_length=78)
+REFERENCE_UTF8_POLICY = REFERENCE_POLICY.clone(utf8=True)
+
+# Header text as a command may carry it: mostly ASCII (the policy's short-cut), spaces, tabs,
+# specials, encoded-word look-alikes, some non-ASCII; no control or line-break characters
+# (those are refused before any header is built, see test_smtp_render.py).
+_ASCII_TEXT = st.lists(
+    st.sampled_from(
+        [chr(c) for c in range(0x20, 0x7F)]
+        + [" "] * 8
+        + ["\t", "word", "=?", "?=", "=?utf-8?q?J=C3=BC?=", "é", "用"]
+    ),
+    max_size=60,
+).map("".join)
+_ANY_TEXT = st.text(
+    alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=90
+)
+_TEXT = st.one_of(_ASCII_TEXT, _ASCII_TEXT, _ANY_TEXT)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    subject=_TEXT,
+    names=st.lists(st.one_of(st.none(), _TEXT), min_size=1, max_size=3),
+    refs=st.lists(st.from_regex(r"[a-z0-9.]{1,30}@[a-z]{1,12}\.example", fullmatch=True)),
+    html=st.booleans(),
+    utf8=st.booleans(),
+)
+def test_render_matches_the_stdlib_policy(
+    subject: str, names: list[str | None], refs: list[str], html: bool, utf8: bool
+) -> None:
+    """The render's policy writes what the stdlib's ``policy.SMTP`` writes, header for header."""
+    local = "用户" if utf8 else "user"
+    cmd = command(
+        "c-prop",
+        subject=subject,
+        to=[{"name": n, "address": f"{local}{i}@example.org"} for i, n in enumerate(names)],
+        references=refs,
+        html_body=HTML if html else None,
+    )
+    kwargs: dict[str, Any] = {"unsubscribe": ["mailto:u@example.com", "https://example.com/u"]}
+    ours = render(cmd, **kwargs)
+    with (
+        mock.patch.object(render_module, "SMTP_POLICY", REFERENCE_POLICY),
+        mock.patch.object(render_module, "SMTPUTF8_POLICY", REFERENCE_UTF8_POLICY),
+    ):
+        reference = render(cmd, **kwargs)
+    assert ours.smtputf8 is utf8
+    assert ours.data == reference.data
 
 
 def _write() -> None:
