@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from connectors.core.config import KafkaSettings
 from mailtap.dev import process, secure
 from mailtap.dev.process import group_members
-from mailtap.dev.secure_acls import bindings
+from mailtap.dev.secure_acls import bindings, principal_bindings
 
 __all__ = ["allow", "bindings", "create_topic", "grant", "revoke"]
 
@@ -112,6 +113,22 @@ def revoke(admin: AdminClient, acls: list[AclBinding]) -> None:
         future.result(30)
 
 
+#: How long a grant may take to be served after CreateAcls answered, and how often to look.
+GRANT_APPLIED_S = 30.0
+GRANT_POLL_S = 0.1
+
+
 def grant(admin: AdminClient, acls: list[AclBinding]) -> None:
+    """Create ``acls`` and return once the broker serves them. CreateAcls answers when the
+    controller has committed the records; the broker's authorizer has them only once it has
+    applied them from the metadata log, and a component started in between was refused an
+    ACL it had been granted (test_secure_permissions on a loaded machine: "may not WRITE
+    topic mail.commands.dlq...", not the one ACL left out)."""
     for future in admin.create_acls(acls).values():
         future.result(30)
+    deadline = time.monotonic() + GRANT_APPLIED_S
+    for principal in sorted({b.principal.removeprefix("User:") for b in acls}):
+        wanted = {b for b in acls if b.principal == f"User:{principal}"}
+        while not wanted <= set(principal_bindings(admin, principal)):
+            assert time.monotonic() < deadline, f"User:{principal}'s new ACLs not served"
+            time.sleep(GRANT_POLL_S)
