@@ -219,6 +219,12 @@ def plot(path: Path, samples: list[Sample], faults: list[Fault], title: str) -> 
     return None
 
 
+def title(seed: int, mailboxes: int, secure: str | None) -> str:
+    """The plot's title: the run's seed and size, and the broker's security when secured."""
+    on = f", --secure {secure}" if secure else ""
+    return f"mailtap soak seed {seed}, {mailboxes} mailboxes{on}"
+
+
 def replot(report_dir: Path) -> str | None:
     """Draw ``report_dir/soak.png`` from ``report_dir/soak.json``; why not, if it could not."""
     document = json.loads((report_dir / "soak.json").read_text())
@@ -226,7 +232,7 @@ def replot(report_dir: Path) -> str | None:
         report_dir / "soak.png",
         [Sample.from_json(s) for s in document.get("samples", [])],
         [Fault.from_json(f) for f in document.get("faults", [])],
-        f"mailtap soak seed {document['seed']}, {document['mailboxes']} mailboxes",
+        title(document["seed"], document["mailboxes"], document.get("secure")),
     )
 
 

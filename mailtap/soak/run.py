@@ -278,7 +278,7 @@ def run_soak(options: SoakOptions, say: Callable[[str], None]) -> tuple[bool, di
             options.report_dir / "soak.png",
             run.samples,
             injector.faults if injector else [],
-            f"mailtap soak seed {options.seed}, {options.mailboxes} mailboxes",
+            report.title(options.seed, options.mailboxes, options.secure),
         )
         if why_not:
             say(f"no plot: {why_not}")
