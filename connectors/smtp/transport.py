@@ -9,7 +9,8 @@ DATA is driven in steps (the DATA command, the content, then the final ".") inst
 ``SMTP.data()``, because only then do we know whether a timeout or a drop happened before the
 relay could have accepted the message (DEFERRED) or after the final "." (UNKNOWN, resend later
 with the same Message-ID). A send may be *staged*: everything but the final "." goes out at once,
-the "." only when the caller says so (the sink: once the message's INTENT is committed). Until
+the "." only when the caller says so (the sink: once the message's INTENT is committed), in the
+content's own write when the caller has said so by then. Until
 the "." the relay can accept nothing; a session dropped in between is one the relay discards
 (RFC 5321 4.1.1.4: the mail data is only complete at the "."), and it is never reused.
 
@@ -140,6 +141,8 @@ class SmtpSession:
         self.sent = 0
         self._staged: dict[str, SmtpReply] | None = None
         """Between :meth:`stage` and :meth:`finish`: the recipients refused so far."""
+        self.final_dot_sent = False
+        """Between :meth:`stage` and :meth:`finish`: the final "." went with the content."""
 
     @classmethod
     async def open(cls, settings: SmtpSinkSettings, context: ssl.SSLContext | None) -> SmtpSession:
@@ -201,11 +204,15 @@ class SmtpSession:
         """MAIL, RCPT per recipient, DATA; raises SmtpTransportError (session then closed)."""
         return await self.stage(message) or await self.finish()
 
-    async def stage(self, message: RenderedMessage) -> TransactionReport | None:
+    async def stage(
+        self, message: RenderedMessage, ready: asyncio.Event | None = None
+    ) -> TransactionReport | None:
         """MAIL, RCPT per recipient, DATA and the content: all but the final ".".
 
         Returns the report when the transaction ended here (every recipient refused), else
-        None, and :meth:`finish` sends the "." (the relay can accept nothing before it).
+        None, and :meth:`finish` sends the "." (the relay can accept nothing before it) and
+        reads the verdict. When ``ready`` is already set as the content goes out, the "."
+        goes with it, in the same write, and :meth:`finish` only reads the verdict.
         Raises SmtpTransportError (the session then closed, or reset when the relay refused).
         """
         stage = SmtpStage.ENVELOPE
@@ -243,8 +250,11 @@ class SmtpSession:
                 raise SMTPServerDisconnected("connection lost before the content was sent")
             # The content without its terminating "." (written by finish()): nothing is
             # accepted yet, and until then the session is no one else's (usable is False).
+            # With the go-ahead given already, the "." goes now: the same bytes in one write.
             self._staged = refused
-            protocol.write(dot_stuff(message.data)[: -len(_END_OF_DATA)])
+            content = dot_stuff(message.data)
+            self.final_dot_sent = ready is not None and ready.is_set()
+            protocol.write(content if self.final_dot_sent else content[: -len(_END_OF_DATA)])
         except (SmtpReplyError, SmtpUtf8UnsupportedError):
             raise
         except Exception as exc:
@@ -261,7 +271,9 @@ class SmtpSession:
             protocol = self._client.protocol
             if protocol is None:
                 raise SMTPServerDisconnected("connection lost before the final '.' was sent")
-            protocol.write(_END_OF_DATA)
+            if not self.final_dot_sent:
+                protocol.write(_END_OF_DATA)
+            self.final_dot_sent = False
             reply = await protocol.read_response(timeout=self._settings.data_timeout)
         except Exception as exc:
             self.close()
@@ -336,6 +348,9 @@ class SmtpConnectionPool:
         self._idle: list[SmtpSession] = []
         self._open_failure: SmtpTransportError | None = None
         self.opened = 0
+        self.dots_with_content = 0
+        """Staged sends whose go-ahead came before their content went out, so their final "."
+        went in the same write: one write, and one relay wake-up, fewer."""
         self.description = f"{settings.host}:{settings.port}"
 
     def start(self) -> None:
@@ -385,15 +400,18 @@ class SmtpConnectionPool:
     ) -> TransactionReport:
         """One SMTP transaction. With ``ready``, all but the final "." is sent at once and the
         "." once ``ready`` is set: the relay reads the envelope and the content meanwhile (the
-        sink's INTENT commit), and accepts nothing before. Cancelled while waiting, the session
+        sink's INTENT commit), and accepts nothing before. (Set by the time the content goes,
+        the "." goes with it.) Cancelled while waiting, the session
         is closed, so the relay discards the message."""
         for try_fresh in (False, True):
             async with self.session() as (session, reused):
                 try:
-                    report = await session.stage(message)
+                    report = await session.stage(message, ready)
                     if report is not None:
                         return report
-                    if ready is not None:
+                    if session.final_dot_sent:
+                        self.dots_with_content += 1
+                    elif ready is not None:
                         await ready.wait()
                     return await session.finish()
                 except SmtpDisconnectedError as exc:
