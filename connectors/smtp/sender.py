@@ -111,9 +111,10 @@ class CommandSender:
         item.outcomes += outcomes
         if any(o.status is DeliveryStatus.SENT for o in outcomes):
             self.sent_total += 1
-        log.debug(
-            "sent command_id=%s attempt=%d outcomes=%s",
-            item.command_id,
-            item.attempt,
-            ",".join(f"{o.recipient}:{o.status.value}" for o in item.outcomes),
-        )
+        if log.isEnabledFor(logging.DEBUG):  # the outcomes' text is built for nothing otherwise
+            log.debug(
+                "sent command_id=%s attempt=%d outcomes=%s",
+                item.command_id,
+                item.attempt,
+                ",".join(f"{o.recipient}:{o.status.value}" for o in item.outcomes),
+            )

@@ -1,12 +1,19 @@
 """``mailtap bench sink``: the SMTP sink's end-to-end rate against raw aiosmtplib.
 
-Both halves run in the same process against the same local SMTP server (the dev services' one,
-started here when none are running), with the same rendered message:
+Both halves run against the same local SMTP server (the dev services' one, started here when
+none are running), with the same rendered messages:
 
 - baseline: one aiosmtplib connection, reused, ``sendmail`` in a loop (no Kafka, no state);
+  rendered before its clock starts;
 - sink: ``mail.commands`` -> :class:`~connectors.smtp.sink.SmtpSink` (intent and outcome
   transactions, state topic, rate limiter, pool) -> SENT events read back from ``mail.delivery``;
   the clock runs from the first command produced to the last SENT event consumed.
+
+Fairness: the sink runs in this process, alone, as the baseline's client does; what feeds it
+(the commands' encoding and producer) and what reads its SENT events run in a process of their
+own (:mod:`mailtap.bench.sink_feeder`), so neither takes the sink's CPU or GIL. (Until
+2026-12 they shared the sink's process: the producer's ``flush()`` blocked the sink's event loop
+while the clock ran, and the reader decoded events on the sink's GIL.)
 
 A warm-up command goes through the sink first, so the group join is not measured. Raw and sink
 rounds alternate (``ROUNDS`` of each) and the medians are reported, so a change in the shared
@@ -16,28 +23,26 @@ machine's load affects both halves alike.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import statistics
-import threading
+import sys
 import time
 import uuid
 from typing import Any
 
 import aiosmtplib
 import click
-from confluent_kafka import Consumer, Producer
 
-from connectors.core.avro.serde import AvroSerde
-from connectors.core.config import MailtapConfig, config_from_dict
-from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.config import config_from_dict
 from connectors.smtp.config import SmtpSinkSettings
-from connectors.smtp.lanes import PRODUCER_COMPRESSION
 from connectors.smtp.render import render
 from connectors.smtp.sink import SmtpSink
 from connectors.smtp.topics import ensure_sink_topics
 from mailtap import dev
-from mailtap.bench import ingest
+from mailtap.bench import ingest, sink_feeder
+from mailtap.bench.sink_feeder import command
 from mailtap.dev.services import SMTP_FROM_ADDRESS
 
 log = logging.getLogger(__name__)
@@ -48,34 +53,8 @@ ROUNDS = 3
 TARGET_RATIO = 0.80
 
 
-def _command(i: int, run: str) -> dict[str, Any]:
-    from datetime import UTC, datetime
-
-    return {
-        "schema_version": 1,
-        "command_id": f"bench-{run}-{i:06d}",
-        "kind": "REPLY",
-        "workflow": "bench",
-        "step": "reply",
-        "event_key": f"evt-{i}",
-        "from": {"name": "mailtap bench", "address": "bench@example.com"},
-        "to": [{"name": "Receiver", "address": f"rcpt{i % 50}@example.org"}],
-        "cc": [],
-        "bcc": [],
-        "reply_to": [],
-        "subject": f"Re: bench message {i}",
-        "text_body": "Thank you for your message.\n" * 20,
-        "html_body": None,
-        "attachments": [],
-        "in_reply_to": f"orig-{i}@example.org",
-        "references": [],
-        "auto_submitted": "auto-replied",
-        "created_at": datetime.now(UTC),
-    }
-
-
 async def _raw_rate(host: str, port: int, messages: int, run: str) -> float:
-    rendered = [render(_command(i, f"raw-{run}")) for i in range(messages)]
+    rendered = [render(command(i, f"raw-{run}")) for i in range(messages)]
     client = aiosmtplib.SMTP(hostname=host, port=port, start_tls=False, timeout=30)
     await client.connect()
     started = time.perf_counter()
@@ -84,38 +63,6 @@ async def _raw_rate(host: str, port: int, messages: int, run: str) -> float:
     elapsed = time.perf_counter() - started
     await client.quit()
     return messages / elapsed
-
-
-class _SentCounter(threading.Thread):
-    """Counts SENT events on the delivery topic in its own thread (so the sink's loop is free)."""
-
-    def __init__(self, cfg: MailtapConfig, wanted: set[str]) -> None:
-        super().__init__(daemon=True)
-        self._consumer = Consumer(
-            consumer_config(cfg.kafka, f"bench-reader-{uuid.uuid4().hex[:8]}")
-        )
-        self._consumer.subscribe([cfg.kafka.topics.delivery])
-        self._serde = AvroSerde.for_schema("DeliveryEvent", cfg.kafka)
-        self.wanted = set(wanted)
-        self.done = threading.Event()
-        self.finished_at = 0.0
-        self.failed: list[dict[str, Any]] = []
-
-    def run(self) -> None:
-        try:
-            while self.wanted:
-                for msg in self._consumer.consume(1000, timeout=0.1):
-                    if msg.error() or msg.value() is None:
-                        continue
-                    event = self._serde.decode(msg.value() or b"")
-                    if event["status"] == "SENT":
-                        self.wanted.discard(event["command_id"])
-                    else:
-                        self.failed.append(event)
-            self.finished_at = time.perf_counter()
-        finally:
-            self._consumer.close()
-            self.done.set()
 
 
 class _SinkRun:
@@ -151,35 +98,46 @@ class _SinkRun:
         ensure_sink_topics(
             self.cfg.kafka, settings.retry_tiers, suppressions=settings.suppression.enabled
         )
-        self.serde = AvroSerde.for_schema("ReplyCommand", self.cfg.kafka)
-        self.producer = Producer(
-            producer_config(self.cfg.kafka, compression_type=PRODUCER_COMPRESSION)
-        )
         self.topic = self.cfg.kafka.topics.commands
         self.sink = SmtpSink(self.cfg, settings)
         self.rounds = 0
 
     async def measure(self, messages: int) -> float:
-        """Produce ``messages`` commands; msg/s from the first produce to the last SENT read."""
+        """Have the feeder produce ``messages`` commands; msg/s from its first produce to its
+        last SENT read, while this process runs the sink alone."""
         self.rounds += 1
-        commands = [_command(i, f"{self.run}-{self.rounds}") for i in range(messages)]
-        encoded = [(c["command_id"].encode(), self.serde.encode(c, self.topic)) for c in commands]
-        counter = _SentCounter(self.cfg, {c["command_id"] for c in commands})
-        counter.start()
-        started = time.perf_counter()
-        for key, value in encoded:
-            while True:
-                try:
-                    self.producer.produce(self.topic, key=key, value=value)
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)
-        self.producer.flush(30)
-        while not counter.done.is_set():
+        request = {
+            "bootstrap_servers": self.cfg.kafka.bootstrap_servers,
+            "commands": self.topic,
+            "delivery": self.cfg.kafka.topics.delivery,
+            "run": f"{self.run}-{self.rounds}",
+            "messages": messages,
+        }
+        feeder = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            sink_feeder.__name__,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        assert feeder.stdin is not None and feeder.stdout is not None
+        feeder.stdin.write(json.dumps(request).encode() + b"\n")
+        await feeder.stdin.drain()
+        if (await feeder.stdout.readline()).strip() != b"ready":
+            raise click.ClickException("the bench's feeder process did not start (see stderr)")
+        feeder.stdin.write(b"go\n")
+        await feeder.stdin.drain()
+        result = asyncio.ensure_future(feeder.stdout.readline())
+        while not result.done():
             await self.sink.poll_once()
-        if counter.failed:
-            raise click.ClickException(f"unexpected outcomes: {counter.failed[:3]}")
-        return messages / (counter.finished_at - started)
+        await feeder.wait()
+        line = result.result()
+        if feeder.returncode != 0 or not line:
+            raise click.ClickException(f"the bench's feeder process failed ({feeder.returncode})")
+        figures = json.loads(line)
+        if figures["failed"]:
+            raise click.ClickException(f"unexpected outcomes: {figures['failed']}")
+        return messages / (float(figures["finished"]) - float(figures["started"]))
 
 
 async def _measure(

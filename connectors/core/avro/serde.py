@@ -342,8 +342,11 @@ class AvroSerde:
                     f"unknown schema fingerprint {data[2:10].hex()} for {self.schema.name}: "
                     f"the writer used a schema this build does not know"
                 )
+            # Written with our own schema (the usual case): nothing to resolve, and fastavro's
+            # resolution against an identical reader schema costs a third of the decode.
+            reader = None if writer.parsed is self.schema.parsed else self.schema.parsed
             result: dict[str, Any] = fastavro.schemaless_reader(  # type: ignore[assignment]
-                io.BytesIO(data[10:]), writer.parsed, self.schema.parsed
+                io.BytesIO(data[10:]), writer.parsed, reader
             )
             return result
         if data[:1] == CONFLUENT_MAGIC and len(data) > 5:

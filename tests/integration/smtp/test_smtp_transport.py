@@ -261,6 +261,31 @@ async def test_a_staged_send_is_accepted_only_after_its_final_dot() -> None:
         controller.stop()
 
 
+async def test_a_send_given_its_go_ahead_before_its_content_ends_it_in_the_same_write() -> None:
+    """The sink's go-ahead (the INTENT committed) often comes while MAIL, RCPT and DATA are
+    still under way: the "." then goes with the content, and the relay gets the same message."""
+    handler = Contents()
+    controller, port = start(handler)
+    pool = SmtpConnectionPool(settings(port, host="127.0.0.1", security="plain"))
+    ready, later = asyncio.Event(), asyncio.Event()
+    ready.set()
+    try:
+        report = await pool.send(message(1), ready)
+        assert report.data_reply is not None and report.data_reply.code == 250
+        assert pool.dots_with_content == 1
+        staged = asyncio.create_task(pool.send(message(1), later))  # the same message, staged
+        await asyncio.sleep(0.5)
+        assert not staged.done() and len(handler.data) == 1
+        later.set()
+        await staged
+        assert pool.dots_with_content == 1
+    finally:
+        await pool.close()
+        controller.stop()
+    assert len(handler.data) == 2 and handler.data[0] == handler.data[1]
+    assert pool.opened == 1  # the session carried both
+
+
 async def test_a_staged_send_cancelled_before_its_final_dot_is_discarded_not_reused() -> None:
     """The sink cancels the staged sends of a round whose commit failed: the relay must drop
     that content, and the session must not carry the next message inside the old DATA."""

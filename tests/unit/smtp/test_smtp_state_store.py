@@ -57,3 +57,18 @@ def test_retention_must_outlast_the_lifetime() -> None:
     assert SmtpSinkSettings(host="r", from_address="a@example.com").state_retention_seconds == (
         30 * 86_400
     )
+
+
+def test_a_state_record_keeps_its_bytes_and_reads_back() -> None:
+    # The state topic holds these bytes across versions: their form is the wire format.
+    intent = CommandState("INTENT", 1, "<c-1@example.com>", ("a@example.org", "b@example.org"), 7)
+    assert intent.to_bytes() == (
+        b'{"phase":"INTENT","attempt":1,"message_id":"<c-1@example.com>",'
+        b'"pending":["a@example.org","b@example.org"],"updated_ms":7}'
+    )
+    done = CommandState("DONE", 2)
+    assert done.to_bytes() == (
+        b'{"phase":"DONE","attempt":2,"message_id":null,"pending":null,"updated_ms":0}'
+    )
+    assert CommandState.from_bytes(intent.to_bytes()) == intent
+    assert CommandState.from_bytes(done.to_bytes()) == done
