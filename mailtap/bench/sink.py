@@ -43,6 +43,7 @@ from connectors.smtp.topics import ensure_sink_topics
 from mailtap import dev
 from mailtap.bench import ingest, sink_feeder
 from mailtap.bench.sink_feeder import command
+from mailtap.dev.process import die_with_parent
 from mailtap.dev.services import SMTP_FROM_ADDRESS
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class _SinkRun:
             sink_feeder.__name__,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
+            # Its read loop ends only when every SENT came: a killed bench must take it along.
+            preexec_fn=die_with_parent(),
         )
         assert feeder.stdin is not None and feeder.stdout is not None
         feeder.stdin.write(json.dumps(request).encode() + b"\n")
