@@ -94,7 +94,7 @@ class SecuredStack(Stack):
         )
 
     def grant_acls(self, configs: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-        wanted = wanted_bindings(configs)
+        wanted = instance_bindings(configs)
         admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": log})  # type: ignore[dict-item]
         held = hold_exactly(admin, wanted)
         return {principal: [str(b) for b in acls] for principal, acls in held.items()}
@@ -105,7 +105,7 @@ class SecuredStack(Stack):
         return denied_operations(text, set(PRINCIPALS.values()))
 
 
-def wanted_bindings(configs: dict[str, dict[str, Any]]) -> dict[str, list[AclBinding]]:
+def instance_bindings(configs: dict[str, dict[str, Any]]) -> dict[str, list[AclBinding]]:
     """``{principal: bindings}``: per principal, the union of what ``mailtap acls`` computes
     for each of its instances' configs (``{instance: config}``; the instances of one
     component share their names, so the union is each one's set)."""

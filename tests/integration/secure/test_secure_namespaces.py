@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,8 +40,8 @@ from connectors.core.kafka.topics import COMPACTED, TopicSpec, ensure_topic_spec
 from mailtap.dev import Account, DevServices
 from mailtap.dev.layout import REPO_ROOT
 from mailtap.dev.secure import SecureKafka
-from mailtap.dev.secure_acls import principal_bindings
 from tests.integration.imap.imap_harness import make_mail, wait_for
+from tests.integration.secure.conftest import grant
 
 #: The account name both deployments use: without a namespace their transactional ids (derived
 #: from account and folder) would be the same, and each start would fence the other.
@@ -118,13 +117,7 @@ class Deployment:
             for resource, operations in PREFIXED_ACLS.items()
             for operation in operations
         ]
-        for future in self._admin.create_acls(acls).values():
-            future.result(30)
-        # Served by the broker only once applied from the metadata log (see conftest.grant).
-        deadline = time.monotonic() + 30
-        while not set(acls) <= set(principal_bindings(self._admin, self.principal)):
-            assert time.monotonic() < deadline, f"User:{self.principal}'s ACLs not served"
-            time.sleep(0.1)
+        grant(self._admin, acls)  # returns once the broker serves them
         ensure_topics(self.admin_kafka, retry_tiers=["1m"])
         # 4 partitions instead of the source's 32: the session's broker holds every test's topics.
         topics = self.admin_kafka.topics

@@ -14,7 +14,7 @@ from mailtap.dev.kafka import set_properties
 from mailtap.dev.secure import PRINCIPALS, mtls_section, sasl_section
 from mailtap.dev.secure_acls import bindings
 from mailtap.dev.tcp_proxy import TcpProxy
-from mailtap.soak.secured import SecuredStack, denied_operations, make_stack, wanted_bindings
+from mailtap.soak.secured import SecuredStack, denied_operations, instance_bindings, make_stack
 from mailtap.soak.stack import Stack, add_listeners
 
 # Two lines as Kafka 4.1's StandardAuthorizer writes them (kafka.authorizer.logger).
@@ -91,7 +91,7 @@ def test_the_acls_wanted_are_those_mailtap_acls_computes_once_per_principal() ->
         "kafka": {"bootstrap_servers": "127.0.0.1:9092", "schema_registry_url": "http://r"},
         "streams": scenario.streams_section("soak-streams"),
     }
-    wanted = wanted_bindings({"streams-1": config, "streams-2": config})
+    wanted = instance_bindings({"streams-1": config, "streams-2": config})
     expected = bindings(PRINCIPALS["streams"], component_acls(config_from_dict(config), "streams"))
     assert list(wanted) == ["mailtap-streams"]
     assert expected and sorted(map(str, wanted["mailtap-streams"])) == sorted(map(str, expected))
