@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -71,6 +71,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def reserved_ports(count: int, host: str = "127.0.0.1") -> Iterator[list[int]]:
+    """``count`` distinct free TCP ports, each held bound until the block ends.
+
+    Calls to `free_port` one after another may return the same port twice (each is released
+    before the next bind), and a port handed to a server that binds it only seconds later (a
+    JVM) may meanwhile go to a ``bind(0)`` of ours: within the block neither can happen. Bind
+    what must not take them (proxies on port 0) inside the block; start the servers after it.
+    """
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        yield [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports free on ``host`` right now."""
+    with reserved_ports(count, host) as ports:
+        return ports
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:

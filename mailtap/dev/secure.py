@@ -489,11 +489,7 @@ def start_standalone(folder: Path, host: str = "127.0.0.1") -> tuple[SecureKafka
     ports, ready: what the secured integration tests start once per session. Returns the
     details and the process groups to stop (`process.stop_group`)."""
     names = ["kafka", "kafka_controller", *PORT_NAMES]
-    ports: dict[str, int] = {}
-    while len(ports) < len(names):
-        port = process.free_port(host)
-        if port not in ports.values():
-            ports[names[len(ports)]] = port
+    ports = dict(zip(names, process.free_ports(len(names), host), strict=True))
     pids: list[int] = []
     try:
         info, kafka_pid, layout = launch(folder, host, ports, pids.append)

@@ -254,11 +254,7 @@ def _pick_ports(state_dir: Path, names: list[str]) -> dict[str, int]:
     previous = _remembered_ports(state_dir)
     if previous and all(n in previous and process.port_is_free(previous[n]) for n in names):
         return {n: previous[n] for n in names}
-    ports: dict[str, int] = {}
-    while len(ports) < len(names):
-        port = process.free_port(HOST)
-        if port not in ports.values():
-            ports[names[len(ports)]] = port
+    ports = dict(zip(names, process.free_ports(len(names), HOST), strict=True))
     kept = {n: p for n, p in previous.items() if n not in names and p not in ports.values()}
     (state_dir / "ports.json").write_text(json.dumps({**kept, **ports}))
     return ports

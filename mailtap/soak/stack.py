@@ -62,18 +62,18 @@ class Stack:
     def start(self) -> Stack:
         process.tie_services_to_this_process()
         self.root.mkdir(parents=True, exist_ok=True)
-        self.broker_port = process.free_port(HOST)
-        self.controller_port = process.free_port(HOST)
+        # Every server port at once, held while the proxies bind theirs: two picks one after
+        # another can return one port twice, which the broker refuses (CI, stop 35).
+        with process.reserved_ports(4 + len(self.instances), HOST) as ports:
+            self.broker_port, self.controller_port, self.registry_port, self.imap_port = ports[:4]
+            listeners = dict(zip(self.instances, ports[4:], strict=True))
+            for name, port in listeners.items():
+                self.kafka_proxies[name] = TcpProxy(HOST, port).start()
         self.bootstrap = f"{HOST}:{self.broker_port}"
-        listeners = {name: process.free_port(HOST) for name in self.instances}
-        for name, port in listeners.items():
-            self.kafka_proxies[name] = TcpProxy(HOST, port).start()
         kafka.render(self.kafka_layout, HOST, self.broker_port, self.controller_port)
         self._configure_kafka(listeners)
         self._start_kafka(wait=False)
-        self.registry_port = process.free_port(HOST)
         self._start_registry(wait=False)
-        self.imap_port = process.free_port(HOST)
         self.imap_layout = dovecot.layout_for(self.root)
         dovecot.render(self.imap_layout, HOST, self.imap_port)
         self._start_imap()

@@ -232,7 +232,11 @@ def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: 
         for container in ours:
             inspect = json.loads(podman.run("inspect", container["Id"]).stdout)[0]
             assert inspect["State"]["Status"] == "running", (container["Names"], pod_logs(podman))
-            assert inspect["RestartCount"] == 0, container["Names"]
+            assert inspect["RestartCount"] == 0, (
+                container["Names"],
+                inspect["State"],
+                podman.run("logs", "--tail", "200", container["Id"], check=False).stderr,
+            )
         assert all(healthz(p)[0] == 200 for p in ports.values())
     finally:
         podman.run("kube", "play", "--down", str(play), check=False, timeout=120)

@@ -17,6 +17,16 @@ def test_free_port_is_bindable() -> None:
     assert process.port_is_free(port)
 
 
+def test_reserved_ports_are_distinct_and_held_until_the_block_ends() -> None:
+    with process.reserved_ports(40) as ports:
+        assert len(set(ports)) == 40
+        # Held: no server and no bind(0) of ours can take one meanwhile.
+        assert not any(process.port_is_free(port) for port in ports)
+        taken = {process.free_port() for _ in range(200)}
+        assert not taken & set(ports)
+    assert all(process.port_is_free(port) for port in ports)
+
+
 def test_log_tail_keeps_the_last_lines(tmp_path: Path) -> None:
     log = tmp_path / "service.log"
     log.write_text("".join(f"line {i}\n" for i in range(50)))
