@@ -12,6 +12,7 @@ import contextlib
 import grp
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -66,34 +67,68 @@ def maven(
         )
 
 
+#: The lowest port handed out for servers started later: below it are the well-known ports.
+LOWEST_SERVER_PORT = 10000
+
+
+def _ephemeral_start() -> int:
+    """The first port of the kernel's range for outgoing connections (Linux: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bind_server_port(sock: socket.socket, host: str, taken: set[int]) -> int:
+    """Bind ``sock`` to a free port below the ephemeral range (any port if that range leaves
+    too little room below it) and return the port."""
+    top = _ephemeral_start()
+    if top - LOWEST_SERVER_PORT >= 1000:
+        for _ in range(200):
+            port = random.randrange(LOWEST_SERVER_PORT, top)
+            if port in taken:
+                continue
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    sock.bind((host, 0))
+    return int(sock.getsockname()[1])
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """Return a TCP port that is free on ``host`` right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on ``host`` right now, for a server that binds it later.
+
+    Not one the kernel would pick for ``bind(0)`` or an outgoing connection: between the pick
+    and the server's bind (seconds for a JVM or a container's imports) a client's connection
+    could take such a port, and the server would fail to start (EADDRINUSE).
+    """
+    return free_ports(1, host)[0]
 
 
 @contextlib.contextmanager
 def reserved_ports(count: int, host: str = "127.0.0.1") -> Iterator[list[int]]:
-    """``count`` distinct free TCP ports, each held bound until the block ends.
+    """``count`` distinct free TCP ports (as `free_port` picks them), each held bound until
+    the block ends.
 
-    Calls to `free_port` one after another may return the same port twice (each is released
-    before the next bind), and a port handed to a server that binds it only seconds later (a
-    JVM) may meanwhile go to a ``bind(0)`` of ours: within the block neither can happen. Bind
-    what must not take them (proxies on port 0) inside the block; start the servers after it.
+    Calls to `free_port` one after another could return one port twice (each is released
+    before the next pick): within the block they cannot. Bind what must not take them (proxies
+    on port 0) inside the block; start the servers after it.
     """
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
+        ports: list[int] = []
         for sock in sockets:
-            sock.bind((host, 0))
-        yield [int(sock.getsockname()[1]) for sock in sockets]
+            ports.append(_bind_server_port(sock, host, set(ports)))
+        yield ports
     finally:
         for sock in sockets:
             sock.close()
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports free on ``host`` right now."""
+    """``count`` distinct TCP ports free on ``host`` right now (see `free_port`)."""
     with reserved_ports(count, host) as ports:
         return ports
 

@@ -5,7 +5,6 @@ on the loopback), a shipped config mounted read-only and only environment overri
 from __future__ import annotations
 
 import json
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -17,13 +16,6 @@ from testcontainers.core.container import DockerContainer
 
 CONFIG_PATH = "/etc/mailtap/mailtap.yaml"
 STATE_PATH = "/var/lib/mailtap"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def mailtap_container(

@@ -18,8 +18,8 @@ import pytest
 from imapclient import IMAPClient
 
 from mailtap.dev import scenario
+from mailtap.dev.process import free_port
 from tests.deploy.containers import (
-    free_port,
     healthz,
     logs,
     mailtap_container,

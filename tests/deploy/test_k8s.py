@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.containers import free_port, healthz
+from mailtap.dev.process import free_ports
+from tests.deploy.containers import healthz
 from tests.deploy.test_components import component_env
 from tests.ews_server.fixture import PASSWORD as EWS_PASSWORD
 from tests.ews_server.fixture import USER as EWS_USER
@@ -193,7 +194,7 @@ def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: 
         for c in (deploy.deployment_component(d) for d in deploy.k8s_workloads())
         if c not in NOT_PLAYED
     ]
-    ports = {d: free_port() for d in deployments}
+    ports = dict(zip(deployments, free_ports(len(deployments)), strict=True))
     play = tmp_path / "play.yaml"
     suffix = f"-{unique}"
     play.write_text(yaml.safe_dump_all(local_manifests(image, env, ports, suffix)))

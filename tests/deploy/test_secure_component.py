@@ -20,7 +20,8 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from tests.deploy.containers import free_port, logs, mailtap_container, status, wait_healthy
+from mailtap.dev.process import free_port
+from tests.deploy.containers import logs, mailtap_container, status, wait_healthy
 from tests.deploy.test_compose import kafka_secrets
 
 # The secured broker of the integration tests (fixtures), started once for this session too.

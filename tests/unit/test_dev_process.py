@@ -17,6 +17,14 @@ def test_free_port_is_bindable() -> None:
     assert process.port_is_free(port)
 
 
+def test_a_server_port_is_not_one_an_outgoing_connection_could_take() -> None:
+    # Between the pick and a server's bind, clients' connections take ephemeral ports: a
+    # component in a container would lose its health port to one (EADDRINUSE, a restart).
+    first = process._ephemeral_start()
+    ports = process.free_ports(50)
+    assert all(process.LOWEST_SERVER_PORT <= port < first for port in ports)
+
+
 def test_reserved_ports_are_distinct_and_held_until_the_block_ends() -> None:
     with process.reserved_ports(40) as ports:
         assert len(set(ports)) == 40

@@ -3,7 +3,6 @@ of truth; the sweep delivers what a lost notification did not announce."""
 
 from __future__ import annotations
 
-import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,18 +14,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from connectors.core.config import KafkaSettings, config_from_dict
 from connectors.graph.source import GraphSource
+from mailtap.dev.process import free_port
 from tests.graph_server import GraphTestServer
 from tests.graph_server.fixture import running_server
 from tests.integration.graph.graph_kafka import USER, imap_key, mime, read_events, source_config
 
 WAIT_S = 60.0
 CLIENT_STATE = "graph-client-state-7f1c"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def webhook_source(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from test_whole_pipeline import _config, _ours
 
 from mailtap.components import Component, wait_for
 from mailtap.dev import scenario
+from mailtap.dev.process import free_port
 from tests.support.scrape import Samples, families, healthz, scrape, total
 
 pytestmark = pytest.mark.integration
@@ -27,12 +27,6 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[3]
 STAGE_S = 180.0
 COMPONENTS = ("imap-source", "streams", "smtp-sink")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scrape_or_none(port: int) -> Samples | None:

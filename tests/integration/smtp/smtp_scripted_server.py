@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import SMTP, Envelope, Session
+
+from mailtap.dev.process import free_port
 
 _RCPT = re.compile(r"^rcpt(\d{3})$")
 _DATA = re.compile(r"^data(\d{3})$")
@@ -98,13 +99,6 @@ class ScriptedHandler:
                 )
             )
         return "250 2.0.0 Ok: queued"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class ScriptedRelay:

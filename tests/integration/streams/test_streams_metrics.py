@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import socket
 import urllib.error
 from collections.abc import Callable
 from pathlib import Path
@@ -19,16 +18,11 @@ from test_streams_kafka import (  # the streams integration fixtures and helpers
     start_worker,  # noqa: F401  (fixture)
 )
 
+from mailtap.dev.process import free_port
 from streams.testing import mail_record
 from tests.support.scrape import Samples, healthz, names, scrape, total, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
