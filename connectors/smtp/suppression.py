@@ -33,12 +33,15 @@ suppressed recipient is not sent to that recipient: its outcome is ``SUPPRESSED`
 (:func:`screen`); the other recipients of the command are sent as usual.
 
 Except when the entry was written for a bounce of *this very command* (its ``command_id``, reason
-HARD_BOUNCE or SOFT_BOUNCES): the bounce reader published that recipient's BOUNCED event in the
-same transaction, so BOUNCED is its outcome already. This happens when the sink stopped after the
-relay accepted the mail but before the outcome was recorded (a kill -9, a broker outage): the
-command is recovered as UNKNOWN and resent, and meanwhile its DSN came back. The resend then sends
-nothing to that recipient and publishes nothing more for it (a SUPPRESSED event would be a second
-final outcome of one command; found by ``mailtap soak`` on a secured broker).
+HARD_BOUNCE or SOFT_BOUNCES, or a soft bounce the entry only counts, ``suppressed: false``): the
+bounce reader published that recipient's BOUNCED event in the same transaction, so BOUNCED is its
+outcome already. This happens when the sink stopped after the relay accepted the mail but
+before the outcome was recorded (a kill -9, a broker outage): the command is recovered as
+UNKNOWN and resent, and meanwhile its DSN came back. The resend then sends nothing to that
+recipient and publishes nothing more for it (a SUPPRESSED event, or the resend's SENT, would be
+a second final outcome of one command; found by ``mailtap soak`` on a secured broker). The entry
+remembers the address's last bounce only: when another command's bounce of the same address
+came in between, the resend goes out as any other.
 """
 
 from __future__ import annotations
@@ -303,28 +306,31 @@ def screen(
     rendered: RenderedMessage, table: SuppressionTable | None
 ) -> tuple[RenderedMessage, list[RecipientOutcome]]:
     """``rendered`` without its suppressed recipients, and their outcomes: SUPPRESSED, or the
-    BOUNCED already published when this command's own bounce suppressed the recipient."""
+    BOUNCED already published when this command's own bounce, hard or soft, came back."""
     if table is None:
         return rendered, []
     outcomes = []
     keep = []
     for rcpt in rendered.recipients:
-        entry = table.suppressed(rcpt)
-        if entry is None:
-            keep.append(rcpt)
-        elif bounced_by(entry, rendered.command_id):
+        entry = table.get(rcpt)
+        if entry is not None and bounced_by(entry, rendered.command_id):
+            reason = (
+                why(entry) if entry.get("suppressed") else f"soft bounce: {entry.get('detail')}"
+            )
             outcomes.append(
                 RecipientOutcome(
                     rcpt,
                     DeliveryStatus.BOUNCED,
-                    diagnostic=f"bounced already (resend not sent): {why(entry)}"[:MAX_DIAGNOSTIC],
+                    diagnostic=f"bounced already (resend not sent): {reason}"[:MAX_DIAGNOSTIC],
                     published=True,
                 )
             )
-        else:
+        elif entry is not None and entry.get("suppressed"):
             outcomes.append(
                 RecipientOutcome(rcpt, DeliveryStatus.SUPPRESSED, diagnostic=why(entry))
             )
+        else:
+            keep.append(rcpt)
     if not outcomes:
         return rendered, []
     log.info(
@@ -337,5 +343,10 @@ def screen(
 
 def bounced_by(entry: Mapping[str, Any], command_id: str) -> bool:
     """Whether ``entry`` was written for a bounce of the command ``command_id`` (so that
-    command's BOUNCED event is published already)."""
-    return entry.get("command_id") == command_id and entry.get("reason") in BOUNCE_REASONS
+    command's BOUNCED event is published already): one that suppressed the address, or a soft
+    bounce it only counted (``suppressed: false``)."""
+    if entry.get("command_id") != command_id:
+        return False
+    if entry.get("suppressed"):
+        return entry.get("reason") in BOUNCE_REASONS
+    return bool(entry.get("soft_bounces"))

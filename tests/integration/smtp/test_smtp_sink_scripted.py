@@ -25,9 +25,11 @@ from smtp_scripted_server import ScriptedRelay
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.kafka.clients import producer_config
+from connectors.smtp.config import SuppressionSettings
 from connectors.smtp.identity import message_id_for
 from connectors.smtp.retry import HEADER_ATTEMPT, HEADER_ERROR_REASON, HEADER_RECIPIENTS
 from connectors.smtp.sink import SmtpSink
+from connectors.smtp.suppression import after_bounce
 from connectors.smtp.suppression import record as suppression_record
 from mailtap.components import wait_for
 from mailtap.dev import DevServices
@@ -230,15 +232,18 @@ async def test_stall_after_final_dot_is_unknown_and_resent_with_the_same_message
     events.close()
 
 
+@pytest.mark.parametrize("bounce", ["hard", "soft"])
 async def test_a_resend_after_its_own_bounce_sends_nothing_and_publishes_nothing_more(
-    services: DevServices, unique: str, relay: ScriptedRelay
+    services: DevServices, unique: str, relay: ScriptedRelay, bounce: str
 ) -> None:
     """The relay accepted the mail but the sink recorded no outcome (here: the 250 came after
     data_timeout; in `mailtap soak`: a broker kill between the "." and the commit), so the
     command is UNKNOWN and resent later. Meanwhile its DSN came back, and the bounce reader
     published BOUNCED and suppressed the address for this command. The resend must not mail the
     address again nor publish SUPPRESSED: that would be a second final outcome of one command
-    (the soak's ``two-final-deliveries``: [BOUNCED, UNKNOWN, SUPPRESSED])."""
+    (the soak's ``two-final-deliveries``: [BOUNCED, UNKNOWN, SUPPRESSED]). A soft bounce that
+    suppressed nobody yet (``suppressed: false``) is the same: its BOUNCED is published, and the
+    resend's SENT would be a second final outcome."""
     cfg, settings, _ = sink_config(
         services.bootstrap_servers, unique, relay.port, data_timeout=1, retry_tiers=["2s"]
     )
@@ -261,19 +266,33 @@ async def test_a_resend_after_its_own_bounce_sends_nothing_and_publishes_nothing
         assert sink.suppressions is not None
         serde = AvroSerde.for_schema("Suppression", cfg.kafka)
         topic = cfg.kafka.topics.suppressions
-        entry = suppression_record(
-            "stall@example.org",
-            reason="HARD_BOUNCE",
-            now=datetime.now(UTC),
-            detail="5.1.1 550 5.1.1 <stall@example.org>: Recipient address rejected",
-            source="bounce-reader",
-            command_id=cid,
-        )
+        if bounce == "hard":
+            entry = suppression_record(
+                "stall@example.org",
+                reason="HARD_BOUNCE",
+                now=datetime.now(UTC),
+                detail="5.1.1 550 5.1.1 <stall@example.org>: Recipient address rejected",
+                source="bounce-reader",
+                command_id=cid,
+            )
+        else:
+            counted = after_bounce(
+                None,
+                "stall@example.org",
+                hard=False,
+                status="4.2.2",
+                detail="mailbox full",
+                command_id=cid,
+                now=datetime.now(UTC),
+                settings=SuppressionSettings(soft_bounce_limit=3),
+            )
+            assert counted is not None and not counted["suppressed"]
+            entry = counted
         producer = Producer(producer_config(cfg.kafka))
         producer.produce(topic, key=b"stall@example.org", value=serde.encode(entry, topic))
         assert producer.flush(30) == 0
         table = sink.suppressions
-        assert wait_for(lambda: table.suppressed("stall@example.org") is not None, WAIT_S)
+        assert wait_for(lambda: table.get("stall@example.org") is not None, WAIT_S)
         await poll_until(
             lambda: (state := sink.states.get(cid)) is not None and state.phase == "DONE"
         )

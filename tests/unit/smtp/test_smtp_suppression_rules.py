@@ -136,7 +136,7 @@ class Table:
     def __init__(self, suppressed: dict[str, dict[str, Any]]) -> None:
         self.entries = suppressed
 
-    def suppressed(self, address: str) -> dict[str, Any] | None:
+    def get(self, address: str) -> dict[str, Any] | None:
         return self.entries.get(normalize(address))
 
 
@@ -176,6 +176,47 @@ def test_a_recipient_suppressed_by_this_commands_own_bounce_is_bounced_already()
         ("other@example.org", DeliveryStatus.SUPPRESSED, False),
         ("c@example.org", DeliveryStatus.SUPPRESSED, False),
     ]
+
+
+def test_a_soft_bounce_of_this_command_that_suppressed_nobody_is_bounced_already() -> None:
+    """The same resend when the DSN was a soft bounce the entry only counted (``suppressed:
+    false``): BOUNCED is published, so the resend's SENT would be a second final outcome.
+    Another command's soft bounce still lets the mail go out."""
+    message = RenderedMessage(
+        "c1", "m1", "s@example.com", ("full@example.org", "b@example.org"), b"x"
+    )
+    settings = SuppressionSettings(soft_bounce_limit=3)
+    own = after_bounce(
+        None,
+        "full@example.org",
+        hard=False,
+        status="4.2.2",
+        detail="mailbox full",
+        command_id="c1",
+        now=NOW,
+        settings=settings,
+    )
+    other = after_bounce(
+        None,
+        "b@example.org",
+        hard=False,
+        status="4.2.2",
+        detail="mailbox full",
+        command_id="c0",
+        now=NOW,
+        settings=settings,
+    )
+    assert own is not None and other is not None and not own["suppressed"]
+    table = Table({"full@example.org": own, "b@example.org": other})
+    kept, outcomes = screen(message, table)  # type: ignore[arg-type]
+    assert kept.recipients == ("b@example.org",)
+    assert [(o.recipient, o.status, o.published) for o in outcomes] == [
+        ("full@example.org", DeliveryStatus.BOUNCED, True)
+    ]
+    assert (
+        outcomes[0].diagnostic
+        == "bounced already (resend not sent): soft bounce: 4.2.2 mailbox full"
+    )
 
 
 def test_replies_carry_list_unsubscribe_when_configured() -> None:
