@@ -89,7 +89,7 @@ from streams.config import StreamsSettings
 from streams.conversation import conversation_key
 from streams.decoded import DecodedRecords
 from streams.kafka_security import faust_credentials
-from streams.partitions import PartitionedTable
+from streams.partitions import PartitionedTable, split_by_partition
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
 from streams.stall import StallGuard
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
@@ -214,16 +214,18 @@ class FaustTables:
     rates: MutableMapping[str, Any]
     state: MutableMapping[str, Any]
 
-    def at(self, partition: int) -> FaustTables:
+    def at(self, partition: int, state_entries: list[tuple[str, Any]] | None = None) -> FaustTables:
         """The tables as the pipeline sees them for a conversation on ``partition``.
 
         ``runs`` and ``state`` are per conversation (:mod:`streams.partitions`); ``rates`` are
         per sender and recipient, across conversations, and keep faust's key partitioner.
+        ``state_entries``: the partition's state entries, when the caller walked the state once
+        for several partitions (:func:`streams.partitions.split_by_partition`).
         """
         return FaustTables(
             PartitionedTable(self.runs, partition),
             self.rates,
-            PartitionedTable(self.state, partition),
+            PartitionedTable(self.state, partition, state_entries),
         )
 
 
@@ -568,13 +570,21 @@ class StreamsWorker:
         """Time-driven steps (reminders) for the conversations of every partition this worker
         owns, each partition's state written back to that partition; returns them all."""
         total = Outcome()
-        for partition in sorted(self.owned_partitions()):
-            tables = self.tables.at(partition)
-            async with self._lock:
+        owned = sorted(self.owned_partitions())
+        async with self._lock:
+            # One walk of the state for all owned partitions, under one hold of the lock so
+            # that no record changes the state between the walk and a partition's tick. A
+            # partition's tick writes only keys of its own partition.
+            entries = split_by_partition(self.tables.state, owned)
+            outcomes = []
+            for partition in owned:
+                tables = self.tables.at(partition, state_entries=entries[partition])
                 outcome = self.pipeline.tick(now, tables)
                 if outcome.commands or outcome.events:
                     await self.publish(outcome)
                 Pipeline.apply(outcome, tables)
+                outcomes.append(outcome)
+        for outcome in outcomes:
             _log_outputs(outcome)
             total.commands += outcome.commands
             total.events += outcome.events
