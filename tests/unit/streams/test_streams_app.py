@@ -445,3 +445,10 @@ def test_outputs_of_one_record_are_one_log_line(caplog: pytest.LogCaptureFixture
         "command 0123456789ab ticket_intake/acknowledge for demo/mid:a@b; "
         "workflow event ticket_intake TICKET_OPENED T-1"
     ]
+
+
+def test_the_producer_lingers_to_batch_the_pipelined_sends(worker: Any) -> None:
+    """faust's default linger (0) sends a produce request as soon as anything is queued."""
+    w, _ = worker
+    assert w.app.conf.producer_linger == streams_app.PRODUCER_LINGER_S > 0
+    assert w.app.producer.linger_ms == round(streams_app.PRODUCER_LINGER_S * 1000)
