@@ -276,3 +276,54 @@ def test_a_stop_ends_the_start_up_wait_for_a_registry_that_does_not_answer() -> 
     finally:
         timer.cancel()
         stopping.STOP.clear()
+
+
+def _counting_deserializer(serde: AvroSerde) -> list[bytes]:
+    calls: list[bytes] = []
+    deserialize = serde._deserializer
+
+    def counted(data: bytes, ctx: object) -> dict:
+        calls.append(data)
+        return deserialize(data, ctx)
+
+    serde._deserializer = counted
+    return calls
+
+
+def test_confluent_records_of_our_schema_are_read_without_the_deserializer() -> None:
+    """Once the registry's schema of an id was seen to be ours (no rules), its records are read
+    with fastavro directly (issue 29): the same dict as the deserializer's."""
+    kafka = KafkaSettings(bootstrap_servers="a:1", schema_registry_url="mock://serde-fast-test")
+    serde = AvroSerde.for_schema("MailEvent", kafka)
+    data = serde.encode(mail_event(), "mail.events")
+    other = dict(mail_event(), subject="second")
+    second = serde.encode(other, "mail.events")
+    calls = _counting_deserializer(serde)
+    first = serde.decode(data, "mail.events")
+    assert serde.decode(data, "mail.events") == first
+    assert serde.decode(second, "mail.events")["subject"] == "second"
+    assert calls == [data]
+
+
+def test_confluent_records_of_a_schema_text_not_ours_stay_with_the_deserializer() -> None:
+    """Same parsing canonical form, other text (a doc, a logical type): the deserializer reads
+    every record of that id, as before."""
+    from confluent_kafka.schema_registry import Schema
+
+    from connectors.core.avro.registry import registry_client
+
+    url = "mock://serde-foreign-test"
+    kafka = KafkaSettings(bootstrap_servers="a:1", schema_registry_url=url)
+    serde = AvroSerde.for_schema("WorkflowEvent", kafka)
+    raw = dict(load_schema("WorkflowEvent").raw, doc="registered by someone else")
+    schema_id = registry_client(url).register_schema(
+        "mail.workflow-value", Schema(json.dumps(raw), "AVRO")
+    )
+    body = io.BytesIO()
+    value = {"instance_id": "T-1", "workflow": "w", "status": "S", "occurred_at": NOW}
+    fastavro.schemaless_writer(body, fastavro.parse_schema(raw), value)
+    data = CONFLUENT_MAGIC + schema_id.to_bytes(4, "big") + body.getvalue()
+    calls = _counting_deserializer(serde)
+    assert serde.decode(data, "mail.workflow")["instance_id"] == "T-1"
+    assert serde.decode(data, "mail.workflow")["instance_id"] == "T-1"
+    assert calls == [data, data]

@@ -420,3 +420,35 @@ async def test_a_registry_outage_holds_the_forward_until_it_answers(
     opening = mail_record(message_id="<Root@Example.com>")
     assert await w.forward(*encoded(opening)) == b"root@example.com"
     assert [(t, k) for t, k, _ in sent.log] == [("conversations", b"root@example.com")]
+
+
+def test_outputs_of_one_record_are_one_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """One INFO line per record naming every output (issue 29: one per output cost ~1.5 %)."""
+    from streams.pipeline import Outcome
+
+    command: Any = {
+        "command_id": "0123456789abcdef",
+        "workflow": "ticket_intake",
+        "step": "acknowledge",
+        "event_key": "demo/mid:a@b",
+    }
+    event: Any = {
+        "workflow": "ticket_intake",
+        "status": "TICKET_OPENED",
+        "instance_id": "T-1",
+        "attributes": {},
+    }
+    with caplog.at_level("INFO", "streams.app"):
+        streams_app._log_outputs(Outcome(commands=[command], events=[event]))
+        streams_app._log_outputs(Outcome())
+    assert caplog.messages == [
+        "command 0123456789ab ticket_intake/acknowledge for demo/mid:a@b; "
+        "workflow event ticket_intake TICKET_OPENED T-1"
+    ]
+
+
+def test_the_producer_lingers_to_batch_the_pipelined_sends(worker: Any) -> None:
+    """faust's default linger (0) sends a produce request as soon as anything is queued."""
+    w, _ = worker
+    assert w.app.conf.producer_linger == streams_app.PRODUCER_LINGER_S > 0
+    assert w.app.producer.linger_ms == round(streams_app.PRODUCER_LINGER_S * 1000)
