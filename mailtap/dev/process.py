@@ -165,8 +165,29 @@ def tie_services_to_this_process() -> None:
     _tied = True
 
 
-def die_with_parent() -> Callable[[], None]:
-    """A ``preexec_fn`` that makes the child get SIGKILL when the *thread* that forked it ends
+#: What a tied service runs under (``sh -c GROUP_GUARD sh ARGV...``): the service as its child,
+#: in its process group, and at PR_SET_PDEATHSIG's SIGUSR1 (the session ended) a SIGKILL to the
+#: whole group. PR_SET_PDEATHSIG alone reaches only the process we started: the servers a
+#: service forks stay behind (Cyrus's imapd and idled outlived a killed test session). Other
+#: signals are trapped to nothing, not ignored (an ignored one would be ignored by the service
+#: too): a SIGTERM to the group stops the service as before, and the guard ends with it,
+#: with its status.
+GROUP_GUARD = """
+trap 'kill -KILL 0' USR1
+trap ':' TERM INT HUP
+"$@" &
+service=$!
+while :; do
+    wait "$service"
+    status=$?
+    kill -0 "$service" 2>/dev/null || exit "$status"
+done
+"""
+
+
+def die_with_parent(signal_number: int = signal.SIGKILL) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get ``signal_number`` (SIGKILL) when the *thread*
+    that forked it ends
     (``PR_SET_PDEATHSIG``, Linux): call it from the thread that lives as long as the child
     should — the main thread of a test session or of a command.
 
@@ -179,7 +200,7 @@ def die_with_parent() -> Callable[[], None]:
     libc = ctypes.CDLL(None, use_errno=True)
 
     def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal_number, 0, 0, 0)
         if os.getppid() != parent:
             os._exit(1)
 
@@ -197,13 +218,17 @@ def spawn(
 
     Returns the process id, which is also the process-group id. The process outlives the caller
     (``mailtap dev up`` returns while the services keep running) unless
-    :func:`tie_services_to_this_process` was called. ``user``: run as that user (and its
-    group) from the start; needs root.
+    :func:`tie_services_to_this_process` was called: then the process is a shell
+    (:data:`GROUP_GUARD`) that runs ``argv`` and takes its whole group down when the caller
+    ends. ``user``: run as that user (and its group) from the start; needs root.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = list(argv)
+    if _tied:
+        command = ["/bin/sh", "-c", GROUP_GUARD, "sh", *command]
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            list(argv),
+            command,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -215,7 +240,7 @@ def spawn(
             user=user,
             group=grp.getgrgid(pwd.getpwnam(user).pw_gid).gr_name if user else None,
             extra_groups=[] if user else None,
-            preexec_fn=die_with_parent() if _tied else None,
+            preexec_fn=die_with_parent(signal.SIGUSR1) if _tied else None,
         )
     return proc.pid
 

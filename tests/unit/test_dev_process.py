@@ -165,7 +165,9 @@ from pathlib import Path
 from mailtap.dev import process
 if sys.argv[1] == "tied":
     process.tie_services_to_this_process()
-print(process.spawn(["sleep", "600"], Path(sys.argv[2])), flush=True)
+# The service forks a server of its own that does not watch it (as Cyrus's master does).
+forks = f"sleep 600 & echo $! > {sys.argv[3]}; sleep 600"
+print(process.spawn(["/bin/sh", "-c", forks], Path(sys.argv[2])), flush=True)
 time.sleep(600)
 """
 
@@ -174,26 +176,43 @@ time.sleep(600)
 def test_a_tied_service_ends_with_a_kill_9_of_the_process_that_started_it(
     tmp_path: Path, tied: bool
 ) -> None:
-    """A test session's services die with it (PR_SET_PDEATHSIG); `mailtap dev up`'s outlive it."""
+    """A test session's services die with it, with the processes they forked (PR_SET_PDEATHSIG
+    and the group guard); `mailtap dev up`'s outlive it."""
     import os
     import signal
     import subprocess
     import time
 
     starter = subprocess.Popen(
-        [sys.executable, "-c", _STARTER, "tied" if tied else "untied", str(tmp_path / "s.log")],
+        [
+            sys.executable,
+            "-c",
+            _STARTER,
+            "tied" if tied else "untied",
+            str(tmp_path / "s.log"),
+            str(tmp_path / "forked.pid"),
+        ],
         stdout=subprocess.PIPE,
         start_new_session=True,
     )
     assert starter.stdout is not None
     service = int(starter.stdout.readline())
+    pid_file = tmp_path / "forked.pid"
+    deadline = time.monotonic() + 10
+    while not pid_file.read_text().strip() if pid_file.exists() else True:
+        assert time.monotonic() < deadline, "the service did not fork"
+        time.sleep(0.05)
+    forked = int(pid_file.read_text())
     try:
-        assert process.is_alive(service)
+        assert process.is_alive(service) and process.is_alive(forked)
         os.kill(starter.pid, signal.SIGKILL)
         starter.wait()
         deadline = time.monotonic() + 10
-        while process.is_alive(service) and time.monotonic() < deadline:
+        while (process.is_alive(service) or process.is_alive(forked)) and (
+            time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         assert process.is_alive(service) is not tied
+        assert process.is_alive(forked) is not tied
     finally:
         process.stop_group(service)
