@@ -171,7 +171,8 @@ def tie_services_to_this_process() -> None:
 #: service forks stay behind (Cyrus's imapd and idled outlived a killed test session). Other
 #: signals are trapped to nothing, not ignored (an ignored one would be ignored by the service
 #: too): a SIGTERM to the group stops the service as before, and the guard ends with it,
-#: with its status.
+#: with its status. The service's own pid (a pid file's) is then not its group's id: stop a
+#: group found that way by ``os.getpgid(pid)``.
 GROUP_GUARD = """
 trap 'kill -KILL 0' USR1
 trap ':' TERM INT HUP

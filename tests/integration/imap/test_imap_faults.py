@@ -6,6 +6,7 @@ once: nothing lost, no duplicate record.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import tempfile
@@ -179,7 +180,8 @@ def private_dovecot() -> Iterator[tuple[dovecot.DovecotLayout, int]]:
         process.stop_group(pid)
         restarted = dovecot.leftover_master(layout)  # the test starts it again under a new pid
         if restarted is not None:
-            process.stop_group(restarted)
+            # The master's group: in a test session it runs under process.spawn's group guard.
+            process.stop_group(os.getpgid(restarted))
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(layout.mail_dir, ignore_errors=True)
 
@@ -195,7 +197,7 @@ def test_dovecot_stopped_and_restarted_the_source_recovers_and_catches_up(
         wait_for(lambda: imap.cursor_at(5), "first pass")
         pid = dovecot.leftover_master(layout)
         assert pid is not None
-        process.stop_group(pid)
+        process.stop_group(os.getpgid(pid))  # its group: the master runs under the group guard
         worker = source.workers[0]
         wait_for(lambda: "BACKOFF" in [s.value for s in worker.machine.history], "disconnect")
         new_pid = dovecot.start(layout)
