@@ -16,6 +16,11 @@ failed run does not pile up on the next. The pytest process itself never counts.
 process that both lost the id (a cleaned or overwritten environment) and left the pytest
 process's tree and sessions (re-parented after its starter exited).
 
+When the pytest process dies without reaching the session's end (a kill -9, a CI timeout), a
+reaper it started at session start (its own process, in its own session, reading a pipe only
+pytest writes to) sees the pipe's end of file and kills this run's processes the same way:
+those a test started with a plain ``subprocess.Popen``, which nothing else ties to pytest.
+
 Services kept on purpose between runs (``MAILTAP_TEST_STATE_DIR``) are excluded by their process
 groups (:func:`keep`); those started by an earlier run do not carry this run's id at all. A
 service the suite started and did not keep is checked like everything else.
@@ -28,6 +33,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable
@@ -45,6 +53,17 @@ GRACE_ENV = "MAILTAP_TEST_LEFTOVER_GRACE_S"
 
 #: Process groups of services kept on purpose after the session (see keep()).
 _kept_groups: set[int] = set()
+#: The reaper (see the module docstring) and the file it reads the kept groups from.
+_reaper: subprocess.Popen[bytes] | None = None
+_kept_file: Path | None = None
+#: What pytest writes to the reaper at a normal session end: nothing to reap.
+_DONE = b"done"
+_REAPER = """
+import sys
+sys.path.insert(0, sys.argv[3])
+from tests.support import leftovers
+leftovers.reap_when_orphaned(sys.argv[1], sys.argv[2])
+"""
 #: Helpers Python's multiprocessing starts once per interpreter (the "spawn" context of the IMAP
 #: parse processes starts the resource tracker) and ends when the interpreter exits: a child of
 #: the pytest process running one of these is not a leftover.
@@ -74,6 +93,8 @@ class _Stat:
 def keep(pgids: Iterable[int]) -> None:
     """Exclude these process groups from the check: services kept running on purpose."""
     _kept_groups.update(pgids)
+    if _kept_file is not None:
+        _kept_file.write_text(" ".join(str(pgid) for pgid in sorted(_kept_groups)))
 
 
 def _stat(pid: int) -> _Stat | None:
@@ -168,15 +189,64 @@ def kill(leftovers: Iterable[Leftover]) -> None:
             os.kill(leftover.pid, signal.SIGKILL)
 
 
+def reap_when_orphaned(run_id: str, kept_file: str) -> None:
+    """The reaper: block until pytest ends; unless it said the session ended normally, kill
+    every process of ``run_id`` but the kept groups' (again, while any is left: a process
+    being killed may have just forked)."""
+    if sys.stdin.buffer.read() == _DONE:
+        return
+    for _ in range(20):
+        kept = {int(pgid) for pgid in Path(kept_file).read_text().split()}
+        found = find_leftovers(run_id, ignore_pids={os.getpid()}, ignore_groups=kept)
+        if not found:
+            break
+        kill(found)
+        time.sleep(0.1)
+    with contextlib.suppress(OSError):
+        os.unlink(kept_file)
+
+
+def _start_reaper(run_id: str) -> None:
+    global _reaper, _kept_file
+    handle, name = tempfile.mkstemp(prefix="mailtap-test-kept-")
+    os.close(handle)
+    _kept_file = Path(name)
+    _kept_file.write_text(" ".join(str(pgid) for pgid in sorted(_kept_groups)))
+    env = {k: v for k, v in os.environ.items() if k != RUN_ENV}  # not one of the run's own
+    _reaper = subprocess.Popen(
+        [sys.executable, "-c", _REAPER, run_id, name, str(Path(__file__).resolve().parents[2])],
+        stdin=subprocess.PIPE,
+        env=env,
+        start_new_session=True,  # out of reach of a signal to pytest's process group
+    )
+
+
+def _stop_reaper() -> None:
+    global _reaper, _kept_file
+    if _reaper is None:
+        return
+    assert _reaper.stdin is not None
+    with contextlib.suppress(OSError):
+        _reaper.stdin.write(_DONE)
+        _reaper.stdin.close()
+    _reaper.wait(30)
+    _reaper = None
+    if _kept_file is not None:
+        _kept_file.unlink(missing_ok=True)
+        _kept_file = None
+
+
 # --- the plugin ---------------------------------------------------------------------------------
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     # A new id even when one is inherited: a pytest run inside a test checks its own processes.
     os.environ[RUN_ENV] = uuid.uuid4().hex
+    _start_reaper(os.environ[RUN_ENV])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _stop_reaper()
     run_id = os.environ.get(RUN_ENV)
     if not run_id:
         return

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -117,6 +118,51 @@ def test_a_session_that_leaks_a_process_fails_naming_it_and_the_process_is_kille
     finally:
         if process.is_alive(leaked):
             os.kill(leaked, 9)
+
+
+KILLED_TEST = """
+import subprocess
+import time
+from pathlib import Path
+
+
+def test_is_killed_while_its_sleep_runs() -> None:
+    started = subprocess.Popen(["sleep", "3605"])
+    Path("{pid_file}").write_text(str(started.pid))
+    time.sleep(600)
+"""
+
+
+def test_a_kill_9_of_the_session_kills_what_its_tests_started(tmp_path: Path) -> None:
+    """A plain Popen of a test is tied to nothing: when pytest is killed, its reaper kills it."""
+    pid_file = tmp_path / "started.pid"
+    test_file = tmp_path / "test_killed.py"
+    test_file.write_text(KILLED_TEST.format(pid_file=pid_file))
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "tests.support.leftovers", "-q", str(test_file)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    started = 0
+    try:
+        process.wait_until_ready(
+            "inner pytest", inner.pid, lambda: _require(pid_file.exists()), [], WAIT_S
+        )
+        started = int(pid_file.read_text())
+        assert process.is_alive(started)
+        inner.kill()
+        inner.wait(WAIT_S)
+        deadline = time.monotonic() + WAIT_S
+        while process.is_alive(started) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not process.is_alive(started)
+    finally:
+        if inner.poll() is None:
+            inner.kill()
+        if started and process.is_alive(started):
+            os.kill(started, 9)
 
 
 def test_a_session_that_leaks_nothing_passes(tmp_path: Path) -> None:
