@@ -214,7 +214,8 @@ def kube_play(podman, image, services, unique, imap_account, tmp_path, ews_url: 
         "topics",
         "ensure",
     )
-    podman.run("kube", "play", str(play), timeout=300)
+    # --replace: the pods of a run killed before its teardown (same names) would refuse this one.
+    podman.run("kube", "play", "--replace", str(play), timeout=300)
     try:
         deadline = time.monotonic() + 180
         pending = dict(ports)
