@@ -185,27 +185,21 @@ def test_a_soft_bounce_of_this_command_that_suppressed_nobody_is_bounced_already
     message = RenderedMessage(
         "c1", "m1", "s@example.com", ("full@example.org", "b@example.org"), b"x"
     )
-    settings = SuppressionSettings(soft_bounce_limit=3)
-    own = after_bounce(
-        None,
-        "full@example.org",
-        hard=False,
-        status="4.2.2",
-        detail="mailbox full",
-        command_id="c1",
-        now=NOW,
-        settings=settings,
-    )
-    other = after_bounce(
-        None,
-        "b@example.org",
-        hard=False,
-        status="4.2.2",
-        detail="mailbox full",
-        command_id="c0",
-        now=NOW,
-        settings=settings,
-    )
+
+    def soft_bounce(address: str, command_id: str) -> dict[str, Any] | None:
+        return after_bounce(
+            None,
+            address,
+            hard=False,
+            status="4.2.2",
+            detail="mailbox full",
+            command_id=command_id,
+            now=NOW,
+            settings=SuppressionSettings(soft_bounce_limit=3),
+        )
+
+    own = soft_bounce("full@example.org", "c1")
+    other = soft_bounce("b@example.org", "c0")
     assert own is not None and other is not None and not own["suppressed"]
     table = Table({"full@example.org": own, "b@example.org": other})
     kept, outcomes = screen(message, table)  # type: ignore[arg-type]
