@@ -93,6 +93,11 @@ class _Stat:
 def keep(pgids: Iterable[int]) -> None:
     """Exclude these process groups from the check: services kept running on purpose."""
     _kept_groups.update(pgids)
+    _write_kept()
+
+
+def _write_kept() -> None:
+    """The kept groups where the reaper reads them."""
     if _kept_file is not None:
         _kept_file.write_text(" ".join(str(pgid) for pgid in sorted(_kept_groups)))
 
@@ -211,7 +216,7 @@ def _start_reaper(run_id: str) -> None:
     handle, name = tempfile.mkstemp(prefix="mailtap-test-kept-")
     os.close(handle)
     _kept_file = Path(name)
-    _kept_file.write_text(" ".join(str(pgid) for pgid in sorted(_kept_groups)))
+    _write_kept()
     env = {k: v for k, v in os.environ.items() if k != RUN_ENV}  # not one of the run's own
     _reaper = subprocess.Popen(
         [sys.executable, "-c", _REAPER, run_id, name, str(Path(__file__).resolve().parents[2])],
