@@ -79,15 +79,14 @@ def _ephemeral_start() -> int:
         return 32768
 
 
-def _bind_server_port(sock: socket.socket, host: str, taken: set[int]) -> int:
+def _bind_server_port(sock: socket.socket, host: str) -> int:
     """Bind ``sock`` to a free port below the ephemeral range (any port if that range leaves
-    too little room below it) and return the port."""
+    too little room below it) and return the port. A port another held socket is bound to
+    refuses the bind like any taken one."""
     top = _ephemeral_start()
     if top - LOWEST_SERVER_PORT >= 1000:
         for _ in range(200):
             port = random.randrange(LOWEST_SERVER_PORT, top)
-            if port in taken:
-                continue
             try:
                 sock.bind((host, port))
             except OSError:
@@ -118,10 +117,7 @@ def reserved_ports(count: int, host: str = "127.0.0.1") -> Iterator[list[int]]:
     """
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
-        ports: list[int] = []
-        for sock in sockets:
-            ports.append(_bind_server_port(sock, host, set(ports)))
-        yield ports
+        yield [_bind_server_port(sock, host) for sock in sockets]
     finally:
         for sock in sockets:
             sock.close()
