@@ -44,6 +44,15 @@ class _Watched:
     since: float  # the last delivery (or expectation, or seek) on the partition
 
 
+@dataclass
+class _Given:
+    """What agents were given of one partition in one consumer generation."""
+
+    generation: int
+    first: int
+    last: int
+
+
 class StallGuard:
     """Per owned stream partition: the next offset an agent should be given, and since when."""
 
@@ -53,18 +62,38 @@ class StallGuard:
         self.stall_s = stall_s
         self.clock = clock
         self._watched: dict[Any, _Watched] = {}
+        self._given: dict[Any, _Given] = {}
 
-    def expect(self, targets: Mapping[Any, int]) -> None:
-        """A settled generation's re-seek: exactly these partitions, from these offsets."""
+    def expect(self, targets: Mapping[Any, int], generation: int | None = None) -> None:
+        """A settled generation's re-seek: exactly these partitions, from these offsets (or
+        from one past the last record given in ``generation``, when that is further)."""
         now = self.clock()
-        self._watched = {tp: _Watched(offset, now) for tp, offset in targets.items()}
+        self._watched = {}
+        for tp, offset in targets.items():
+            given = self._given.get(tp)
+            if given is not None and given.generation == generation:
+                offset = max(offset, given.last + 1)
+            self._watched[tp] = _Watched(offset, now)
+
+    def given_from(self, tp: Any, generation: int, offset: int) -> bool:
+        """Whether the agents were given ``tp`` in ``generation`` starting at or before
+        ``offset``: then no record from ``offset`` on was skipped before the first delivery,
+        and a re-seek there would only read again what was handled (streams.app)."""
+        given = self._given.get(tp)
+        return given is not None and given.generation == generation and given.first <= offset
 
     def forget(self) -> None:
         """A rebalance began: nothing is watched until the next generation settles."""
         self._watched = {}
 
-    def delivered(self, tp: Any, offset: int) -> None:
-        """An agent was given the record at ``offset`` of ``tp``."""
+    def delivered(self, tp: Any, offset: int, generation: int = 0) -> None:
+        """An agent was given the record at ``offset`` of ``tp``, fetched in ``generation``
+        (faust passes a stream only records of the current generation)."""
+        given = self._given.get(tp)
+        if given is None or given.generation != generation:
+            self._given[tp] = _Given(generation, offset, offset)
+        else:
+            given.last = offset
         watched = self._watched.get(tp)
         if watched is None:
             return

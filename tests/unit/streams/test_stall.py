@@ -126,3 +126,30 @@ async def test_only_the_settled_generation_is_watched() -> None:
     guard.forget()  # a rebalance began
     clock.now += 60
     assert await guard.check(consumer) == {}
+
+
+def test_given_from_says_whether_a_generation_was_delivered_from_an_offset_on() -> None:
+    guard = StallGuard()
+    assert not guard.given_from(CONVERSATIONS, 3, 0)  # nothing given: maybe skipped
+    guard.delivered(CONVERSATIONS, 4, generation=2)
+    guard.delivered(CONVERSATIONS, 5, generation=3)  # the first of generation 3
+    guard.delivered(CONVERSATIONS, 6, generation=3)
+    assert guard.given_from(CONVERSATIONS, 3, 5)
+    assert guard.given_from(CONVERSATIONS, 3, 6)  # began before: nothing skipped from 6 on
+    assert not guard.given_from(CONVERSATIONS, 3, 4)  # 4 may have been fetched and dropped
+    assert not guard.given_from(CONVERSATIONS, 4, 5)  # another generation's deliveries
+    assert not guard.given_from(EVENTS, 3, 0)
+
+
+async def test_a_partition_read_past_the_target_is_watched_from_its_last_delivery() -> None:
+    clock = Clock()
+    guard = StallGuard(stall_s=30, clock=clock)
+    for offset in range(10):
+        guard.delivered(CONVERSATIONS, offset, generation=3)
+    guard.expect({CONVERSATIONS: 0}, generation=3)
+    consumer = FakeConsumer({CONVERSATIONS: 10})  # all of it handled: nothing to seek
+    clock.now += 60
+    assert await guard.check(consumer) == {}
+    consumer.ends[CONVERSATIONS] = 11
+    clock.now += 30
+    assert await guard.check(consumer) == {CONVERSATIONS: 10}

@@ -321,6 +321,27 @@ async def test_settled_generation_rewinds_events_to_committed_or_earliest(
     assert len(fake.seeks) == 2
 
 
+async def test_settled_generation_leaves_partitions_delivered_from_their_target(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    """A partition the agents were given from its committed (or earliest) offset on in this
+    generation skipped nothing: rewinding it would hand them again what they handled."""
+    w, _ = worker
+    fake = FakeConsumer(KAFKA.topics.events)
+    fake.committed[TP(KAFKA.topics.events, 2)] = None
+    w.app.consumer = fake
+    w.app.consumer_generation_id = 3
+    events = KAFKA.topics.events
+    w.stall_guard.delivered(TP(events, 0), 7, 3)  # from the committed offset
+    w.stall_guard.delivered(TP(events, 0), 8, 3)
+    w.stall_guard.delivered(TP(events, 1), 5, 3)  # 2 to 4 were fetched and dropped
+    w.stall_guard.delivered(TP(events, 2), 2, 2)  # the earliest, but in the last generation
+    await w._reseek_after_rebalance()
+    await w._reseek_after_rebalance()
+    assert sorted(fake.seeks) == [(1, 2), (2, 2)]
+    assert w._reseeked_generation == 3
+
+
 class RevokingConsumer(FakeConsumer):
     """A rebalance revokes partition 1 between ``seek_to_committed`` and the seeks (aiokafka
     raises IllegalStateError for a seek of an unassigned partition)."""
