@@ -103,6 +103,18 @@ class OutputAcks:
         if self.failure is not None:
             raise OutputLost(f"an output was not acknowledged by Kafka: {self.failure!r}")
 
+    def fail(self, exc: BaseException) -> asyncio.Future[None] | None:
+        """A send Kafka refused: nothing deferred runs from now on and :meth:`settled` raises;
+        returns the task of ``on_failure``, which stops the worker (for the first failure only).
+        """
+        if self.failure is not None:
+            return None
+        self.failure = exc
+        log.error("an output was not acknowledged, the worker stops: %r", exc)
+        if self._on_failure is None:
+            return None
+        return asyncio.ensure_future(self._on_failure(exc))
+
     async def _settle(self, previous: _Batch | None, batch: _Batch) -> None:
         if previous is not None and previous.task is not None:
             await previous.task  # in order: a batch's writes never overtake an earlier batch's
@@ -110,10 +122,9 @@ class OutputAcks:
             try:
                 await asyncio.gather(*batch.futures)
             except Exception as exc:  # the send's own error, whatever Kafka said
-                self.failure = exc
-                log.error("an output was not acknowledged, the worker stops: %r", exc)
-                if self._on_failure is not None:
-                    await self._on_failure(exc)
+                stopping = self.fail(exc)
+                if stopping is not None:
+                    await stopping
         if self.failure is None:
             for write in batch.writes:
                 write()

@@ -55,6 +55,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import faust
@@ -91,6 +92,7 @@ from streams.decoded import DecodedRecords
 from streams.kafka_security import faust_credentials
 from streams.partitions import PartitionedTable, split_by_partition
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
+from streams.sends import ProducerSends, table_bytes
 from streams.stall import StallGuard
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
 
@@ -155,6 +157,7 @@ class _ReadCommittedConsumer(aiokafka_driver.Consumer):
         """
         app: StreamsApp = self.app  # type: ignore[assignment]  # faust types it as AppT
         await app.output_acks.settled()
+        await app.sends.settled()  # the changelog records the line above released
         return await super()._commit_offsets(offsets, start_new_transaction)
 
 
@@ -164,7 +167,20 @@ class _ReadCommittedTransport(aiokafka_driver.Transport):
 
 class GatedTable(faust.Table[Any, Any]):
     """A faust Table whose changelog records wait for the outputs sent before them
-    (:meth:`streams.acks.OutputAcks.defer`); the in-memory value changes at once."""
+    (:meth:`streams.acks.OutputAcks.defer`) and go straight to the producer
+    (:mod:`streams.sends`); the in-memory value changes at once.
+
+    Its keys and values are JSON (the tables' schema); a deletion is faust's tombstone (a null
+    value, ``value_serializer="raw"``).
+    """
+
+    def on_key_set(self, key: Any, value: Any) -> None:
+        # faust's Table.on_key_set also expires windowed keys (these tables are not windowed)
+        # and calls the sensors (nothing of ours reads them).
+        self.send_changelog(None, key, value)
+
+    def on_key_del(self, key: Any) -> None:
+        self.send_changelog(None, key, None, value_serializer="raw")
 
     def send_changelog(
         self,
@@ -174,21 +190,16 @@ class GatedTable(faust.Table[Any, Any]):
         key_serializer: Any = None,
         value_serializer: Any = None,
     ) -> Any:
-        # What Collection.send_changelog does (faust/tables/base.py), with the producer's
-        # send_soon deferred: the message, its partition fixed now, is what callers read.
-        fut = self.changelog_topic.as_future_message(
-            key=key,
-            value=value,
-            partition=partition,
-            key_serializer=key_serializer or self.key_serializer,
-            value_serializer=value_serializer or self.value_serializer,
-            callback=self._on_changelog_sent,
-            eager_partitioning=True,
-        )
+        """Queue the changelog record of ``key``, on ``partition`` or, when None, on the
+        partition faust's partitioner gives the key (``use_partitioner``); returns None (faust's
+        returns its message, which nothing here reads)."""
         app: StreamsApp = self.app  # type: ignore[assignment]  # faust types it as AppT
-        producer = app.producer
-        app.output_acks.defer(lambda: producer.send_soon(fut))
-        return fut
+        topic = self.changelog_topic.get_topic_name()
+        key_bytes = table_bytes(key)
+        value_bytes = value if value_serializer == "raw" else table_bytes(value)
+        if partition is None:
+            partition = app.producer.key_partition(topic, key_bytes).partition
+        app.output_acks.defer(partial(app.sends.queue, topic, partition, key_bytes, value_bytes))
 
 
 class StreamsApp(faust.App):
@@ -198,6 +209,12 @@ class StreamsApp(faust.App):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, Table=GatedTable, **kwargs)
         self.output_acks = OutputAcks(on_failure=self._stop_on_lost_output)
+        #: Outputs and changelog records, straight to the producer (streams.sends).
+        self.sends = ProducerSends(self._aiokafka_producer, self.output_acks)
+
+    def _aiokafka_producer(self) -> Any:
+        # faust's aiokafka driver: its producer, started before any agent runs.
+        return self.producer._ensure_producer()  # type: ignore[attr-defined]
 
     async def _stop_on_lost_output(self, exc: BaseException) -> None:
         # A crash stops the worker with an error (mode's Worker re-raises the reason); its
@@ -351,7 +368,8 @@ class StreamsWorker:
             table_standby_replicas=0,
         )
         self.events_topic = self._topic(kafka.topics.events)
-        self.conversations_topic = self._topic(conversations_topic_name(settings.app_id))
+        self.conversations_topic_name = conversations_topic_name(settings.app_id)
+        self.conversations_topic = self._topic(self.conversations_topic_name)
         self.commands_topic = self._topic(kafka.topics.commands)
         self.workflow_topic = self._topic(kafka.topics.workflow)
         self.tables = FaustTables(
@@ -405,8 +423,8 @@ class StreamsWorker:
             self.decoded.put(value, record)
         except DataError:
             conversation = key or b""  # reported by the conversation agent, under its own key
-        sent = await self.conversations_topic.send(
-            key=conversation, value=value, headers=headers or None
+        sent = await self.app.sends.send(
+            self.conversations_topic_name, conversation, value, headers=headers
         )
         self.app.output_acks.hold([sent])
         return conversation
@@ -436,6 +454,9 @@ class StreamsWorker:
             )
             for hook in self.outcome_hooks:
                 hook(outcome, True)
+            # The producer may hold changelog records back (a partition's batch full): the
+            # next record waits rather than letting them pile up (streams.sends).
+            await self.app.sends.wait_for_room()
 
     async def on_record(
         self,
@@ -636,26 +657,21 @@ class StreamsWorker:
         event's headers), or starts a trace of its own (a reminder from a tick).
         """
         pending = []
+        send = self.app.sends.send
+        commands, workflow = self.kafka.topics.commands, self.kafka.topics.workflow
         for command in outcome.commands:
             headers = (
                 tracing.child_headers("workflow.command", trace_parent)
                 if self.kafka.tracing.enabled
                 else None
             )
+            value = self.command_serde.encode(command, commands)
             pending.append(
-                await self.commands_topic.send(
-                    key=command["command_id"].encode(),
-                    value=self.command_serde.encode(command, self.kafka.topics.commands),
-                    headers=headers,
-                )
+                await send(commands, command["command_id"].encode(), value, headers=headers)
             )
         for event in outcome.events:
-            pending.append(
-                await self.workflow_topic.send(
-                    key=event["instance_id"].encode(),
-                    value=self.workflow_serde.encode(event, self.kafka.topics.workflow),
-                )
-            )
+            value = self.workflow_serde.encode(event, workflow)
+            pending.append(await send(workflow, event["instance_id"].encode(), value))
         self.app.output_acks.hold(pending)
 
     def run(

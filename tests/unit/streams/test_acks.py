@@ -14,6 +14,7 @@ from faust.types import TP
 from streams.acks import OutputAcks
 from streams.app import _ReadCommittedConsumer
 from streams.errors import OutputLost
+from streams.sends import ProducerSends
 
 EVENTS = TP("mail.events", 0)
 
@@ -95,6 +96,7 @@ def _consumer(acks: OutputAcks, committed: list[dict[TP, int]]) -> Any:
 
     consumer.app = SimpleNamespace(
         output_acks=acks,
+        sends=ProducerSends(lambda: None, acks),
         producer=SimpleNamespace(flush=flush),
         tables=SimpleNamespace(on_commit=lambda offsets: None),
         monitor=SimpleNamespace(on_tp_commit=lambda offsets: None),

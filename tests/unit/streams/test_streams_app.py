@@ -1,8 +1,9 @@
 """The faust app in-process with ``agent.test_context()`` and the memory store.
 
-No broker: the topics' ``send`` is replaced by a recorder and the producer's partitioner by a
-constant (faust needs a started producer to place changelog records of ``use_partitioner``
-tables). Everything else — decoding, the agent, the tables, the timer body — is the real code.
+No broker: the worker's sends (``streams.sends``) are replaced by a recorder and the producer's
+partitioner by a constant (faust needs a started producer to place changelog records of
+``use_partitioner`` tables). Everything else — decoding, the agent, the tables, the timer body,
+the acknowledgement gate — is the real code.
 """
 
 from __future__ import annotations
@@ -34,20 +35,41 @@ EVENT = AvroSerde.for_schema("WorkflowEvent")
 
 
 class Recorder:
-    """Stands in for Kafka: what was sent where, in order, including changelog writes."""
+    """Stands in for Kafka: what was sent where, in order, including changelog writes.
 
-    def __init__(self) -> None:
+    Outputs are logged under a short name (``commands``, ``workflow``, ``conversations``);
+    ``overrides[name]`` replaces the send of one of them (a send left unacknowledged, or lost).
+    """
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
         self.log: list[tuple[str, bytes | None, Any]] = []
         self.placed: list[tuple[str, int | None]] = []
+        self.overrides: dict[str, Any] = {}
 
-    def sender(self, topic: str) -> Any:
-        async def send(*, key: bytes, value: bytes, headers: Any = None) -> asyncio.Future[None]:
-            self.log.append((topic, key, value))
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        *,
+        partition: int | None = None,
+        headers: Any = None,
+    ) -> asyncio.Future[None]:
+        name = self.names.get(topic, topic)
+        if name in self.overrides:
+            return cast(
+                asyncio.Future[None],
+                await self.overrides[name](key=key, value=value, headers=headers),
+            )
+        self.log.append((name, key, value))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
-        return send
+    def queue(self, topic: str, partition: int | None, key: bytes | None, value: Any) -> None:
+        self.log.append((topic, key, value))
+        self.placed.append((topic, partition))
 
     def partitions(self) -> list[tuple[str, int | None]]:
         """(topic, partition) of every changelog write."""
@@ -83,17 +105,16 @@ def worker(tmp_path: Path) -> Iterator[tuple[StreamsWorker, Recorder]]:
     )
     # The mails are built at streams.testing.EPOCH: the worker reads them then, not today.
     w = StreamsWorker(settings, KAFKA, partitions=3, clock=lambda: EPOCH)
-    recorder = Recorder()
-    w.commands_topic.send = recorder.sender("commands")
-    w.workflow_topic.send = recorder.sender("workflow")
+    recorder = Recorder(
+        {
+            KAFKA.topics.commands: "commands",
+            KAFKA.topics.workflow: "workflow",
+            w.conversations_topic_name: "conversations",
+        }
+    )
+    w.app.sends.send = recorder.send  # type: ignore[method-assign]
+    w.app.sends.queue = recorder.queue  # type: ignore[method-assign]
     w.app.producer.key_partition = lambda topic, key: TP(topic, 0)
-
-    def send_soon(fut: Any) -> None:
-        topic = fut.message.channel.get_topic_name()
-        recorder.log.append((topic, fut.message.key, fut.message.value))
-        recorder.placed.append((topic, fut.message.partition))
-
-    w.app.producer.send_soon = send_soon
     yield w, recorder
 
 
@@ -138,7 +159,7 @@ async def test_table_writes_reach_the_changelog_only_after_the_outputs_were_ackn
         acks.append(asyncio.get_running_loop().create_future())
         return acks[-1]
 
-    w.commands_topic.send = send
+    sent.overrides["commands"] = send
     opening = mail_record(message_id="req@example.com")
     await w.on_record(*encoded(opening))
     assert sent.topics() == ["commands", "workflow"]  # nothing durable in the tables yet
@@ -165,7 +186,7 @@ async def test_a_lost_command_leaves_its_dedupe_mark_out_of_the_changelog(
         crashed.append(exc)
 
     w.app.crash = crash  # type: ignore[method-assign]
-    w.commands_topic.send = send
+    sent.overrides["commands"] = send
     await w.on_record(*encoded(mail_record()))
     with pytest.raises(OutputLost):
         await w.app.output_acks.settled()
@@ -176,8 +197,7 @@ async def test_a_lost_command_leaves_its_dedupe_mark_out_of_the_changelog(
 async def test_a_forwarded_record_is_decoded_once_for_both_agents(
     worker: tuple[StreamsWorker, Recorder],
 ) -> None:
-    w, sent = worker
-    w.conversations_topic.send = sent.sender("conversations")
+    w, _ = worker
     decodes: list[bytes] = []
     decode = w.mail_serde.decode
 
@@ -199,7 +219,6 @@ async def test_mail_events_are_rekeyed_by_conversation_with_value_and_headers_un
     worker: tuple[StreamsWorker, Recorder],
 ) -> None:
     w, sent = worker
-    w.conversations_topic.send = sent.sender("conversations")
     opening = mail_record(message_id="<Root@Example.com>")
     reply = mail_record(
         message_id="r2@example.com",
@@ -436,7 +455,6 @@ async def test_a_registry_outage_holds_the_forward_until_it_answers(
 ) -> None:
     w, sent = worker
     monkeypatch.setattr(streams_app, "REGISTRY_RETRY_FIRST_S", 0.01)
-    w.conversations_topic.send = sent.sender("conversations")
     w.mail_serde = cast(Any, _RegistryDownFor(w.mail_serde, outages=2))
     opening = mail_record(message_id="<Root@Example.com>")
     assert await w.forward(*encoded(opening)) == b"root@example.com"
