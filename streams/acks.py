@@ -14,8 +14,9 @@ of :mod:`streams.app` are kept by ordering instead of waiting:
   outputs are durable;
 - :meth:`OutputAcks.settled` is the commit barrier: the consumer awaits it before it commits
   any offset (``_ReadCommittedConsumer._commit_offsets``), so an offset is committed only
-  after every send of every record up to it succeeded and its changelog writes were queued
-  (faust flushes those right after, before the commit).
+  after every send of every record up to it succeeded and its changelog writes were queued;
+  the consumer then awaits :meth:`streams.sends.ProducerSends.settled`, the acknowledgements
+  of those changelog records (a refused one fails the barrier through :meth:`OutputAcks.fail`).
 
 A failed send poisons the barrier: later changelog writes are dropped (the in-memory state is
 ahead of what was sent, and the worker stops), :meth:`settled` raises :class:`OutputLost`
