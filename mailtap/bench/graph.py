@@ -19,7 +19,6 @@ Figures, never assertions; the machine is shared, so only the ratio compares acr
 from __future__ import annotations
 
 import contextlib
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from connectors.core.config import KafkaSettings, MailtapConfig, TopicNames, con
 from connectors.core.kafka.topics import ensure_topics
 from connectors.graph.source import GraphSource
 from mailtap.bench.ingest import _services
+from mailtap.dev.process import free_port
 
 __all__ = ["bench_graph"]
 
@@ -48,12 +48,6 @@ def _rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _kafka(bootstrap: str) -> KafkaSettings:
@@ -143,7 +137,7 @@ def _latency(graph: Any, kafka: KafkaSettings, work: Path, samples: int) -> dict
     user = "latency@example.com"
     graph.add_mailbox(user)
     pair = graph.issue_webhook_certificate(work / "hook")
-    port = _free_port()
+    port = free_port()
     notifications = {
         "mode": "webhook",
         "public_url": f"https://127.0.0.1:{port}",

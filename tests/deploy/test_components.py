@@ -18,7 +18,7 @@ import pytest
 from imapclient import IMAPClient
 
 from mailtap.dev import scenario
-from mailtap.dev.process import free_port
+from mailtap.dev.process import free_port, free_ports
 from tests.deploy.containers import (
     healthz,
     logs,
@@ -117,10 +117,10 @@ def running(image, docker_api, volume, services, unique, imap_account) -> Iterat
     ensure = mailtap_container(image, ["topics", "ensure"], CONFIG, env, volume)
     code, output = run_once(ensure)
     assert code == 0, output
-    containers, ports = {}, {}
+    containers = {}
+    ports = dict(zip(COMPONENTS, free_ports(len(COMPONENTS)), strict=True))
     try:
         for name in COMPONENTS:
-            ports[name] = free_port()
             container = mailtap_container(
                 image,
                 ["run", name],

@@ -35,7 +35,7 @@ def private_broker(prefix: str) -> Iterator[PrivateKafka]:
     every process it ran is stopped and the folder removed on the way out."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     layout = kafka.KafkaLayout(root)
-    broker, controller = process.free_port(), process.free_port()
+    broker, controller = process.free_ports(2)
     kafka.render(layout, "127.0.0.1", broker, controller)
     kafka.prepare_storage(layout, broker, controller)
     broker_ = PrivateKafka(layout, f"127.0.0.1:{broker}", [])

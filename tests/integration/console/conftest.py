@@ -27,7 +27,7 @@ from connectors.core.config import MailtapConfig, load_config
 from connectors.core.kafka.clients import producer_config
 from mailtap.components import Component, wait_for
 from mailtap.dev import scenario
-from mailtap.dev.process import free_port
+from mailtap.dev.process import free_ports
 from mailtap.trace import read_records
 
 STAGE_S = 150.0
@@ -214,8 +214,8 @@ def console_stack(
     run = uuid.uuid4().hex[:10]
     tmp = tmp_path_factory.mktemp("console")
     user = services.add_user(f"console-{run}@example.com", "pw")
-    port = free_port()
-    health_ports = {name: free_port() for name in PIPELINE}
+    port, *pipeline_ports = free_ports(1 + len(PIPELINE))
+    health_ports = dict(zip(PIPELINE, pipeline_ports, strict=True))
     config_path = _config(services, run, user, tmp, port, health_ports["imap-source"])
     cfg = load_config(config_path)
     ticket = scenario.ticket_request(run)

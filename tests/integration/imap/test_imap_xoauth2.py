@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import socket
 import ssl
 import threading
 import time
@@ -88,17 +87,11 @@ def _introspection_server(tokens: Introspection) -> ThreadingHTTPServer:
     return _form_server(answer)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def oauth_dovecot(tmp_path: Path) -> Iterator[OAuthDovecot]:
     tokens = Introspection()
     introspection = _introspection_server(tokens)
-    port = _free_port()
+    port = process.free_port()
     layout = dev_dovecot.layout_for(tmp_path / "dovecot-state")
     dev_dovecot.render(layout, "127.0.0.1", port)
     oauth2_conf = layout.root / "dovecot-oauth2.conf.ext"
@@ -305,7 +298,7 @@ def test_a_refused_client_is_permanent_and_an_endpoint_outage_is_transient(
     assert classify(outage.value) is Disposition.RETRY
     token_endpoint.status = 200
     elsewhere = _oauth2(token_endpoint, secret="a-third-secret") | {
-        "token_url": f"https://127.0.0.1:{_free_port()}/token"
+        "token_url": f"https://127.0.0.1:{process.free_port()}/token"
     }
     with pytest.raises(ConnectionLost, match="cannot reach token endpoint"):
         _login(oauth_dovecot, oauth2=elsewhere)

@@ -19,7 +19,7 @@ from test_whole_pipeline import _config, _ours
 
 from mailtap.components import Component, wait_for
 from mailtap.dev import scenario
-from mailtap.dev.process import free_port
+from mailtap.dev.process import free_ports
 from tests.support.scrape import Samples, families, healthz, scrape, total
 
 pytestmark = pytest.mark.integration
@@ -53,10 +53,10 @@ def test_metrics_status_and_alert_names_on_a_running_pipeline(
 ) -> None:
     user = services.add_user(f"op-{unique}@example.com", "pw")
     base = _config(services, unique, user, tmp_path, f"streams-{unique}")
-    ports, components = {}, {}
+    ports = dict(zip(COMPONENTS, free_ports(len(COMPONENTS)), strict=True))
+    components = {}
     for name in COMPONENTS:
         doc = yaml.safe_load(base.read_text())
-        ports[name] = free_port()
         doc["health"] = {"host": "127.0.0.1", "port": ports[name]}
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(doc))

@@ -34,7 +34,7 @@ def _claims(token: str) -> dict[str, object]:
 
 @pytest.fixture
 def short_token_url(secure_kafka: SecureKafka) -> Iterator[str]:
-    port, jwks_port = process.free_port(), process.free_port()
+    port, jwks_port = process.free_ports(2)
     folder = Path(secure_kafka.ca_location).parents[1] / "oauth"
     issuer = secure_kafka.token_url.removesuffix("/token")  # the broker expects this issuer
     argv = [sys.executable, "-m", "mailtap.dev.oauth_server", "--folder", str(folder)]

@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from mailtap.dev.process import free_port
+
 POSTFIX = shutil.which("postfix") or "/usr/sbin/postfix"
 START_TIMEOUT_S = 30.0
 
@@ -73,13 +75,6 @@ maximal_backoff_time = 2s
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class PrivatePostfix:
     """``with PrivatePostfix(root, relay_port) as pf: pf.port`` -- started in the foreground."""
 
@@ -87,7 +82,7 @@ class PrivatePostfix:
         self.root = root
         self.smtputf8 = smtputf8
         self.relay_port = relay_port
-        self.port = _free_port()
+        self.port = free_port()
         self._master: subprocess.Popen[bytes] | None = None
 
     @staticmethod
