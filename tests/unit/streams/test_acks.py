@@ -131,3 +131,51 @@ async def test_a_failed_send_is_not_committed_past() -> None:
     with pytest.raises(OutputLost):
         await consumer._commit_offsets({EVENTS: 8})
     assert committed == []
+
+
+async def test_a_later_batch_failing_first_keeps_the_writes_before_it() -> None:
+    acks, written = OutputAcks(), []
+    first, second = _future(), _future()
+    acks.hold([first])
+    acks.defer(lambda: written.append("mail 1"))
+    acks.hold([second])
+    acks.defer(lambda: written.append("mail 2"))
+    second.set_exception(ConnectionError("broker gone"))
+    await asyncio.sleep(0.01)
+    assert written == [] and acks.failure is None  # mail 1's outputs may still be acknowledged
+    first.set_result(None)
+    with pytest.raises(OutputLost, match="broker gone"):
+        await acks.settled()
+    assert written == ["mail 1"]
+
+
+async def test_settled_waits_only_for_what_was_held_before_it() -> None:
+    acks = OutputAcks()
+    first, later = _future(), _future()
+    acks.hold([first])
+    barrier = asyncio.ensure_future(acks.settled())
+    await asyncio.sleep(0)  # the barrier is taken here
+    acks.hold([later])
+    first.set_result(None)
+    await asyncio.wait_for(barrier, 1)  # the send held after the barrier does not hold it up
+    assert not later.done()
+
+
+async def test_a_write_that_raises_stops_the_worker_and_drops_the_later_writes() -> None:
+    stopped: list[BaseException] = []
+
+    async def on_failure(exc: BaseException) -> None:
+        stopped.append(exc)
+
+    def broken() -> None:
+        raise RuntimeError("producer closed")
+
+    acks, written = OutputAcks(on_failure=on_failure), []
+    sent = _future()
+    acks.hold([sent])
+    acks.defer(broken)
+    acks.defer(lambda: written.append("dedupe mark"))
+    sent.set_result(None)
+    with pytest.raises(OutputLost, match="producer closed"):
+        await acks.settled()
+    assert written == [] and [type(e) for e in stopped] == [RuntimeError]
