@@ -90,6 +90,7 @@ from streams.config import StreamsSettings
 from streams.conversation import conversation_key
 from streams.decoded import DecodedRecords
 from streams.kafka_security import faust_credentials
+from streams.partitioner import KeyPartitioner
 from streams.partitions import PartitionedTable, split_by_partition
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
 from streams.sends import ProducerSends, table_bytes
@@ -363,6 +364,8 @@ class StreamsWorker:
             key_serializer="raw",
             value_serializer="raw",
             producer_linger=PRODUCER_LINGER_S,
+            # Kafka's default partitioner (the same partition for every key), hashed faster.
+            producer_partitioner=KeyPartitioner(),
             # The memory store drops a standby's copy at every recovery anyway, and a copy
             # would be visible to the timer's walk over the local state (streams.partitions).
             table_standby_replicas=0,
