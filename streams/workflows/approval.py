@@ -120,7 +120,8 @@ class ApprovalOptions(StrictModel):
 
 
 def approval_id(event_key: str) -> str:
-    return base64.b32encode(hashlib.sha256(event_key.encode()).digest()).decode()[:8]
+    # The first 8 base32 characters of the digest are those of its first 5 bytes (ticket_number).
+    return base64.b32encode(hashlib.sha256(event_key.encode()).digest()[:5]).decode()
 
 
 def fresh_text(body: str | None) -> list[str]:

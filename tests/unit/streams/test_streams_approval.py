@@ -367,3 +367,8 @@ def test_attachment_names_are_made_safe_and_the_ack_lists_what_went() -> None:
     assert "Attachments passed on: receipt Bcc: x@attacker.example .pdf\n" in ack["text_body"]
     assert "Not passed on (not stored, please send them again): scan.png" in ack["text_body"]
     assert "was sent to" not in ack["text_body"]
+
+
+def test_approval_ids_stay_what_they_were() -> None:
+    # Pinned: the first 8 base32 characters of sha256(event key), as stored in the state.
+    assert approval_id("demo/mid:a@b") == "MGXD74U4"
