@@ -4,6 +4,7 @@ bytes, the commit waits for their acknowledgements, and a refused one stops the 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -134,6 +135,8 @@ async def test_a_record_handler_waits_while_too_many_records_wait_for_the_produc
         "ticket_intake/thread/root@example.com",
         {"commands": ["ab" * 32], "at": 1764000000.25},
         {"times": [1.5, 2.0], "clock": 3.0, "note": "Grüße \u2028"},
+        {"status": None, "open": True, "count": 12, "ids": [[1, 2], {"é": '\x00 "q"'}]},
+        1e21,
     ],
 )
 def test_table_records_keep_the_bytes_of_fausts_json_codec(obj: Any) -> None:
@@ -141,3 +144,8 @@ def test_table_records_keep_the_bytes_of_fausts_json_codec(obj: Any) -> None:
     compaction to replace the records older versions wrote."""
     assert table_bytes(obj) == codecs.dumps("json", obj)
     assert codecs.loads("json", table_bytes(obj)) == obj
+
+
+def test_a_value_json_cannot_hold_is_written_as_fausts_codec_writes_it() -> None:
+    at = dt.datetime(2026, 12, 6, 15, 0, 0, 250000, tzinfo=dt.UTC)
+    assert table_bytes({"at": at}) == codecs.dumps("json", {"at": at})
