@@ -56,6 +56,7 @@ original References + the original Message-ID, subject ``Re: ...`` (never ``Re: 
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import importlib
@@ -102,6 +103,15 @@ _MIME_TYPE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+/[A-Za-z0-9!#$%&'*+.^_`|~-]
 def command_id(event_key: str, workflow: str, step: str) -> str:
     """``sha256(event key, workflow, step)`` in hex: the same inputs give the same command."""
     return hashlib.sha256("\x1f".join((event_key, workflow, step)).encode()).hexdigest()
+
+
+def short_id(event_key: str) -> str:
+    """A stable 8-character id of a mail (a ticket number, an approval id): the first 8 base32
+    characters of ``sha256(event key)``.
+
+    Base32 turns each 5 bytes into 8 characters on their own, so the digest's first 5 bytes give
+    them (pure-Python ``b32encode`` costs per byte)."""
+    return base64.b32encode(hashlib.sha256(event_key.encode()).digest()[:5]).decode()
 
 
 def one_line(text: str | None) -> str:

@@ -69,9 +69,7 @@ Configuration::
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
 import re
 from typing import Any, Literal
 
@@ -86,6 +84,7 @@ from streams.workflow import (
     one_line,
     reply_subject,
     safe_filename,
+    short_id,
     workflow,
 )
 
@@ -120,8 +119,7 @@ class ApprovalOptions(StrictModel):
 
 
 def approval_id(event_key: str) -> str:
-    # The first 8 base32 characters of the digest are those of its first 5 bytes (ticket_number).
-    return base64.b32encode(hashlib.sha256(event_key.encode()).digest()[:5]).decode()
+    return short_id(event_key)
 
 
 def fresh_text(body: str | None) -> list[str]:

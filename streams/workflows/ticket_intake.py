@@ -34,15 +34,13 @@ Configuration::
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
 import re
 from typing import Any
 
 from connectors.core.config import StrictModel
 from streams.mail import MailView
-from streams.workflow import WorkflowContext, WorkflowState, reply_subject, workflow
+from streams.workflow import WorkflowContext, WorkflowState, reply_subject, short_id, workflow
 
 NAME = "ticket_intake"
 TAG = re.compile(r"\[#([A-Z2-7]{8})\]")
@@ -57,10 +55,7 @@ class TicketIntakeOptions(StrictModel):
 
 def ticket_number(event_key: str) -> str:
     """Stable ticket number of the mail that opened the ticket: 8 base32 characters."""
-    # Base32 turns each 5 bytes into 8 characters on their own: the first 5 bytes of the digest
-    # give the same 8 characters as the whole digest, and pure-Python b32encode costs per byte.
-    digest = hashlib.sha256(event_key.encode()).digest()
-    return base64.b32encode(digest[:5]).decode()
+    return short_id(event_key)
 
 
 def tagged_subject(subject: str | None, number: str) -> str:
