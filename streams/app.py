@@ -373,8 +373,6 @@ class StreamsWorker:
         self.events_topic = self._topic(kafka.topics.events)
         self.conversations_topic_name = conversations_topic_name(settings.app_id)
         self.conversations_topic = self._topic(self.conversations_topic_name)
-        self.commands_topic = self._topic(kafka.topics.commands)
-        self.workflow_topic = self._topic(kafka.topics.workflow)
         self.tables = FaustTables(
             *(
                 self.app.Table(

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,8 +35,6 @@ from faust.utils import json as faust_json
 from connectors.core import tracing
 from streams.acks import OutputAcks
 from streams.errors import OutputLost
-
-log = logging.getLogger(__name__)
 
 #: Changelog records queued and not yet handed to the producer beyond which a record's handler
 #: waits (:meth:`ProducerSends.wait_for_room`): the producer blocks while a partition's batch is
