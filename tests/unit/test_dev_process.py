@@ -11,6 +11,14 @@ from mailtap.dev import process
 from mailtap.dev.errors import ServiceStartError
 
 
+@pytest.fixture
+def untied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`spawn` starts the service itself, as `mailtap dev up` does, not under the group guard a
+    tied test session adds (CI ties the session before these tests run): a test that counts a
+    service's group members or CPU sees only the service and what it forks."""
+    monkeypatch.setattr(process, "_tied", False)
+
+
 def test_free_port_is_bindable() -> None:
     port = process.free_port()
     assert 1024 < port < 65536
@@ -79,14 +87,9 @@ def test_ready_when_the_probe_answers_and_the_process_lives(tmp_path: Path) -> N
         process.stop_group(pid)
 
 
-def test_stop_group_stops_children_and_escalates_to_sigkill(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_stop_group_stops_children_and_escalates_to_sigkill(tmp_path: Path, untied: None) -> None:
     # The parent ignores SIGTERM, and so does its child (ignored signals survive exec):
-    # only SIGKILL of the whole group ends both. The service itself is the spawned process
-    # (what `mailtap dev up` runs), not under the group guard a tied test session adds, so
-    # its group is exactly the two of them.
-    monkeypatch.setattr(process, "_tied", False)
+    # only SIGKILL of the whole group ends both. Untied, its group is exactly the two of them.
     script = (
         "import signal, subprocess, time\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
@@ -126,11 +129,8 @@ _BURN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time()
 
 
 def test_group_cpu_keeps_what_exited_children_used_and_counts_no_other_group(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, untied: None
 ) -> None:
-    # The service itself as the spawned process (what `mailtap dev up` runs), not under the
-    # group guard a tied test session adds: this counts its own members and CPU.
-    monkeypatch.setattr(process, "_tied", False)
     script = (
         "import subprocess, sys, time\n"
         f"subprocess.run([sys.executable, '-c', {_BURN!r}], check=True)\n"
