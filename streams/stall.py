@@ -86,19 +86,32 @@ class StallGuard:
         """A rebalance began: nothing is watched until the next generation settles."""
         self._watched = {}
 
-    def delivered(self, tp: Any, offset: int, generation: int = 0) -> None:
+    def delivered(self, tp: Any, offset: int, generation: int = 0) -> bool:
         """An agent was given the record at ``offset`` of ``tp``, fetched in ``generation``
-        (faust passes a stream only records of the current generation)."""
+        (faust passes a stream only records of the current generation); False when it was
+        given that record before in this generation: the agent handled it then.
+
+        Records come again after the re-seek of a settled generation (streams.app): faust may
+        have skipped records before the generation's first delivery, so the partition goes
+        back to its committed offset, and what was delivered between the rebalance and the
+        re-seek comes a second time. Those, between the generation's first and last record
+        given, are not handled twice (before, a rebalance during a backlog handled up to a
+        second's worth of records again; each a "dedupe" SKIPPED event on mail.workflow).
+        """
         given = self._given.get(tp)
+        fresh = True
         if given is None or given.generation != generation:
             self._given[tp] = _Given(generation, offset, offset)
-        else:
+        elif given.first <= offset <= given.last:
+            fresh = False
+        elif offset > given.last:
             given.last = offset
+        # else below ``first``: a record the generation skipped, given now (the range stays)
         watched = self._watched.get(tp)
-        if watched is None:
-            return
-        watched.since = self.clock()
-        watched.next_offset = max(watched.next_offset, offset + 1)
+        if watched is not None:
+            watched.since = self.clock()
+            watched.next_offset = max(watched.next_offset, offset + 1)
+        return fresh
 
     def stalled(self, highwater: Callable[[Any], int | None]) -> dict[Any, int]:
         """The partitions whose end is past the next offset with nothing delivered for

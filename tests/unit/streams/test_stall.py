@@ -153,3 +153,17 @@ async def test_a_partition_read_past_the_target_is_watched_from_its_last_deliver
     consumer.ends[CONVERSATIONS] = 11
     clock.now += 30
     assert await guard.check(consumer) == {CONVERSATIONS: 10}
+
+
+def test_a_record_given_again_in_its_generation_is_not_fresh() -> None:
+    # The re-seek of a settled generation goes back to the committed offset: what came since
+    # the rebalance comes again, and only the records the generation skipped are new.
+    guard = StallGuard()
+    assert [guard.delivered(CONVERSATIONS, o, generation=2) for o in (5, 6, 7)] == [True] * 3
+    # re-seeked to 3: 3 and 4 were skipped, 5 to 7 were handled, 8 is new
+    again = [guard.delivered(CONVERSATIONS, o, generation=2) for o in range(3, 9)]
+    assert again == [True, True, False, False, False, True]
+    assert guard.given_from(CONVERSATIONS, 2, 5)
+    # the next generation starts afresh: everything it is given is new to it
+    assert guard.delivered(CONVERSATIONS, 6, generation=3)
+    assert guard.delivered(CONVERSATIONS, 7, generation=3)
