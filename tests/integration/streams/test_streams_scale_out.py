@@ -394,7 +394,7 @@ BACKLOG = 4_000
 BEFORE_JOIN = 100
 #: Mails handled twice because of the join, at most: those finished between the commit at the
 #: revocation and the revocation (their outputs in flight). 0-46 in 5 runs here; before, 1,302
-#: and 2,011, and 32-434 with the commit alone (re-seeked records handled again). The margin is
+#: and 2,011, and 32-320 with the commit alone (re-seeked records handled again). The margin is
 #: for a loaded machine.
 JOIN_DUPLICATES_MAX = BACKLOG // 40
 #: No new record for this long after the last mail was answered: the group is done.
