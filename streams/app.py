@@ -12,7 +12,7 @@ Two agents:
   partition order):
 
   1. decode the Avro ``MailEvent``;
-  2. :class:`~streams.pipeline.Pipeline` admits it (routing, loop guards, dedupe), authenticates
+  2. :class:`~streams.pipeline.Pipeline` admits it (routing, dedupe, loop guards), authenticates
      the sender (in a thread when that needs DNS), runs the workflow;
   3. the ``ReplyCommand``s (key: command id) and ``WorkflowEvent``s (key: instance id) are sent;
   4. the table writes are applied (dedupe mark last) to the in-memory tables at once, so the
@@ -156,8 +156,8 @@ class _ReadCommittedConsumer(aiokafka_driver.Consumer):
         worker for the partitions it kept (the re-seek after a rebalance), read again from the
         last periodic commit. A worker joining during a backlog made the group handle the first
         one's last seconds again (issue 29: 15-70 % more records over 3,000 events in ``bench
-        streams`` with 2 workers; each mail read again is a "dedupe" SKIPPED event on
-        mail.workflow). The commit here is the periodic one, made earlier: the same barrier
+        streams`` with 2 workers; each mail read again was a "dedupe" SKIPPED event on
+        mail.workflow then). The commit here is the periodic one, made earlier: the same barrier
         (the outputs acknowledged first), the same offsets.
         """
         if not self.should_stop:
@@ -748,6 +748,8 @@ def _log_outputs(outcome: Outcome) -> None:
     """
     if outcome.commands or outcome.events:
         log.info("%s", _OutputsText(outcome))
+    elif outcome.already_ran is not None:
+        log.debug("a mail read again: %s ran for it already, nothing to do", outcome.already_ran)
 
 
 class _OutputsText:

@@ -2,13 +2,14 @@
 
 Each guard returns :data:`PASS` or a :class:`Skip` naming itself and the reason; the pipeline
 publishes every skip as a ``SKIPPED`` WorkflowEvent on ``mail.workflow`` (attributes ``guard``
-and ``reason``), so "why did nobody answer?" has an answer on Kafka.
+and ``reason``), so "why did nobody answer?" has an answer on Kafka. Except :func:`dedupe`'s:
+a mail that already ran its workflow was answered, and its status stands (the pipeline only
+counts the repeat).
 
-Order in the pipeline (:mod:`streams.pipeline`): :data:`LOOP_GUARDS` (RFC 3834 loop
-prevention and our own addresses), then :func:`reply_age` (no answer to history), then
-:func:`dedupe`, sender authentication
-(:mod:`streams.auth`), then :func:`rate_limit` per authenticated sender; after the workflow
-ran, :func:`rate_limit` per recipient of its commands.
+Order in the pipeline (:mod:`streams.pipeline`): :func:`dedupe`, :data:`LOOP_GUARDS` (RFC 3834
+loop prevention and our own addresses), then :func:`reply_age` (no answer to history), sender
+authentication (:mod:`streams.auth`), then :func:`rate_limit` per authenticated sender; after
+the workflow ran, :func:`rate_limit` per recipient of its commands.
 
 RFC 3834 §2 in one sentence: an automatic responder must not answer mail that is itself
 automatic (``Auto-Submitted`` other than ``no``), that has a null return path, that came from a

@@ -7,15 +7,21 @@ Per mail::
 
     tombstone? -> ignored
     route      -> no rule: UNROUTED event
+    dedupe (mail key x workflow)         -> nothing published (``Outcome.already_ran``)
     loop guards (RFC 3834, own address)  -> SKIPPED
     arrived before now - max_reply_age   -> SKIPPED (history: start: all, a replay)
-    dedupe (mail key x workflow)         -> SKIPPED
     sender authentication (policy)       -> SKIPPED
     rate limit per authenticated sender  -> SKIPPED
     workflow.on_mail -> ReplyCommands + WorkflowEvents + state writes
     rate limit per recipient of those commands -> SKIPPED (the workflow's outputs are dropped
                                                   whole, so its state never claims a mail that
                                                   was not sent)
+
+A mail that already ran its workflow (a flag change, a rescan, a replay, the re-read after a
+rebalance) publishes nothing: its workflow's status is on the compacted ``mail.workflow``, often
+under the mail's own key (the default instance id), and a SKIPPED event there would take its
+place; the dedupe check comes first so that no later guard (the mail's age, once it is old)
+speaks for it either. The worker counts it (``mailtap_streams_guard_decisions{guard="dedupe"}``).
 
 The caller publishes ``Outcome.commands`` and ``Outcome.events``, waits for Kafka to
 acknowledge them, and only then applies the table writes with :meth:`Pipeline.apply`
@@ -98,11 +104,13 @@ class Outcome:
     rates: dict[str, dict[str, Any]] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     """Table writes; a None value deletes the key."""
+    #: The workflow this mail had run already (the dedupe table): nothing to do or to publish.
+    already_ran: str | None = None
 
 
 @dataclass(frozen=True)
 class Admission:
-    """A mail that passed routing, loop guards and dedupe; authentication comes next."""
+    """A mail that passed routing, dedupe and the loop guards; authentication comes next."""
 
     mail: MailView
     workflow: BoundWorkflow
@@ -145,13 +153,13 @@ class Pipeline:
         if rule is None:
             return Outcome(events=[_unrouted(mail)])
         bound = self.workflows[rule.workflow]
+        if isinstance(dedupe(mail, bound.name, tables.runs), Skip):
+            return Outcome(already_ran=bound.name)  # see the module docstring
         verdict = first_skip(mail, LOOP_GUARDS, own_addresses=self._own)
         if isinstance(verdict, Pass):
             verdict = reply_age(
                 mail, now=self._clock(), max_age_seconds=self.settings.max_reply_age_seconds
             )
-        if isinstance(verdict, Pass):
-            verdict = dedupe(mail, bound.name, tables.runs)
         if isinstance(verdict, Skip):
             return Outcome(events=[_skipped(mail, bound.name, verdict)])
         return Admission(mail, bound, self.settings.policy_for(bound.name))

@@ -29,6 +29,7 @@ import datetime as dt
 import statistics
 import tempfile
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ import click
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka import Consumer, Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
@@ -45,7 +47,7 @@ from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs,
 from mailtap.bench.ingest import _say, _services
 from mailtap.components import Component
 from mailtap.dev import DevServices, scenario
-from mailtap.dev.process import cpu_seconds
+from mailtap.dev.process import cpu_seconds, free_ports
 from streams.app import conversations_topic_name
 from streams.testing import mail_record
 
@@ -261,6 +263,25 @@ def _measure_bare(cfg: MailtapConfig, keys: set[str], run: str) -> dict[str, Any
     }
 
 
+def _mails_read_again(port: int) -> int:
+    """A worker's ``mailtap_streams_guard_decisions_total{guard="dedupe"}``."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    except OSError as exc:
+        raise click.ClickException(f"could not read a streams worker's {url}: {exc}") from exc
+    return round(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "mailtap_streams_guard_decisions_total"
+            and sample.labels.get("guard") == "dedupe"
+        )
+    )
+
+
 def _cpu(components: list[Component]) -> float:
     return sum(cpu_seconds(c.process.pid) for c in components if c.process is not None)
 
@@ -272,9 +293,17 @@ def _measure_workers(
     topics = [cfg.kafka.topics.commands, cfg.kafka.topics.workflow]
     start_topic = conversations_topic_name(_app_id(run))
     reader = OutputReader(cfg, topics, keys, start_topic)
+    # Each worker serves /metrics: a mail handled again publishes nothing (the dedupe table
+    # stops it), so only the worker's count shows work a rebalance made the group redo.
+    ports = free_ports(workers)
     components = [
-        Component("streams", config, logs / f"streams-{workers}w-{n}.log").start()
-        for n in range(workers)
+        Component(
+            "streams",
+            config,
+            logs / f"streams-{workers}w-{n}.log",
+            env={"MAILTAP__HEALTH__PORT": str(port)},
+        ).start()
+        for n, port in enumerate(ports)
     ]
     started, wall_start = time.monotonic(), time.time()
     cpu_at_first_event: float | None = None
@@ -295,6 +324,7 @@ def _measure_workers(
                     f"in {RUN_TIMEOUT_S:.0f} s; logs in {logs}"
                 )
         cpu_s = _cpu(components) - (cpu_at_first_event or 0.0)
+        read_again = sum(_mails_read_again(port) for port in ports)
     finally:
         for comp in components:
             comp.stop()
@@ -303,6 +333,8 @@ def _measure_workers(
         "workers": workers,
         "events_counted": len(reader.answered),
         "records_produced": reader.records,
+        # Mails a worker handled a second time (after a rebalance), by the workers' own count.
+        "mails_read_again": read_again,
         # CPU per event does not depend on how loaded the shared machine is, unlike events/s.
         "cpu_ms_per_event": round(1000 * cpu_s / len(keys), 3),
         "events_per_s": round(reader.rate(len(keys)), 1),

@@ -117,6 +117,8 @@ class StreamsHealth:
         """Count one handled record (``record``) or timer tick and what it produced."""
         if record:
             self.records.inc()
+        if outcome.already_ran is not None:  # a repeat: counted here, published nowhere
+            self.guard_decisions.labels(outcome.already_ran, "dedupe").inc()
         for event in outcome.events:
             workflow, status = event["workflow"], event["status"]
             self.workflow_steps.labels(workflow, status).inc()

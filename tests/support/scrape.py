@@ -51,6 +51,16 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
 
 
+def deduped(port: int) -> float:
+    """A streams worker's count of mails it had run already (they publish nothing); 0 while it
+    does not serve /metrics yet."""
+    try:
+        samples = scrape(port)
+    except OSError:
+        return 0.0
+    return total(samples, "mailtap_streams_guard_decisions_total", guard="dedupe")
+
+
 def names(samples: Samples) -> set[str]:
     return {n for n, _ in samples}
 

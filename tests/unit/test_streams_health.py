@@ -9,6 +9,7 @@ from typing import NamedTuple
 from connectors.core.config import config_from_dict
 from mailtap.commands.streams import serves_health
 from mailtap.commands.streams_health import StreamsHealth
+from streams.testing import WorkflowHarness, mail_record
 
 KAFKA = {"bootstrap_servers": "127.0.0.1:9092"}
 
@@ -48,3 +49,31 @@ def test_served_only_with_a_health_section() -> None:
     assert not serves_health(config_from_dict({"kafka": KAFKA}))
     assert serves_health(config_from_dict({"kafka": KAFKA, "health": {"port": 0}}))
     assert serves_health(config_from_dict({"kafka": KAFKA}, env={"MAILTAP__HEALTH__PORT": "0"}))
+
+
+def test_guard_decisions_count_the_published_skips_and_the_repeats_that_publish_nothing() -> None:
+    harness = WorkflowHarness(
+        {
+            "from_address": {"address": "help@example.com"},
+            "auth_policy": "none",
+            "rules": [{"workflow": "ticket_intake"}],
+        }
+    )
+    health = StreamsHealth("mail.events")
+    mail = mail_record()
+    for record in (mail, mail, {**mail, "change": "UPDATED"}):
+        health.observe_outcome(harness.deliver(record), record=True)
+    health.observe_outcome(
+        harness.deliver(
+            mail_record(subject="Out of office", guard_headers={"auto_submitted": "auto-replied"})
+        ),
+        record=True,
+    )
+
+    def decisions(guard: str) -> float | None:
+        labels = {"workflow": "ticket_intake", "guard": guard}
+        return health.registry.get_sample_value("mailtap_streams_guard_decisions_total", labels)
+
+    assert decisions("dedupe") == 2
+    assert decisions("auto_submitted") == 1
+    assert health.registry.get_sample_value("mailtap_streams_records_processed_total") == 4

@@ -238,3 +238,38 @@ def test_table_writes_wait_for_apply() -> None:
     assert outcome.commands and tables.state == {} and tables.runs == {}
     Pipeline.apply(outcome, tables)
     assert tables.runs and tables.state
+
+
+def _latest_by_key(events: list[dict[str, Any]]) -> dict[str, str]:
+    """What a compacted mail.workflow keeps: the last status per record key (instance id)."""
+    return {e["instance_id"]: e["status"] for e in events}
+
+
+@pytest.mark.parametrize("late_s", [60, 3 * 86400], ids=["soon", "after-max-reply-age"])
+def test_a_mail_read_again_leaves_its_workflow_status_standing(late_s: int) -> None:
+    # A workflow step emitted under the default instance id (the mail key) is the status a
+    # compacted mail.workflow keeps for that mail. Reading the mail again (a flag change, a
+    # rescan, a replay, the re-read after a rebalance) used to publish a SKIPPED event under
+    # the same key, and compaction then kept "SKIPPED dedupe" (or "max_reply_age", once the
+    # mail was old) in place of what the workflow said. The worker counts the repeat instead.
+    @workflow("reports_for_test")
+    def reports(mail: MailView, ctx: WorkflowContext) -> None:
+        ctx.reply("ack", "your report is on its way")
+        ctx.emit("REPORT_SENT", {"to": "ann@example.com"})
+
+    read_at = EPOCH
+
+    harness = WorkflowHarness(
+        {**SETTINGS, "rules": [{"workflow": "reports_for_test"}]}, clock=lambda: read_at
+    )
+    mail = mail_record()
+    first = harness.deliver(mail)
+    assert [e["status"] for e in first.events] == ["REPORT_SENT"]
+
+    read_at = EPOCH + dt.timedelta(seconds=late_s)
+    again = harness.deliver({**mail, "change": "UPDATED", "flags": ["\\Seen"]})
+
+    assert again.commands == [] and again.events == []
+    assert again.already_ran == "reports_for_test"
+    assert _latest_by_key(harness.events) == {mail["key"]: "REPORT_SENT"}
+    assert len(harness.commands) == 1
