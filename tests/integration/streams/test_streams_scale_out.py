@@ -399,9 +399,9 @@ BACKLOG = 4_000
 #: start and join, while the first one goes on).
 BEFORE_JOIN = 100
 #: Mails handled twice because of the join, at most: those finished between the commit at the
-#: revocation and the revocation (their outputs in flight). 0-46 in 5 runs here; before, 1,302
-#: and 2,011, and 32-320 with the commit alone (re-seeked records handled again). The margin is
-#: for a loaded machine.
+#: revocation and the revocation (their outputs in flight). 0-46 in 5 runs here, 31-62 in 4
+#: more beside a benchmark; before, 1,302 and 2,011, and 32-320 with the commit alone (re-seeked
+#: records handled again). The margin is for a loaded machine.
 JOIN_DUPLICATES_MAX = BACKLOG // 40
 #: No new record for this long after the last mail was answered: the group is done.
 QUIET_S = 5.0
