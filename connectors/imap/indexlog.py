@@ -317,8 +317,13 @@ class IndexChangelog:
         return written
 
 
+#: The encoder of the records' values, made once: ``json.dumps`` with options builds a
+#: JSONEncoder per call, a third of the 3.4 µs it took per mail (one index record each).
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def _json(value: Mapping[str, object]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def _entry(key: str, folder: str, account: str, value: bytes | None) -> Entry | None:
