@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii
 from urllib.parse import quote, unquote
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -146,14 +147,9 @@ class ChangelogPartition:
         fingerprint: str | None,
     ) -> SourceRecord:
         """The record saying ``key`` is in ``folder``, at this UID."""
-        value = {
-            "folder": folder,
-            "uidvalidity": uidvalidity,
-            "uid": uid,
-            "fingerprint": fingerprint,
-        }
         record_key = location_key(key, folder).encode()
-        return SourceRecord(self.topic, record_key, _json(value), partition=self.partition)
+        value = _location_json(folder, uidvalidity, uid, fingerprint)
+        return SourceRecord(self.topic, record_key, value, partition=self.partition)
 
     def tombstone(self, key: str, folder: str) -> SourceRecord:
         """The record saying ``key`` left ``folder``."""
@@ -317,8 +313,42 @@ class IndexChangelog:
         return written
 
 
+#: The encoder of the records' values (the marker; a location value of unusual types), made
+#: once: ``json.dumps`` with options builds a JSONEncoder per call, a third of the 3.4 µs a
+#: location value took that way before :func:`_location_json`.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def _json(value: Mapping[str, object]) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    return _ENCODER.encode(value).encode()
+
+
+def _location_json(
+    folder: str, uidvalidity: int | None, uid: int | None, fingerprint: str | None
+) -> bytes:
+    """``_json`` of a location record's value, written out directly: one per mail, 0.5 µs
+    against 2.7 for the encoder. The keys in sorted order, each string escaped by json's own
+    escaper, each int as json writes an int; a value of another type goes to the encoder."""
+    if (
+        folder.__class__ is str
+        and (fingerprint is None or fingerprint.__class__ is str)
+        and (uid is None or uid.__class__ is int)
+        and (uidvalidity is None or uidvalidity.__class__ is int)
+    ):
+        return (
+            f'{{"fingerprint":{_json_text(fingerprint)},"folder":{_json_text(folder)},'
+            f'"uid":{_json_int(uid)},"uidvalidity":{_json_int(uidvalidity)}}}'
+        ).encode()
+    value = {"folder": folder, "uidvalidity": uidvalidity, "uid": uid, "fingerprint": fingerprint}
+    return _json(value)
+
+
+def _json_text(text: str | None) -> str:
+    return "null" if text is None else encode_basestring_ascii(text)
+
+
+def _json_int(number: int | None) -> str:
+    return "null" if number is None else int.__repr__(number)
 
 
 def _entry(key: str, folder: str, account: str, value: bytes | None) -> Entry | None:

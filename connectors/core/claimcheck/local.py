@@ -176,7 +176,11 @@ class LocalClaimCheckBatch:
     def __init__(self, store: LocalClaimCheckStore) -> None:
         self._store = store
         self._pending: dict[Path, Future[None]] = {}
-        self._pack = bytearray()
+        #: The pack's blobs in order, joined once at commit: appended to a bytearray, the
+        #: bench's 200 mails of 4.7 KB were copied again at each of its reallocations and
+        #: once more into bytes, 2.9 µs per mail against 0.2 for the join.
+        self._pack: list[bytes] = []
+        self._pack_size = 0
         self._pack_path: Path | None = None
         #: ``file://`` URL of the pack, computed once per pack (quoting the path cost ~5 µs
         #: per blob, and every blob of a batch shares it).
@@ -198,8 +202,9 @@ class LocalClaimCheckBatch:
             if self._pack_path is None:
                 self._pack_path = self._store.new_pack_path()
                 self._pack_url = "file://" + pathname2url(str(self._pack_path))
-            offset = len(self._pack)
-            self._pack += data
+            offset = self._pack_size
+            self._pack.append(data)
+            self._pack_size += len(data)
             uri = f"{self._pack_url}#offset={offset}&size={len(data)}&sha256={digest}"
             ref = self._packed[digest] = BlobRef(uri=uri, sha256=digest, size=len(data))
         return ref
@@ -249,8 +254,8 @@ class LocalClaimCheckBatch:
             written.exception()
 
     def _take_pack(self) -> tuple[bytes, Path | None]:
-        pack, path = bytes(self._pack), self._pack_path
-        self._pack, self._pack_path, self._packed = bytearray(), None, {}
+        pack, path = b"".join(self._pack), self._pack_path
+        self._pack, self._pack_size, self._pack_path, self._packed = [], 0, None, {}
         return pack, path
 
 

@@ -41,13 +41,20 @@ def parse_addresses(values: list[str]) -> list[Address]:
     """Avro ``Address`` dicts for the given (unfolded, decoded-to-text) field values."""
     if not values:
         return []
-    simple = [_SIMPLE.fullmatch(value) for value in values]
-    if all(simple):
-        return [
-            {"name": m[1], "address": m[2]} if m[2] else {"name": None, "address": m[3]}
-            for m in simple
-            if m is not None
-        ]
+    # One loop that gives up at the first value of another shape: two comprehensions and
+    # all() (Python 3.11 makes a function call of each comprehension) took the bench mail's
+    # From and To 4.2 µs together, the loop 2.9.
+    simple: list[Address] = []
+    for value in values:
+        match = _SIMPLE.fullmatch(value)
+        if match is None:
+            break
+        name, address, bare = match.groups()
+        simple.append(
+            {"name": name, "address": address} if address else {"name": None, "address": bare}
+        )
+    else:
+        return simple
     pairs = (
         getaddresses(values, strict=True)  # type: ignore[call-arg,unused-ignore]
         if _HAS_STRICT

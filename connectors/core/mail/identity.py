@@ -94,6 +94,8 @@ FINGERPRINT_EXCLUDED_FIELDS = frozenset(
 _EXCLUDED_NAMES = frozenset(name.encode("latin-1") for name in FINGERPRINT_EXCLUDED_FIELDS)
 #: A CR that does not start a CRLF.
 _BARE_CR = re.compile(rb"\r(?!\n)")
+#: An LF that does not end a CRLF.
+_BARE_LF = re.compile(rb"\n(?<!\r\n)")
 
 
 class KeyKind(enum.StrEnum):
@@ -177,13 +179,15 @@ def content_fingerprint(raw: bytes, *, bare_cr: bool | None = None) -> str:
 
     ``bare_cr``: whether ``raw`` holds a CR not followed by LF, when the caller has looked
     already (the parser does, for its own reasons); None: looked for here."""
-    # IMAP serves CRLF already. With no bare CR, every CR starts a CRLF, so as many LFs as CRs
-    # means every line ends in CRLF: two C-speed counts and a regex that stops only at CRs
-    # (counting the two-byte CRLF itself cost as much as the other two counts together).
+    # IMAP serves CRLF already: with no bare CR and no bare LF, every line ends in CRLF. Each
+    # is looked for by a regex that starts with its one literal byte, so that the search skips
+    # to the next CR (LF) at C speed: 2.1 µs for the bare LF on the 4.7 KB bench mail, against
+    # 3.8 for counting its LFs and CRs (as many of each, with no bare CR, was the test before;
+    # a single regex for both, ``\r(?!\n)|\n(?<!\r\n)``, has no literal start and took 30).
     # Otherwise three C-speed passes instead of a regex: CRLF and lone CR to LF, then LF to CRLF.
     if bare_cr is None:
         bare_cr = _BARE_CR.search(raw) is not None
-    if not bare_cr and raw.count(b"\n") == raw.count(b"\r"):
+    if not bare_cr and _BARE_LF.search(raw) is None:
         normalized = raw
     else:
         normalized = raw.replace(b"\r\n", b"\n").replace(b"\r", b"\n").replace(b"\n", b"\r\n")

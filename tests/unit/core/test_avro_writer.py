@@ -244,6 +244,37 @@ def test_the_hot_schemas_compile() -> None:
         assert compile_writer(load_schema(name).parsed) is not None, name
 
 
+_EDGES = (0, 1, 63, 64, 65, 127, 128, 8191, 8192, 8193, 2**20)
+
+
+@pytest.mark.parametrize("n", _EDGES + tuple(-n for n in _EDGES if n) + (2**63 - 1, -(2**63)))
+def test_longs_and_lengths_at_the_varint_edges_are_fastavros(n: int) -> None:
+    """The generated code writes one- and two-byte varints itself and calls ``_long`` past
+    them: at each edge the bytes are fastavro's (lengths of ASCII and of 2-byte UTF-8 text)."""
+    schema = fastavro.parse_schema(
+        {
+            "type": "record",
+            "name": "Edges",
+            "fields": [
+                {"name": "n", "type": "long"},
+                {"name": "i", "type": ["null", "int"]},
+                {"name": "ascii", "type": "string"},
+                {"name": "utf8", "type": ["null", "string"]},
+            ],
+        }
+    )
+    write = compile_writer(schema)
+    assert write is not None
+    length = min(abs(n), 2**14)
+    value = {
+        "n": n,
+        "i": n if -(2**31) <= n < 2**31 else None,
+        "ascii": "a" * length,
+        "utf8": "é" * (length // 2),
+    }
+    assert write(value) == fastavro_bytes(schema, value)
+
+
 def test_constructs_it_does_not_compile() -> None:
     for schema in (
         {"type": "map", "values": "string"},

@@ -8,6 +8,8 @@ import json
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from connectors.imap.cursor import Cursor
 from connectors.imap.index import AccountIndex, _LatestLocations
@@ -130,6 +132,28 @@ def test_a_location_key_names_the_event_key_and_the_folder_unambiguously(
 )
 def test_any_other_changelog_key_is_not_taken_for_a_location(text: str) -> None:
     assert parse_location_key(text) is None
+
+
+@settings(max_examples=300)
+@given(
+    folder=st.text(),
+    uidvalidity=st.none() | st.integers(-(2**70), 2**70),
+    uid=st.none() | st.integers(0, 2**32),
+    fingerprint=st.none() | st.text(),
+)
+def test_a_location_record_s_value_is_the_json_encoder_s(
+    folder: str, uidvalidity: int | None, uid: int | None, fingerprint: str | None
+) -> None:
+    """The value is written out directly (indexlog._location_json): the bytes must be those
+    of the encoder it stands for, whatever the folder's characters."""
+    record = CHANGELOG.location("a/mid:x@y", folder, uidvalidity, uid, fingerprint)
+    value = {"folder": folder, "uidvalidity": uidvalidity, "uid": uid, "fingerprint": fingerprint}
+    assert record.value == json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def test_a_location_record_s_value_of_another_type_goes_to_the_encoder() -> None:
+    record = CHANGELOG.location("a/mid:x@y", "INBOX", True, 7, None)  # a bool: json writes true
+    assert record.value == b'{"fingerprint":null,"folder":"INBOX","uid":7,"uidvalidity":true}'
 
 
 def test_the_marker_is_of_the_per_folder_format() -> None:
