@@ -14,6 +14,9 @@ import click
 from mailtap.cli import import_optional
 from mailtap.dev.imapservers import KINDS
 
+#: ``bench parse`` works in batches of 200 mails, as the source does.
+BATCH_MIN = 200
+
 
 def _emit(figures: dict[str, Any], as_json: bool) -> None:
     if as_json:
@@ -158,6 +161,23 @@ def flag_listing(as_json: bool, mails: int) -> None:
     """Flag changes without CONDSTORE: bytes, time and memory of one FLAGS listing."""
     module = import_optional("mailtap.bench.flaglisting")
     _emit(module.bench_flag_listing(mails=mails), as_json)
+
+
+@bench.command("parse")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on the last line.")
+@click.option("--mails", type=click.IntRange(BATCH_MIN), default=6000, show_default=True)
+@click.option("--rounds", type=click.IntRange(1), default=5, show_default=True)
+@click.option(
+    "--profile",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Also print cProfile's N costliest functions of one more pass.",
+)
+def parse(as_json: bool, mails: int, rounds: int, profile: int) -> None:
+    """IMAP parse processes' job per mail, in this process, against the stdlib's parse."""
+    module = import_optional("mailtap.bench.parse")
+    _emit(module.bench_parse(mails=mails, rounds=rounds, profile=profile), as_json)
 
 
 @bench.command("changes")
