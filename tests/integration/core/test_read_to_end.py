@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -118,11 +117,22 @@ def test_finding_the_end_rides_out_a_topic_that_exists_only_a_moment_later(
     kafka = _kafka(services)
     topic = f"readtoend.later.{unique}"
     admin = admin_client(kafka)
+    retry_log = logging.getLogger("connectors.core.kafka.retry")
+    met_missing = threading.Event()
+
+    class FirstRetry(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying" in record.getMessage():
+                met_missing.set()
 
     def create_later() -> None:
-        time.sleep(0.5)
+        # Once the read has met the missing topic: a fixed 0.5 s pause lost the race when the
+        # consumer took longer than that to ask (CI under load), and nothing was retried.
+        met_missing.wait(30)
         admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
 
+    seen = FirstRetry()
+    retry_log.addHandler(seen)
     creator = threading.Thread(target=create_later)
     creator.start()
     consumer = Consumer(consumer_config(kafka, "read-to-end-test", fetch_wait_max_ms=10))
@@ -132,6 +142,7 @@ def test_finding_the_end_rides_out_a_topic_that_exists_only_a_moment_later(
     finally:
         consumer.close()
         creator.join(30)
+        retry_log.removeHandler(seen)
     assert read == []
     retried = [r.getMessage() for r in caplog.records if "retrying" in r.getMessage()]
     assert retried and all(f"finding the end of {topic}" in m for m in retried), retried
