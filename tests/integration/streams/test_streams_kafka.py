@@ -102,10 +102,16 @@ class WorkerProcess:
 
     def __init__(self, config_path: Path, log_path: Path) -> None:
         self.log_path = log_path
-        #: Its /metrics (the health section, by environment).
-        self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": str(REPO), "MAILTAP__HEALTH__PORT": str(self.port)}
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("MAILTAP_KAFKA_BOOTSTRAP", None)  # the config names the broker
+        #: Its /metrics: the config's health section (test_streams_metrics writes one), else
+        #: one on a free port, by environment (which would override the config's).
+        health = yaml.safe_load(config_path.read_text()).get("health") or {}
+        if "port" in health:
+            self.port = int(health["port"])
+        else:
+            self.port = free_port()
+            env["MAILTAP__HEALTH__PORT"] = str(self.port)
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [
