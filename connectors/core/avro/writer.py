@@ -209,10 +209,9 @@ class _Compiler:
                 f"{pad}    raise UnexpectedValue('not a list')",
                 # One block, as fastavro writes it: count, items, then the 0 block.
                 f"{pad}if {var}:",
-                f"{pad}    _long(out, len({var})) if len({var}) >= 64 else "
-                f"out.append(len({var}) << 1)",
-                f"{pad}    for {item} in {var}:",
             ]
+            self._length(f"len({var})", lines, pad + "    ")
+            lines.append(f"{pad}    for {item} in {var}:")
             self._node(schema["items"], item, lines, depth + 2)
             lines.append(f"{pad}out.append(0)")
         elif isinstance(kind, str) and kind in _PRIMITIVES:
@@ -252,28 +251,32 @@ class _Compiler:
                     f"{pad}if not _INT_MIN <= {var} <= _INT_MAX:",
                     f"{pad}    raise UnexpectedValue('an int out of range')",
                 ]
-            lines += [
-                f"{pad}if 0 <= {var} < {_ONE_BYTE}:",
-                f"{pad}    out.append({var} << 1)",
-                f"{pad}elif {_ONE_BYTE} <= {var} < {_TWO_BYTES}:",
-                f"{pad}    out.append(({var} << 1) & 0x7F | 0x80)",
-                f"{pad}    out.append({var} >> 6)",
-                f"{pad}else:",
-                f"{pad}    _long(out, {var})",
-            ]
+            self._varint(var, lines, pad, non_negative=False)
 
     def _length(self, expression: str, lines: list[str], pad: str) -> None:
         """Write ``expression``, a length (an int >= 0), as its varint."""
         n = self._name("n")
+        lines.append(f"{pad}{n} = {expression}")
+        self._varint(n, lines, pad, non_negative=True)
+
+    @staticmethod
+    def _varint(var: str, lines: list[str], pad: str, *, non_negative: bool) -> None:
+        """Write the int ``var`` as a zig-zag varint: 0..63 and 64..8191 inline, the rest by
+        :func:`_long`. ``non_negative``: ``var`` is known to be >= 0 (a length), so the
+        ranges need no lower bound."""
+        one, two = (
+            (f"{var} < {_ONE_BYTE}", f"{var} < {_TWO_BYTES}")
+            if non_negative
+            else (f"0 <= {var} < {_ONE_BYTE}", f"{_ONE_BYTE} <= {var} < {_TWO_BYTES}")
+        )
         lines += [
-            f"{pad}{n} = {expression}",
-            f"{pad}if {n} < {_ONE_BYTE}:",
-            f"{pad}    out.append({n} << 1)",
-            f"{pad}elif {n} < {_TWO_BYTES}:",
-            f"{pad}    out.append(({n} << 1) & 0x7F | 0x80)",
-            f"{pad}    out.append({n} >> 6)",
+            f"{pad}if {one}:",
+            f"{pad}    out.append({var} << 1)",
+            f"{pad}elif {two}:",
+            f"{pad}    out.append(({var} << 1) & 0x7F | 0x80)",
+            f"{pad}    out.append({var} >> 6)",
             f"{pad}else:",
-            f"{pad}    _long(out, {n})",
+            f"{pad}    _long(out, {var})",
         ]
 
     def _record(self, schema: dict[str, Any], var: str, lines: list[str], pad: str) -> None:

@@ -250,7 +250,8 @@ _EDGES = (0, 1, 63, 64, 65, 127, 128, 8191, 8192, 8193, 2**20)
 @pytest.mark.parametrize("n", _EDGES + tuple(-n for n in _EDGES if n) + (2**63 - 1, -(2**63)))
 def test_longs_and_lengths_at_the_varint_edges_are_fastavros(n: int) -> None:
     """The generated code writes one- and two-byte varints itself and calls ``_long`` past
-    them: at each edge the bytes are fastavro's (lengths of ASCII and of 2-byte UTF-8 text)."""
+    them: at each edge the bytes are fastavro's (lengths of ASCII and of 2-byte UTF-8 text,
+    and an array's count)."""
     schema = fastavro.parse_schema(
         {
             "type": "record",
@@ -260,6 +261,7 @@ def test_longs_and_lengths_at_the_varint_edges_are_fastavros(n: int) -> None:
                 {"name": "i", "type": ["null", "int"]},
                 {"name": "ascii", "type": "string"},
                 {"name": "utf8", "type": ["null", "string"]},
+                {"name": "items", "type": {"type": "array", "items": "null"}},
             ],
         }
     )
@@ -271,6 +273,7 @@ def test_longs_and_lengths_at_the_varint_edges_are_fastavros(n: int) -> None:
         "i": n if -(2**31) <= n < 2**31 else None,
         "ascii": "a" * length,
         "utf8": "é" * (length // 2),
+        "items": [None] * length,
     }
     assert write(value) == fastavro_bytes(schema, value)
 
