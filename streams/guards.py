@@ -2,14 +2,14 @@
 
 Each guard returns :data:`PASS` or a :class:`Skip` naming itself and the reason; the pipeline
 publishes every skip as a ``SKIPPED`` WorkflowEvent on ``mail.workflow`` (attributes ``guard``
-and ``reason``), so "why did nobody answer?" has an answer on Kafka. Except :func:`dedupe`'s:
-a mail that already ran its workflow was answered, and its status stands (the pipeline only
-counts the repeat).
+and ``reason``), so "why did nobody answer?" has an answer on Kafka. Before them the pipeline
+asks :func:`already_ran`: a mail that already ran its workflow was answered, and its status
+stands (the pipeline only counts the repeat, as guard ``dedupe``).
 
-Order in the pipeline (:mod:`streams.pipeline`): :func:`dedupe`, :data:`LOOP_GUARDS` (RFC 3834
-loop prevention and our own addresses), then :func:`reply_age` (no answer to history), sender
-authentication (:mod:`streams.auth`), then :func:`rate_limit` per authenticated sender; after
-the workflow ran, :func:`rate_limit` per recipient of its commands.
+Order in the pipeline (:mod:`streams.pipeline`): :func:`already_ran`, :data:`LOOP_GUARDS`
+(RFC 3834 loop prevention and our own addresses), then :func:`reply_age` (no answer to
+history), sender authentication (:mod:`streams.auth`), then :func:`rate_limit` per
+authenticated sender; after the workflow ran, :func:`rate_limit` per recipient of its commands.
 
 RFC 3834 §2 in one sentence: an automatic responder must not answer mail that is itself
 automatic (``Auto-Submitted`` other than ``no``), that has a null return path, that came from a
@@ -213,11 +213,11 @@ def dedupe_key(event_key: str, workflow: str) -> str:
     return f"{workflow}\x1f{event_key}"
 
 
-def dedupe(mail: MailView, workflow: str, runs: Mapping[str, Any]) -> Verdict:
-    """A mail key runs a workflow at most once: flag changes, rescans and replays stop here."""
-    if runs.get(dedupe_key(mail.key, workflow)) is not None:
-        return Skip("dedupe", f"{workflow} already ran for this mail ({mail.change})")
-    return PASS
+def already_ran(mail: MailView, workflow: str, runs: Mapping[str, Any]) -> bool:
+    """A mail key runs a workflow at most once: flag changes, rescans and replays stop here.
+    Not a guard that publishes a Skip: the mail was answered, and its status stands
+    (:mod:`streams.pipeline`)."""
+    return runs.get(dedupe_key(mail.key, workflow)) is not None
 
 
 def _window(value: Any) -> tuple[float, list[float]]:

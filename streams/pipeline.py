@@ -53,7 +53,7 @@ from streams.guards import (
     Pass,
     Skip,
     Verdict,
-    dedupe,
+    already_ran,
     dedupe_key,
     first_skip,
     rate_key,
@@ -153,7 +153,7 @@ class Pipeline:
         if rule is None:
             return Outcome(events=[_unrouted(mail)])
         bound = self.workflows[rule.workflow]
-        if isinstance(dedupe(mail, bound.name, tables.runs), Skip):
+        if already_ran(mail, bound.name, tables.runs):
             return Outcome(already_ran=bound.name)  # see the module docstring
         verdict = first_skip(mail, LOOP_GUARDS, own_addresses=self._own)
         if isinstance(verdict, Pass):

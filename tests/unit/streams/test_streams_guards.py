@@ -11,10 +11,10 @@ from streams.guards import (
     LOOP_GUARDS,
     PASS,
     Skip,
+    already_ran,
     auto_response_suppressed,
     auto_submitted,
     bulk_precedence,
-    dedupe,
     dedupe_key,
     delivery_report,
     first_skip,
@@ -139,9 +139,9 @@ def test_first_skip_reports_the_first_guard_in_order() -> None:
 def test_dedupe_skips_a_mail_that_already_ran_this_workflow_only() -> None:
     m = mail()
     runs = {dedupe_key(m.key, "ticket_intake"): ["c1"]}
-    assert isinstance(dedupe(m, "ticket_intake", runs), Skip)
-    assert dedupe(m, "approval", runs) == PASS
-    assert dedupe(m, "ticket_intake", {}) == PASS
+    assert already_ran(m, "ticket_intake", runs) is True
+    assert already_ran(m, "approval", runs) is False
+    assert already_ran(m, "ticket_intake", {}) is False
 
 
 LIMIT = RateLimitSettings(max_replies=2, window_seconds=600)
