@@ -29,7 +29,6 @@ import datetime as dt
 import statistics
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,13 @@ import click
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka import Consumer, Producer
-from prometheus_client.parser import text_string_to_metric_families
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs, ensure_topics
 from mailtap.bench.ingest import _say, _services
+from mailtap.commands.streams_health import mails_read_again
 from mailtap.components import Component
 from mailtap.dev import DevServices, scenario
 from mailtap.dev.process import cpu_seconds, free_ports
@@ -263,25 +262,6 @@ def _measure_bare(cfg: MailtapConfig, keys: set[str], run: str) -> dict[str, Any
     }
 
 
-def _mails_read_again(port: int) -> int:
-    """A worker's ``mailtap_streams_guard_decisions_total{guard="dedupe"}``."""
-    url = f"http://127.0.0.1:{port}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            text = response.read().decode()
-    except OSError as exc:
-        raise click.ClickException(f"could not read a streams worker's {url}: {exc}") from exc
-    return round(
-        sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == "mailtap_streams_guard_decisions_total"
-            and sample.labels.get("guard") == "dedupe"
-        )
-    )
-
-
 def _cpu(components: list[Component]) -> float:
     return sum(cpu_seconds(c.process.pid) for c in components if c.process is not None)
 
@@ -324,7 +304,12 @@ def _measure_workers(
                     f"in {RUN_TIMEOUT_S:.0f} s; logs in {logs}"
                 )
         cpu_s = _cpu(components) - (cpu_at_first_event or 0.0)
-        read_again = sum(_mails_read_again(port) for port in ports)
+        try:
+            read_again = sum(mails_read_again(port) for port in ports)
+        except OSError as exc:
+            raise click.ClickException(
+                f"could not read a streams worker's /metrics: {exc}"
+            ) from exc
     finally:
         for comp in components:
             comp.stop()

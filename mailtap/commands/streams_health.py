@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.parser import text_string_to_metric_families
 
 from connectors.core.metrics import build_info
 from streams.pipeline import FAILED, SKIPPED, UNROUTED, Outcome
@@ -154,3 +156,19 @@ class StreamsHealth:
                 else f"no partition of {self.events_topic} assigned"
             )
         return ok, detail
+
+
+def mails_read_again(port: int) -> int:
+    """A streams worker's ``mailtap_streams_guard_decisions_total{guard="dedupe"}``: the mails
+    it found it had run already (they publish nothing). OSError while it does not serve."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return round(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "mailtap_streams_guard_decisions_total"
+            and sample.labels.get("guard") == "dedupe"
+        )
+    )

@@ -11,6 +11,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from mailtap.commands.streams_health import mails_read_again
+
 #: {(sample name, frozenset of label items): value}
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -51,14 +53,13 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, lab), v in samples.items() if n == name and want <= lab)
 
 
-def deduped(port: int) -> float:
-    """A streams worker's count of mails it had run already (they publish nothing); 0 while it
-    does not serve /metrics yet."""
+def deduped(port: int) -> int:
+    """:func:`mailtap.commands.streams_health.mails_read_again`, 0 while the worker does not serve
+    /metrics yet."""
     try:
-        samples = scrape(port)
+        return mails_read_again(port)
     except OSError:
-        return 0.0
-    return total(samples, "mailtap_streams_guard_decisions_total", guard="dedupe")
+        return 0
 
 
 def names(samples: Samples) -> set[str]:

@@ -144,7 +144,7 @@ class WorkerProcess:
     def tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def deduped(self) -> float:
+    def deduped(self) -> int:
         return deduped(self.port)
 
 

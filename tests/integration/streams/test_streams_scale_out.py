@@ -143,7 +143,7 @@ class CliStreamsWorker:
     def tail(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
 
-    def deduped(self) -> float:
+    def deduped(self) -> int:
         return deduped(self.port)
 
 
@@ -440,7 +440,7 @@ def test_a_worker_joining_during_a_backlog_does_not_make_the_group_redo_the_firs
         )
         # Mails read again after the rebalance may still be under way: until nothing comes,
         # and the workers count no new one, for QUIET_S.
-        seen, quiet_since = -1.0, time.monotonic()
+        seen, quiet_since = -1, time.monotonic()
         while time.monotonic() - quiet_since < QUIET_S:
             for reader in readers.values():
                 reader.drain(watch)
