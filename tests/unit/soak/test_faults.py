@@ -49,3 +49,22 @@ def test_its_own_kill_explains_an_exit_while_restarting() -> None:
     killed = injector(Fault(990.0, "kill", "imap-source-2", 3.0, 993.0))
     assert killed.explains_exit(SOURCE) == "kill imap-source-2 at 990 s"
     assert killed.explains_exit(SINK) is None
+
+
+def test_a_broker_kill_disrupts_every_sink_and_a_path_fault_its_own() -> None:
+    """The too-many-copies bound is pool_size per disrupted sink: a broker kill aborts every
+    sink's open transaction, so it counts once per sink, not once (stop 37's CI: two sinks
+    resent 5 mails after one broker kill, over a bound of 4 x 1)."""
+    sinks = {
+        n: Instance(n, {}, Path("/nonexistent"), health_port=1)
+        for n in ("smtp-sink-1", "smtp-sink-2")
+    }
+    fleet = injector()
+    fleet.instances = {**sinks, SOURCE.name: SOURCE}
+    assert fleet.sinks_disrupted(Fault(1.0, "broker-kill", "kafka")) == 2
+    assert fleet.sinks_disrupted(Fault(1.0, "net-stall", "smtp-sink-2->kafka")) == 1
+    assert fleet.sinks_disrupted(Fault(1.0, "net-reset", "smtp-sink-1->smtp")) == 1
+    assert fleet.sinks_disrupted(Fault(1.0, "kill", "smtp-sink-1")) == 1
+    assert fleet.sinks_disrupted(Fault(1.0, "kill", "imap-source-2")) == 0
+    assert fleet.sinks_disrupted(Fault(1.0, "net-partition", "imap-source-2->kafka")) == 0
+    assert fleet.sinks_disrupted(Fault(1.0, "imap-restart", "dovecot")) == 0
