@@ -19,10 +19,10 @@ strictly less than fastavro accepts, so whenever it writes, fastavro would write
 bytes; tests/unit/core/test_avro_writer.py checks that on generated events and on the
 fixture mail corpora.
 
-Schema constructs it compiles: records, enums, arrays, ``null``, ``boolean``, ``int``,
+Schema constructs it compiles: records, enums, arrays, maps, ``null``, ``boolean``, ``int``,
 ``long``, ``string``, logical types on those (converted by fastavro's own ``LOGICAL_WRITERS``,
 e.g. ``timestamp-millis`` from an aware datetime) and two-branch unions with ``null``. For
-any other schema (maps, bytes, floats, fixed, wider unions, recursive types)
+any other schema (bytes, floats, fixed, wider unions, recursive types)
 :func:`compile_writer` returns None and the serde keeps fastavro for it.
 
 >>> from fastavro import parse_schema
@@ -213,6 +213,19 @@ class _Compiler:
             self._length(f"len({var})", lines, pad + "    ")
             lines.append(f"{pad}    for {item} in {var}:")
             self._node(schema["items"], item, lines, depth + 2)
+            lines.append(f"{pad}out.append(0)")
+        elif kind == "map":
+            key, item = self._name("key"), self._name("item")
+            lines += [
+                f"{pad}if {var}.__class__ is not dict:",
+                f"{pad}    raise UnexpectedValue('not a dict')",
+                # As an array: one block of (string key, value) pairs, then the 0 block.
+                f"{pad}if {var}:",
+            ]
+            self._length(f"len({var})", lines, pad + "    ")
+            lines.append(f"{pad}    for {key}, {item} in {var}.items():")
+            self._primitive("string", key, lines, pad + "        ")
+            self._node(schema["values"], item, lines, depth + 2)
             lines.append(f"{pad}out.append(0)")
         elif isinstance(kind, str) and kind in _PRIMITIVES:
             self._primitive(kind, var, lines, pad)
