@@ -29,6 +29,7 @@ Skip(guard='auto_submitted', reason='Auto-Submitted: auto-replied')
 from __future__ import annotations
 
 import datetime as dt
+from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -223,7 +224,8 @@ def already_ran(mail: MailView, workflow: str, runs: Mapping[str, Any]) -> bool:
 def _window(value: Any) -> tuple[float, list[float]]:
     """A rates-table value as (clock, reply times); anything else (absent, an older format) is empty."""
     if isinstance(value, Mapping):
-        times = sorted(float(t) for t in value.get("times") or ())
+        times = [float(t) for t in value.get("times") or ()]
+        times.sort()  # written in order (record_reply): a pass over them
         return float(value.get("clock") or 0.0), times
     return 0.0, []
 
@@ -254,10 +256,10 @@ def rate_limit(value: Any, at: float, limit: RateLimitSettings, *, who: str) -> 
     """
     clock, times = _window(value)
     now = max(clock, at)
-    recent = [t for t in times if t > now - limit.window_seconds]
-    if len(recent) >= limit.max_replies:
+    recent = len(times) - bisect_right(times, now - limit.window_seconds)
+    if recent >= limit.max_replies:
         return Skip(
-            "rate_limit", f"{len(recent)} replies for {who} in the last {limit.window_seconds:g}s"
+            "rate_limit", f"{recent} replies for {who} in the last {limit.window_seconds:g}s"
         )
     return PASS
 
@@ -271,7 +273,7 @@ def record_reply(value: Any, at: float, limit: RateLimitSettings) -> dict[str, A
     """
     clock, times = _window(value)
     now = max(clock, at)
-    kept = [t for t in times if t > now - limit.window_seconds]
+    kept = times[bisect_right(times, now - limit.window_seconds) :]
     return {"clock": now, "times": [*kept, now][-limit.max_replies :]}
 
 
