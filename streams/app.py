@@ -93,6 +93,7 @@ from streams.kafka_security import faust_credentials
 from streams.partitioner import KeyPartitioner
 from streams.partitions import PartitionedTable, split_by_partition
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
+from streams.producer import LibrdkafkaProducer
 from streams.sends import ProducerSends, table_bytes
 from streams.stall import StallGuard
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
@@ -227,15 +228,24 @@ class StreamsApp(faust.App):
     """A faust App whose consumer reads ``read_committed`` in at-least-once mode, with the
     pipelined acknowledgements of :mod:`streams.acks` (``output_acks``)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, kafka: KafkaSettings, **kwargs: Any) -> None:
         super().__init__(*args, Table=GatedTable, **kwargs)
         self.output_acks = OutputAcks(on_failure=self._stop_on_lost_output)
-        #: Outputs and changelog records, straight to the producer (streams.sends).
-        self.sends = ProducerSends(self._aiokafka_producer, self.output_acks)
+        #: Outputs and changelog records: librdkafka's producer (streams.producer), not
+        #: faust's aiokafka one, and straight to it (streams.sends).
+        self.librdkafka = LibrdkafkaProducer(kafka, linger_s=PRODUCER_LINGER_S)
+        self.sends = ProducerSends(lambda: self.librdkafka, self.output_acks)
 
-    def _aiokafka_producer(self) -> Any:
-        # faust's aiokafka driver: its producer, started before any agent runs.
-        return self.producer._ensure_producer()  # type: ignore[attr-defined]
+    async def _producer_flush(self, logger: Any) -> None:
+        # faust flushes its producer when partitions are revoked and at stop: ours too.
+        await super()._producer_flush(logger)
+        await self.librdkafka.flush()
+
+    async def on_stop(self) -> None:
+        # faust's stop: the consumer made its last commit (whose barrier waited for our
+        # acknowledgements) and both producers were flushed; ours ends here.
+        await super().on_stop()
+        await self.librdkafka.close()
 
     async def _stop_on_lost_output(self, exc: BaseException) -> None:
         # A crash stops the worker with an error (mode's Worker re-raises the reason); its
@@ -367,6 +377,7 @@ class StreamsWorker:
         self._reseeked_generation: int | None = None
         self.app = StreamsApp(
             settings.app_id,
+            kafka=kafka,
             **_broker_options(kafka),
             processing_guarantee="at_least_once",
             store="memory://",

@@ -1,4 +1,4 @@
-"""The worker's records sent straight to aiokafka's producer, without faust's per-send machinery.
+"""The worker's records sent straight to its producer, without faust's per-send machinery.
 
 Why: each record through faust's ``Topic.send`` / ``send_soon`` built a ``FutureMessage`` and a
 ``PendingMessage``, ran the value through faust's serializer registry, called the sensors twice
@@ -6,10 +6,10 @@ and chained two callbacks; a changelog record also went through faust's ``Produc
 conductor stopped delivering records while more than 100 waited (``wait_until_ebb``) and then
 waited for them one ``wait_for`` at a time (py-spy, ``mailtap bench streams``, issue 29: those
 paths were about a fifth of the worker's CPU per mail, about eight records a mail). Here a send
-is one call of the producer's ``send``.
+is one call of the producer's ``send``: librdkafka's, :mod:`streams.producer` (faust's
+aiokafka producer was the next fifth).
 
-What is kept: the producer is faust's own (started, flushed before every commit and stopped by
-faust); a table record keeps the bytes of faust's ``json`` codec (``faust.utils.json.dumps``,
+What is kept: a table record keeps the bytes of faust's ``json`` codec (``faust.utils.json.dumps``,
 what the table's recovery reads) and, without a partition of its own, the partition faust's
 partitioner gives its key (``Producer.key_partition``). What is left out: faust's sensors
 (nothing of ours reads them) and the changelog callback that records a persisted offset (a
@@ -66,7 +66,8 @@ def table_bytes(obj: Any) -> bytes:
 
 
 class ProducerSends:
-    """One worker's sends through the aiokafka producer ``producer()`` returns."""
+    """One worker's sends through the producer ``producer()`` returns: an object with
+    aiokafka's ``send`` (:class:`streams.producer.LibrdkafkaProducer`)."""
 
     def __init__(self, producer: Callable[[], Any], acks: OutputAcks) -> None:
         self._producer = producer
@@ -167,7 +168,7 @@ class ProducerSends:
 
 
 def _kafka_headers(headers: tracing.RecordHeaders) -> list[tuple[str, bytes]] | None:
-    """Headers as aiokafka takes them: ``(name, bytes)`` pairs, or None for none."""
+    """Headers as the producer takes them: ``(name, bytes)`` pairs, or None for none."""
     if not headers:
         return None
     pairs = headers.items() if isinstance(headers, Mapping) else headers
