@@ -202,35 +202,36 @@ class _Compiler:
                 f"{pad}    raise UnexpectedValue('not a symbol of the enum')",
                 f"{pad}out += {found}",
             ]
-        elif kind == "array":
-            item = self._name("item")
-            lines += [
-                f"{pad}if {var}.__class__ is not list and {var}.__class__ is not tuple:",
-                f"{pad}    raise UnexpectedValue('not a list')",
-                # One block, as fastavro writes it: count, items, then the 0 block.
-                f"{pad}if {var}:",
-            ]
-            self._length(f"len({var})", lines, pad + "    ")
-            lines.append(f"{pad}    for {item} in {var}:")
-            self._node(schema["items"], item, lines, depth + 2)
-            lines.append(f"{pad}out.append(0)")
-        elif kind == "map":
-            key, item = self._name("key"), self._name("item")
-            lines += [
-                f"{pad}if {var}.__class__ is not dict:",
-                f"{pad}    raise UnexpectedValue('not a dict')",
-                # As an array: one block of (string key, value) pairs, then the 0 block.
-                f"{pad}if {var}:",
-            ]
-            self._length(f"len({var})", lines, pad + "    ")
-            lines.append(f"{pad}    for {key}, {item} in {var}.items():")
-            self._primitive("string", key, lines, pad + "        ")
-            self._node(schema["values"], item, lines, depth + 2)
-            lines.append(f"{pad}out.append(0)")
+        elif kind in ("array", "map"):
+            self._blocks(schema, var, lines, depth)
         elif isinstance(kind, str) and kind in _PRIMITIVES:
             self._primitive(kind, var, lines, pad)
         else:
             raise UnsupportedSchema(str(kind))
+
+    def _blocks(self, schema: dict[str, Any], var: str, lines: list[str], depth: int) -> None:
+        """An array or a map as fastavro writes it: one block (the count, then the items, or
+        the string keys each with its value), then the 0 block; empty, the 0 block alone."""
+        pad = "    " * depth
+        item = self._name("item")
+        key = None if schema["type"] == "array" else self._name("key")
+        if key is None:
+            accepted, shape = f"{var}.__class__ is list or {var}.__class__ is tuple", "list"
+            loop = f"for {item} in {var}:"
+        else:
+            accepted, shape = f"{var}.__class__ is dict", "dict"
+            loop = f"for {key}, {item} in {var}.items():"
+        lines += [
+            f"{pad}if not ({accepted}):",
+            f"{pad}    raise UnexpectedValue('not a {shape}')",
+            f"{pad}if {var}:",
+        ]
+        self._length(f"len({var})", lines, pad + "    ")
+        lines.append(f"{pad}    {loop}")
+        if key is not None:
+            self._primitive("string", key, lines, pad + "        ")
+        self._node(schema["items" if key is None else "values"], item, lines, depth + 2)
+        lines.append(f"{pad}out.append(0)")
 
     def _primitive(self, kind: str, var: str, lines: list[str], pad: str) -> None:
         if kind == "null":
