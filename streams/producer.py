@@ -148,15 +148,10 @@ class LibrdkafkaProducer:
         """Deliver what is still unacknowledged (at most :data:`CLOSE_FLUSH_S`), then end the
         polling thread. A send after this raises."""
         self._closing.set()
-        producer, thread = self._producer, self._thread
-        if producer is None:
-            return
-        left = await asyncio.to_thread(producer.flush, CLOSE_FLUSH_S)
-        if thread is not None:
-            await asyncio.to_thread(thread.join, POLL_S * 4)
+        await self.flush()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, POLL_S * 4)
         self._hand_over()
-        if left:
-            log.warning("%d records were not acknowledged by Kafka at stop", left)
 
 
 def _settle(reports: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
