@@ -62,6 +62,7 @@ import faust
 from aiokafka.errors import IllegalStateError
 from faust.transport.drivers import aiokafka as aiokafka_driver
 from faust.types import TP
+from mode.services import WaitResults
 
 from connectors.core import tracing
 from connectors.core.avro.serde import AvroSerde
@@ -89,6 +90,7 @@ from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
 from streams.conversation import conversation_key
 from streams.decoded import DecodedRecords
+from streams.drain import FINISHED, close_unstarted, first_step
 from streams.kafka_security import faust_credentials
 from streams.partitioner import KeyPartitioner
 from streams.partitions import PartitionedTable, split_by_partition
@@ -179,6 +181,21 @@ class _ReadCommittedConsumer(aiokafka_driver.Consumer):
             except Exception as exc:  # faust's own commit below still runs
                 log.warning("commit before the rebalance failed: %r", exc)
         await super().on_partitions_revoked(revoked)
+
+    async def wait_first(self, *coros: Any, timeout: Any = None) -> WaitResults:
+        """mode's ``wait_first``, which faust awaits for every record it hands to the agents,
+        without its four tasks when the first awaitable finishes at once (:mod:`streams.drain`)."""
+        if coros and not self._stopped.is_set() and not self._crashed.is_set():
+            try:
+                first, result = first_step(coros[0])
+            except BaseException:
+                close_unstarted(coros[1:])
+                raise
+            if first is FINISHED:
+                close_unstarted(coros[1:])
+                return WaitResults([coros[0]], [result], False)
+            coros = (first, *coros[1:])
+        return await super().wait_first(*coros, timeout=timeout)
 
     async def _commit_offsets(
         self, offsets: Mapping[TP, int], start_new_transaction: bool = True
