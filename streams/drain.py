@@ -21,7 +21,7 @@ interrupts a callback that waits.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Coroutine, Generator
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 
@@ -76,7 +76,7 @@ def first_step(first: object) -> tuple[object, Any]:
     return Resumed(first, pending), None
 
 
-def close_unstarted(awaitables: tuple[Awaitable[Any] | Any, ...]) -> None:
+def close_unstarted(awaitables: tuple[object, ...]) -> None:
     """Close coroutines that will never be awaited (no "was never awaited" warning)."""
     for awaitable in awaitables:
         if inspect.iscoroutine(awaitable):
