@@ -693,7 +693,7 @@ class StreamsWorker:
                 Pipeline.apply(outcome, tables)
                 outcomes.append(outcome)
         for outcome in outcomes:
-            _log_outputs(outcome)
+            _log_outputs(outcome, logging.INFO)
             total.commands += outcome.commands
             total.events += outcome.events
         return total
@@ -780,14 +780,18 @@ class StreamsWorker:
                 raise
 
 
-def _log_outputs(outcome: Outcome) -> None:
-    """One INFO line per record or tick with outputs, naming each command and workflow event.
+def _log_outputs(outcome: Outcome, level: int = logging.DEBUG) -> None:
+    """One line per record or tick with outputs, naming each command and workflow event: at
+    DEBUG for a record, like the sink's line per send; at INFO for a tick's (a reminder).
 
-    One line, not one per output (issue 29: the line per output was ~1.5 % of the worker's
-    CPU, two log records and two writes per mail); formatted only when INFO is on.
+    Why not INFO for every record: the image logs at INFO, and a line per mail was ~11 % of a
+    worker's CPU in ``mailtap bench streams`` (py-spy, issue 29), the write of the line a third
+    of it, for what ``mail.workflow`` and ``mailtap trace`` already record per mail. A tick
+    with outputs is rare and nothing else says it happened. The text is formatted only when
+    the level is on.
     """
     if outcome.commands or outcome.events:
-        log.info("%s", _OutputsText(outcome))
+        log.log(level, "%s", _OutputsText(outcome))
     elif outcome.already_ran is not None:
         log.debug("a mail read again: %s ran for it already, nothing to do", outcome.already_ran)
 
