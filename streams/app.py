@@ -93,7 +93,7 @@ from streams.decoded import DecodedRecords
 from streams.drain import FINISHED, close_unstarted, first_step
 from streams.kafka_security import faust_credentials
 from streams.partitioner import KeyPartitioner
-from streams.partitions import PartitionedTable, split_by_partition
+from streams.partitions import PartitionedTable, PrefixIndex
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
 from streams.producer import LibrdkafkaProducer
 from streams.sends import ProducerSends, table_bytes
@@ -223,7 +223,31 @@ class GatedTable(faust.Table[Any, Any]):
 
     Its keys and values are JSON (the tables' schema); a deletion is faust's tombstone (a null
     value, ``value_serializer="raw"``).
+
+    :attr:`prefix_index`, when set (the state table), answers the partition views' prefix scans
+    (:mod:`streams.partitions`); faust's own writes to the store (changelog recovery, a
+    rebalance) make it build itself again at the next scan.
     """
+
+    prefix_index: PrefixIndex | None = None
+
+    def apply_changelog_batch(self, batch: Any) -> None:
+        super().apply_changelog_batch(batch)
+        self._store_written()
+
+    async def on_rebalance(
+        self, assigned: Any, revoked: Any, newly_assigned: Any, generation_id: int = 0
+    ) -> None:
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+        self._store_written()
+
+    async def on_recovery_completed(self, active_tps: Any, standby_tps: Any) -> None:
+        await super().on_recovery_completed(active_tps, standby_tps)
+        self._store_written()
+
+    def _store_written(self) -> None:
+        if self.prefix_index is not None:
+            self.prefix_index.invalidate()
 
     def on_key_set(self, key: Any, value: Any) -> None:
         # faust's Table.on_key_set also expires windowed keys (these tables are not windowed)
@@ -291,18 +315,16 @@ class FaustTables:
     rates: MutableMapping[str, Any]
     state: MutableMapping[str, Any]
 
-    def at(self, partition: int, state_entries: list[tuple[str, Any]] | None = None) -> FaustTables:
+    def at(self, partition: int) -> FaustTables:
         """The tables as the pipeline sees them for a conversation on ``partition``.
 
         ``runs`` and ``state`` are per conversation (:mod:`streams.partitions`); ``rates`` are
         per sender and recipient, across conversations, and keep faust's key partitioner.
-        ``state_entries``: the partition's state entries, when the caller walked the state once
-        for several partitions (:func:`streams.partitions.split_by_partition`).
         """
         return FaustTables(
             PartitionedTable(self.runs, partition),
             self.rates,
-            PartitionedTable(self.state, partition, state_entries),
+            PartitionedTable(self.state, partition),
         )
 
 
@@ -444,6 +466,9 @@ class StreamsWorker:
                 for name in TABLE_NAMES
             )
         )
+        state = self.tables.state
+        assert isinstance(state, GatedTable)
+        state.prefix_index = PrefixIndex(state.data)
         #: Called with each record's / tick's outcome and whether it came from a record (metrics).
         self.outcome_hooks: list[Callable[[Outcome, bool], None]] = []
         self.repartition_agent = self.app.agent(self.events_topic, name=REPARTITION_AGENT_NAME)(
@@ -680,13 +705,11 @@ class StreamsWorker:
         total = Outcome()
         owned = sorted(self.owned_partitions())
         async with self._lock:
-            # One walk of the state for all owned partitions, under one hold of the lock so
-            # that no record changes the state between the walk and a partition's tick. A
-            # partition's tick writes only keys of its own partition.
-            entries = split_by_partition(self.tables.state, owned)
+            # All owned partitions under one hold of the lock; each partition's workflows read
+            # the state through its prefix index (streams.partitions), not a walk of it all.
             outcomes = []
             for partition in owned:
-                tables = self.tables.at(partition, state_entries=entries[partition])
+                tables = self.tables.at(partition)
                 outcome = self.pipeline.tick(now, tables)
                 if outcome.commands or outcome.events:
                     await self.publish(outcome)

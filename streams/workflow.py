@@ -204,7 +204,9 @@ class WorkflowState:
     def items(self, prefix: str = "") -> Iterator[tuple[str, Any]]:
         """Current entries whose key starts with ``prefix`` (buffered writes included)."""
         full = self._prefix + prefix
-        merged = {k: v for k, v in list(self._table.items()) if k.startswith(full)}
+        scan = getattr(self._table, "scan", None)  # a partition's view: an indexed scan
+        entries = scan(full) if scan is not None else list(self._table.items())
+        merged = {k: v for k, v in entries if k.startswith(full)}
         merged.update({k: v for k, v in self.writes.items() if k.startswith(full)})
         for key, value in sorted(merged.items()):
             if value is not None:
