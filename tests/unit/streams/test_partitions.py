@@ -15,6 +15,10 @@ class _Store(dict[str, Any]):
         super().__init__()
         self._key_partition: dict[str, int] = {}
 
+    @property
+    def data(self) -> dict[str, Any]:
+        return self  # the memory store's dict of values
+
 
 class _Table:
     prefix_index: PrefixIndex | None = None
