@@ -4,7 +4,7 @@
 Two agents:
 
 - ``mail-events`` reads ``mail.events`` (``read_committed``) and re-keys each record by its
-  conversation (:mod:`streams.conversation`: the thread root) onto the internal topic
+  conversation (:mod:`connectors.core.mail.conversation`: the thread root) onto the internal topic
   ``<app_id>-mail-events-by-conversation``, value and headers unchanged; its offset is
   committed only after that send was acknowledged (the commit barrier of :mod:`streams.acks`).
   Tombstones are not forwarded.
@@ -84,11 +84,11 @@ from connectors.core.kafka.permissions import (
     under_prefix,
 )
 from connectors.core.kafka.topics import ensure_topics
+from connectors.core.mail.conversation import CONVERSATION_HEADER, conversation_key
 from streams.acks import OutputAcks
 from streams.auth import DnsFunc, RawLoader
 from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
-from streams.conversation import conversation_key
 from streams.decoded import DecodedRecords
 from streams.drain import FINISHED, close_unstarted, first_step
 from streams.kafka_security import faust_credentials
@@ -117,7 +117,7 @@ REGISTRY_RETRY_MAX_S = 5.0
 
 
 def conversations_topic_name(app_id: str) -> str:
-    """The internal topic ``mail.events`` is re-keyed onto (:mod:`streams.conversation`)."""
+    """The internal topic ``mail.events`` is re-keyed onto (:mod:`connectors.core.mail.conversation`)."""
     return f"{app_id}-mail-events-by-conversation"
 
 
@@ -498,18 +498,23 @@ class StreamsWorker:
         """Re-key one ``mail.events`` record by its conversation onto the internal topic, the
         value and headers unchanged; returns the new key (None: nothing forwarded).
 
+        The conversation is the record's ``mailtap.conversation`` header, which the sources
+        send; a record without it is decoded (:mod:`connectors.core.mail.conversation`).
+
         The send is not awaited here: the commit barrier (:mod:`streams.acks`) lets faust commit
         the ``mail.events`` offset only after it was acknowledged; a kill in between forwards
         the record again, which the dedupe table absorbs downstream.
         """
         if value is None:
             return None  # a tombstone: the mail left the mailbox, nothing to answer
-        try:
-            record = await self.decode_event(value)
-            conversation = conversation_key(record).encode()
-            self.decoded.put(value, record)
-        except DataError:
-            conversation = key or b""  # reported by the conversation agent, under its own key
+        conversation = _conversation_header(headers)
+        if conversation is None:  # written before the sources sent it: decode the event
+            try:
+                record = await self.decode_event(value)
+                conversation = conversation_key(record).encode()
+                self.decoded.put(value, record)
+            except DataError:
+                conversation = key or b""  # reported by the conversation agent, under its key
         sent = await self.app.sends.send(
             self.conversations_topic_name, conversation, value, headers=headers
         )
@@ -836,6 +841,17 @@ class _OutputsText:
             for e in self.outcome.events
         ]
         return "; ".join(parts)
+
+
+def _conversation_header(headers: tracing.RecordHeaders) -> bytes | None:
+    """The record's ``mailtap.conversation`` header; None when it has none (or an empty one)."""
+    if headers is None:
+        return None
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    for name, value in pairs:
+        if name == CONVERSATION_HEADER and value:
+            return value if isinstance(value, bytes) else value.encode()
+    return None
 
 
 def _undecodable(key: str, exc: Exception) -> Record:

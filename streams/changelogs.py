@@ -13,7 +13,7 @@ a leader, the topics are in the producer's metadata from its first request on, a
 declaration finds them in place.
 
 The internal topic ``mail.events`` is re-keyed onto (``<app_id>-mail-events-by-conversation``,
-:mod:`streams.conversation`) is created here too, for the same reason and with the same
+:mod:`connectors.core.mail.conversation`) is created here too, for the same reason and with the same
 partition count: faust's assignor gives partition N of it and of every changelog to the same
 worker only when the counts are equal, which keeps a conversation and its state together.
 

@@ -33,7 +33,7 @@ Rules the runtime relies on:
   written to the changelog-backed table only after the commands and events were acknowledged by
   Kafka, so a crash in between replays the mail against the old state.
 - **State values are JSON** (dicts, lists, strings, numbers, booleans, None).
-- **State is per conversation** (:mod:`streams.conversation`): a mail sees the state written
+- **State is per conversation** (:mod:`connectors.core.mail.conversation`): a mail sees the state written
   by the mails of its own thread (same thread root); with several workers, state of another
   conversation may live on another worker. Key state by what the thread carries (Message-IDs).
 - **State ends**: an ``expire(state, before)`` hook deletes entries whose final state is older

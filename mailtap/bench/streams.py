@@ -48,6 +48,7 @@ from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
 from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs, ensure_topics
+from connectors.core.mail.conversation import CONVERSATION_HEADER, conversation_key
 from mailtap.bench.ingest import _say, _services
 from mailtap.commands.streams_health import mails_read_again
 from mailtap.components import Component
@@ -157,9 +158,13 @@ def _prefill(cfg: MailtapConfig, events: list[dict[str, Any]]) -> None:
     producer = Producer(producer_config(cfg.kafka))
     for event in events:
         value = serde.encode(event, topic)
+        # As the sources write them: with the conversation the worker re-keys them by.
+        headers: list[tuple[str, str | bytes | None]] = [
+            (CONVERSATION_HEADER, conversation_key(event).encode())
+        ]
         while True:
             try:
-                producer.produce(topic, key=event["key"].encode(), value=value)
+                producer.produce(topic, key=event["key"].encode(), value=value, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)

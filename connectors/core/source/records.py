@@ -1,5 +1,8 @@
 """Parsed mails -> Kafka records, shared by the sources: the event, its DLQ report, tombstones.
 
+Event record: key the message identity, value the ``MailEvent``, header ``mailtap.conversation``
+(its thread root, :mod:`connectors.core.mail.conversation`).
+
 Bad input never stops a mailbox (DESIGN.md): a mail the parser flags with ``parse_error`` is
 published as an event *and* reported on the DLQ topic with error headers, in the same
 transaction; a mail the parser cannot handle at all (a bug) is reported on the DLQ only. Either
@@ -29,6 +32,7 @@ from connectors.core.claimcheck.store import ClaimCheckBatch, ClaimCheckStore, s
 from connectors.core.errors import RegistryUnavailable
 from connectors.core.kafka.transactions import SourceRecord
 from connectors.core.mail import ParsedMail
+from connectors.core.mail.conversation import CONVERSATION_HEADER, conversation_key
 from connectors.core.mail.event import (
     ChangeKindSymbol,
     MailEvent,
@@ -99,8 +103,13 @@ class MailEventRecords:
         raw: bytes,
         source_headers: Sequence[tuple[str, bytes]],
     ) -> list[SourceRecord]:
-        """The event, plus its DLQ report when the parser flagged ``parse_error``."""
-        records = [SourceRecord(self.events_topic, key.encode(), value)]
+        """The event, plus its DLQ report when the parser flagged ``parse_error``.
+
+        The event carries its conversation (``mailtap.conversation``), which the streams worker
+        re-keys it by without decoding it (:mod:`connectors.core.mail.conversation`).
+        """
+        conversation = ((CONVERSATION_HEADER, conversation_key(event).encode()),)
+        records = [SourceRecord(self.events_topic, key.encode(), value, conversation)]
         error = event["parse_error"]
         if error:
             raw_ref = event["raw_ref"]

@@ -13,6 +13,7 @@ import pytest
 from imapclient import IMAPClient
 
 from connectors.core.config import config_from_dict
+from connectors.core.mail.conversation import conversation_key
 from connectors.imap.source import ImapSource
 from tests.integration.imap.imap_harness import (
     ImapHarness,
@@ -41,6 +42,10 @@ def test_n_appended_mails_give_n_events_n_keys_and_the_cursor_at_the_last_uid(
     by_uid = {e.value["source"]["uid"]: e.value for e in events if e.value}
     assert sorted(by_uid) == list(range(1, 39))
     assert by_uid[1]["subject"] == "m 0" and by_uid[1]["source"]["folder"] == "INBOX"
+    # Each event names its conversation, which the streams worker re-keys it by undecoded.
+    assert all(
+        e.headers["mailtap.conversation"] == conversation_key(e.value).encode() for e in events
+    )
     cursor = imap.cursor()
     assert cursor is not None and cursor["last_uid"] == 38 and cursor["pending"] is None
     assert (

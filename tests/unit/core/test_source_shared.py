@@ -112,6 +112,22 @@ def test_a_flagged_event_is_published_and_reported_with_the_source_s_headers() -
     assert dict(records[1].headers)["mailtap.source.kind"] == b"EWS"
 
 
+def test_the_event_carries_its_conversation_in_a_header() -> None:
+    """What the streams worker re-keys it by without decoding it (issue 29)."""
+    reply = {
+        "key": "ops/mid:b@x",
+        "message_id": "b@x",
+        "in_reply_to": "a2@x",
+        "references": ["<Root@X>", "a2@x"],
+        "parse_error": None,
+    }
+    (record,) = _records().event_records("ops/mid:b@x", reply, b"v", b"raw", [])
+    assert record.headers == (("mailtap.conversation", b"root@x"),)
+    new = {"key": "ops/mid:n@x", "message_id": "N@X", "references": [], "parse_error": None}
+    (record,) = _records().event_records("ops/mid:n@x", new, b"v", b"raw", [])
+    assert dict(record.headers)["mailtap.conversation"] == b"n@x"
+
+
 def test_a_clean_event_is_one_record_and_a_big_raw_is_left_out_of_the_dlq() -> None:
     records = _records()
     assert len(records.event_records("k", {"parse_error": None}, b"v", b"raw", [])) == 1

@@ -218,6 +218,31 @@ async def test_a_forwarded_record_is_decoded_once_for_both_agents(
     assert len(decodes) == 2 and (w.decoded.hits, w.decoded.misses) == (1, 1)
 
 
+async def test_a_record_with_its_conversation_header_is_forwarded_without_a_decode(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    """The sources send ``mailtap.conversation`` (issue 29: the forward's decode was ~5 % of a
+    worker); a record without the header (or with an empty one) is decoded as before."""
+    w, sent = worker
+    decodes: list[bytes] = []
+    decode = w.mail_serde.decode
+
+    def counting(data: bytes, topic: str = "") -> dict[str, Any]:
+        decodes.append(data)
+        return decode(data, topic)
+
+    w.mail_serde.decode = counting  # type: ignore[method-assign]
+    key, value = encoded(mail_record(message_id="r@example.com", references=["<root@x>"]))
+    header = [("traceparent", b"00-x"), ("mailtap.conversation", b"root@x")]
+    assert await w.forward(key, value, header) == b"root@x"
+    assert await w.forward(key, value, {"mailtap.conversation": b"root@x"}) == b"root@x"
+    assert decodes == []
+    assert await w.forward(key, value, [("mailtap.conversation", b"")]) == b"root@x"
+    assert await w.forward(key, value) == b"root@x"
+    assert len(decodes) == 2
+    assert [(t, k, v) for t, k, v in sent.log] == [("conversations", b"root@x", value)] * 4
+
+
 async def test_mail_events_are_rekeyed_by_conversation_with_value_and_headers_unchanged(
     worker: tuple[StreamsWorker, Recorder],
 ) -> None:

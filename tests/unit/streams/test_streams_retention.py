@@ -1,5 +1,5 @@
 """Bounded table state: final state older than ``streams.state_retention_days`` is swept, and
-the conversation key that places a mail's state (``streams.conversation``)."""
+the conversation key that places a mail's state (``connectors.core.mail.conversation``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from connectors.core.errors import ConfigError
-from streams.conversation import conversation_key
+from connectors.core.mail.conversation import conversation_key
 from streams.testing import EPOCH, WorkflowHarness, mail_record
 from streams.workflows.approval import approval_id
 from streams.workflows.ticket_intake import ticket_number
