@@ -117,7 +117,8 @@ REGISTRY_RETRY_MAX_S = 5.0
 
 
 def conversations_topic_name(app_id: str) -> str:
-    """The internal topic ``mail.events`` is re-keyed onto (:mod:`connectors.core.mail.conversation`)."""
+    """The internal topic ``mail.events`` is re-keyed onto, by conversation
+    (:mod:`connectors.core.mail.conversation`)."""
     return f"{app_id}-mail-events-by-conversation"
 
 
