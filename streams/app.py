@@ -846,10 +846,7 @@ class _OutputsText:
 
 def _conversation_header(headers: tracing.RecordHeaders) -> bytes | None:
     """The record's ``mailtap.conversation`` header; None when it has none (or an empty one)."""
-    if headers is None:
-        return None
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    for name, value in pairs:
+    for name, value in tracing.header_pairs(headers):
         if name == CONVERSATION_HEADER and value:
             return value if isinstance(value, bytes) else value.encode()
     return None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from faust.utils import json as faust_json
@@ -171,5 +171,7 @@ def _kafka_headers(headers: tracing.RecordHeaders) -> list[tuple[str, bytes]] | 
     """Headers as the producer takes them: ``(name, bytes)`` pairs, or None for none."""
     if not headers:
         return None
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    return [(name, v.encode() if isinstance(v, str) else (v or b"")) for name, v in pairs]
+    return [
+        (name, v.encode() if isinstance(v, str) else (v or b""))
+        for name, v in tracing.header_pairs(headers)
+    ]

@@ -52,13 +52,17 @@ def available() -> bool:
     )
 
 
+def header_pairs(headers: RecordHeaders) -> Iterable[tuple[str, bytes | str | None]]:
+    """``headers`` as ``(name, value)`` pairs, whichever shape they came in (none: none)."""
+    if headers is None:
+        return ()
+    return headers.items() if isinstance(headers, Mapping) else headers
+
+
 def _carrier(headers: RecordHeaders) -> dict[str, str]:
     """The W3C headers among ``headers`` as text (Kafka header values are bytes)."""
-    if headers is None:
-        return {}
-    pairs: Iterable[tuple[str, Any]] = headers.items() if isinstance(headers, Mapping) else headers
     carrier = {}
-    for name, value in pairs:
+    for name, value in header_pairs(headers):
         if name in _NAMES and value is not None:
             carrier[name] = value.decode("ascii", "replace") if isinstance(value, bytes) else value
     return carrier

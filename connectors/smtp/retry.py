@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from connectors.core.tracing import RecordHeaders, header_pairs
+
 HEADER_ATTEMPT = "mailtap.attempt"
 HEADER_DUE_MS = "mailtap.due-ms"
 HEADER_RECIPIENTS = "mailtap.recipients"
@@ -37,16 +39,6 @@ HEADER_ERROR_PARTITION = "mailtap.error.partition"
 HEADER_ERROR_OFFSET = "mailtap.error.offset"
 
 Headers = list[tuple[str, bytes]]
-#: What confluent-kafka hands back from ``Message.headers()``.
-RecordHeaders = Sequence[tuple[str, bytes | str | None]] | Mapping[str, bytes | str | None] | None
-
-
-def _pairs(headers: RecordHeaders) -> list[tuple[str, bytes | str | None]]:
-    if headers is None:
-        return []
-    if isinstance(headers, Mapping):
-        return list(headers.items())
-    return list(headers)
 
 
 @dataclass(frozen=True)
@@ -61,7 +53,7 @@ class RetryInfo:
     @classmethod
     def from_headers(cls, headers: RecordHeaders) -> RetryInfo:
         values: dict[str, str] = {}
-        for name, value in _pairs(headers):
+        for name, value in header_pairs(headers):
             if value is not None:
                 values[name] = value.decode("utf-8") if isinstance(value, bytes) else value
         recipients = values.get(HEADER_RECIPIENTS)
@@ -143,7 +135,7 @@ def dlq_headers(
     """Original headers plus the error headers (Kafka Connect's ``__connect.errors.*`` idea)."""
     kept: Headers = [
         (k, v.encode("utf-8") if isinstance(v, str) else v)
-        for k, v in _pairs(original)
+        for k, v in header_pairs(original)
         if v is not None and not k.startswith("mailtap.error.")
     ]
     return [

@@ -197,10 +197,8 @@ async def test_a_lost_command_leaves_its_dedupe_mark_out_of_the_changelog(
     assert [type(e) for e in crashed] == [ConnectionError]
 
 
-async def test_a_forwarded_record_is_decoded_once_for_both_agents(
-    worker: tuple[StreamsWorker, Recorder],
-) -> None:
-    w, _ = worker
+def _count_decodes(w: StreamsWorker) -> list[bytes]:
+    """The values the worker's MailEvent serde decodes from now on, in order."""
     decodes: list[bytes] = []
     decode = w.mail_serde.decode
 
@@ -209,6 +207,14 @@ async def test_a_forwarded_record_is_decoded_once_for_both_agents(
         return decode(data, topic)
 
     w.mail_serde.decode = counting  # type: ignore[method-assign]
+    return decodes
+
+
+async def test_a_forwarded_record_is_decoded_once_for_both_agents(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, _ = worker
+    decodes = _count_decodes(w)
     forwarded = encoded(mail_record(message_id="one@example.com"))
     await w.forward(*forwarded)
     outcome = await w.on_record(*forwarded)
@@ -224,14 +230,7 @@ async def test_a_record_with_its_conversation_header_is_forwarded_without_a_deco
     """The sources send ``mailtap.conversation`` (issue 29: the forward's decode was ~5 % of a
     worker); a record without the header (or with an empty one) is decoded as before."""
     w, sent = worker
-    decodes: list[bytes] = []
-    decode = w.mail_serde.decode
-
-    def counting(data: bytes, topic: str = "") -> dict[str, Any]:
-        decodes.append(data)
-        return decode(data, topic)
-
-    w.mail_serde.decode = counting  # type: ignore[method-assign]
+    decodes = _count_decodes(w)
     key, value = encoded(mail_record(message_id="r@example.com", references=["<root@x>"]))
     header = [("traceparent", b"00-x"), ("mailtap.conversation", b"root@x")]
     assert await w.forward(key, value, header) == b"root@x"
