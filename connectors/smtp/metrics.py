@@ -14,7 +14,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from connectors.core.metrics import build_info
+from connectors.core.metrics import PartitionLag, build_info
 
 
 class SinkMetrics:
@@ -57,6 +57,7 @@ class SinkMetrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.partition_lag = PartitionLag(self.lag)
         self.build_info = build_info(r, "smtp-sink")
         self._last_round = time.time()
         self._partitions = 0
@@ -68,11 +69,13 @@ class SinkMetrics:
         with self._lock:
             self._partitions = len(assignment)
         self.assigned_partitions.set(len(assignment))
+        lags = {}
         for tp in consumer.position(assignment) if assignment else []:
             # cached: the high watermark of the last fetch response for this partition.
             _, high = consumer.get_watermark_offsets(tp, cached=True)
             if tp.offset >= 0 and high >= 0:
-                self.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+                lags[tp.topic, tp.partition] = high - tp.offset
+        self.partition_lag.observe(lags)
 
     def round_completed(self) -> None:
         now = time.time()

@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from connectors.core.metrics import build_info
+from connectors.core.metrics import PartitionLag, build_info
 from streams.pipeline import FAILED, SKIPPED, UNROUTED, Outcome
 
 #: How often the loop reports; well inside any sensible max age (600 s by default).
@@ -51,6 +51,7 @@ class StreamsHealth:
             ["topic", "partition"],
             registry=r,
         )
+        self.partition_lag = PartitionLag(self.lag)
         self.records = Counter(
             "mailtap_streams_records_processed", "mail.events records handled", registry=r
         )
@@ -100,6 +101,7 @@ class StreamsHealth:
         # faust keeps the committed offset per partition (_committed_offset, the next offset to
         # read); the high watermark comes from the fetcher's last response.
         committed = getattr(consumer, "_committed_offset", {})
+        lags = {}
         for tp in assignment:
             try:
                 high = consumer.highwater(tp)
@@ -107,8 +109,8 @@ class StreamsHealth:
                 continue
             if high is None:
                 continue
-            done = committed.get(tp) or 0
-            self.lag.labels(tp.topic, str(tp.partition)).set(max(0, high - done))
+            lags[tp.topic, tp.partition] = high - (committed.get(tp) or 0)
+        self.partition_lag.observe(lags)
 
     def observe_tables(self, tables: dict[str, Any]) -> None:
         """Called on the event loop with the worker's faust tables."""

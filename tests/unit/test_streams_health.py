@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import NamedTuple
 
+from prometheus_client import generate_latest
+
 from connectors.core.config import config_from_dict
 from mailtap.commands.streams import serves_health
 from mailtap.commands.streams_health import StreamsHealth
@@ -77,3 +79,35 @@ def test_guard_decisions_count_the_published_skips_and_the_repeats_that_publish_
     assert decisions("dedupe") == 2
     assert decisions("auto_submitted") == 1
     assert health.registry.get_sample_value("mailtap_streams_records_processed_total") == 4
+
+
+def test_the_lag_of_a_partition_moved_away_is_no_longer_shown() -> None:
+    """A rebalance took mail.events/0 to another worker: its series goes (it showed the lag of
+    the last observation for good, a partition seemingly stuck that another worker had read)."""
+    health = StreamsHealth("mail.events")
+    ends = {TP("mail.events", 0): 2000, TP("mail.events", 1): 1500}
+
+    def consumer(*held: TP, committed: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            assignment=lambda: set(held),
+            highwater=ends.__getitem__,
+            _committed_offset={tp: committed for tp in held},
+        )
+
+    def lags() -> dict[str, float]:
+        text = generate_latest(health.registry).decode()
+        return {
+            line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("mailtap_streams_consumer_lag{")
+        }
+
+    both = SimpleNamespace(consumer=consumer(*ends, committed=10), in_recovery=False)
+    health.observe(SimpleNamespace(**vars(both), rebalancing=False))
+    assert lags() == {
+        'partition="0",topic="mail.events"': 1990,
+        'partition="1",topic="mail.events"': 1490,
+    }
+    one = consumer(TP("mail.events", 1), committed=1500)
+    health.observe(SimpleNamespace(consumer=one, in_recovery=False, rebalancing=False))
+    assert lags() == {'partition="1",topic="mail.events"': 0}

@@ -88,3 +88,26 @@ def test_a_worker_that_stops_after_its_mailbox_moved_away_does_not_bring_it_back
     m.watch("imap", "a", "INBOX")
     m.set_state("imap", "a", "INBOX", "IDLE")
     assert m.health(600)[1]["states"]["imap/a/INBOX"] == "IDLE"
+
+
+def test_the_sink_drops_the_lag_of_a_partition_it_no_longer_holds() -> None:
+    held = [TopicPartition("mail.commands", p) for p in (0, 3)]
+
+    class Consumer:
+        def assignment(self) -> list[TopicPartition]:
+            return held
+
+        def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+            return [TopicPartition(tp.topic, tp.partition, 5) for tp in partitions]
+
+        def get_watermark_offsets(self, tp: TopicPartition, cached: bool) -> tuple[int, int]:
+            return 0, 8
+
+    sink = SinkMetrics()
+    sink.observe_consumer(Consumer())
+    assert value(sink, 'mailtap_smtp_consumer_lag{partition="0",topic="mail.commands"}') == 3
+    held = held[1:]  # a rebalance moved partition 0 to another instance
+    sink.observe_consumer(Consumer())
+    assert value(sink, 'mailtap_smtp_consumer_lag{partition="3",topic="mail.commands"}') == 3
+    text = generate_latest(sink.registry).decode()
+    assert 'partition="0",topic="mail.commands"' not in text
