@@ -96,6 +96,7 @@ from streams.partitioner import KeyPartitioner
 from streams.partitions import PartitionedTable, PrefixIndex
 from streams.pipeline import SKIPPED, Outcome, Pipeline, wall_clock
 from streams.producer import LibrdkafkaProducer
+from streams.seeks import SeekAwareConsumer, SeekAwareThread
 from streams.sends import ProducerSends, table_bytes
 from streams.stall import StallGuard
 from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_event
@@ -122,7 +123,7 @@ def conversations_topic_name(app_id: str) -> str:
     return f"{app_id}-mail-events-by-conversation"
 
 
-class _ReadCommittedConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
+class _ReadCommittedConsumerThread(SeekAwareThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         # The sources write mail.events in transactions; faust only reads committed data in
@@ -132,7 +133,7 @@ class _ReadCommittedConsumerThread(aiokafka_driver.AIOKafkaConsumerThread):
         return consumer
 
 
-class _ReadCommittedConsumer(aiokafka_driver.Consumer):
+class _ReadCommittedConsumer(SeekAwareConsumer):
     def _new_consumer_thread(self) -> Any:
         return _ReadCommittedConsumerThread(self, loop=self.loop, beacon=self.beacon)
 

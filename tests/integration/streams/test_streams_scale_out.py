@@ -473,3 +473,38 @@ def test_a_worker_joining_during_a_backlog_does_not_make_the_group_redo_the_firs
         f"{again:.0f} mails handled twice"
     )
     assert again <= JOIN_DUPLICATES_MAX, pool.tail()
+
+
+#: Ticket openings before two workers start together (test below): enough that the first to
+#: join is deep in it, with batches in hand, when the second one's join makes it seek.
+TOGETHER_BACKLOG = 8_000
+
+
+def test_two_workers_started_together_on_a_backlog_answer_every_mail(
+    kafka6: KafkaSettings, pool: Pool, unique: str, config6: Path
+) -> None:
+    # As `mailtap bench streams --workers 2` starts them. The first worker to join kept some
+    # conversation partitions through the second one's join; the seek to the committed offsets
+    # at the end of that rebalance came while faust handed a fetched batch to the agents, faust
+    # went on with the batch, took the skipped offsets for a gap, committed past them and
+    # dropped the records fetched again: 586 mails of each of three partitions never answered,
+    # in 1 run of 2 (streams/seeks.py). Counted here by a read_committed consumer.
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    openings = [thread_mail(t, 0, unique, now) for t in range(TOGETHER_BACKLOG)]
+    produce_to(kafka6, [(m, t % PARTITIONS) for t, m in enumerate(openings)])
+    keys = {m["key"] for m in openings}
+    reader = TopicReader(kafka6, kafka6.topics.commands, COMMAND)
+    watch = Watch(pool, set())
+    try:
+        pool.start()
+        pool.start()
+        reader.until(
+            lambda got: len(answer_ids(got, keys)) == TOGETHER_BACKLOG,
+            watch,
+            missing=lambda got: len(keys - {c["event_key"] for c in got}),
+        )
+    finally:
+        reader.close()
+    answered = Counter(c["event_key"] for c in reader.records)
+    assert set(answered) == keys
+    print(f"{TOGETHER_BACKLOG} mails, two workers started together: all answered")
