@@ -630,6 +630,8 @@ class StreamsWorker:
         were silently skipped: the restarted worker never answered them (1 start in 5 under
         CPU load in tests/integration/streams; same family as faust-streaming #216/#241).
         Re-reading is safe: processed mails meet the dedupe table or re-emit the same ids.
+        (:mod:`streams.seeks` now seeks those partitions to their first offset at faust's own
+        seek; this re-seek stays for the records faust drops on their way to the agents.)
 
         A partition whose records reached the agents in this generation from that offset (or
         an earlier one) on is not rewound: faust skips records only before a generation's
@@ -677,6 +679,8 @@ class StreamsWorker:
                 log.warning("generation %s: re-seek timed out, tried again", generation)
                 return
         self._reseeked_generation = generation
+        # Where a partition never committed starts: its commits may begin (streams.seeks).
+        consumer.start_offsets.update({tp: earliest[tp] for tp in uncommitted})
         self.stall_guard.expect(targets, generation)
         log.info(
             "generation %s settled: re-read from %s (%d partitions read from there already)",

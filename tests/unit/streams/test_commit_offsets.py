@@ -29,6 +29,9 @@ def _bookkeeping(cls: type) -> Any:
     consumer._acked = defaultdict(list)
     consumer._acked_index = defaultdict(set)
     consumer._committed_offset = defaultdict(lambda: None)
+    # Where the partition starts, as the settled generation's re-seek finds it (streams.seeks:
+    # a partition never committed commits only from there).
+    consumer.start_offsets = {TOPIC_PARTITION: 0}
     return consumer
 
 

@@ -6,12 +6,15 @@ fetched again: 586 mails per partition never handled in ``bench streams --worker
 from __future__ import annotations
 
 import asyncio
+from collections import defaultdict
 from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 from aiokafka import TopicPartition as TP
+from intervaltree import IntervalTree
 
-from streams.seeks import SeekAwareThread, fresh_records
+from streams.seeks import SeekAwareConsumer, SeekAwareThread, fresh_records
 
 KEPT = TP("app-mail-events-by-conversation", 3)
 OTHER = TP("app-mail-events-by-conversation", 1)
@@ -121,15 +124,111 @@ class FakeAiokafka:
     def seek_to(self, tp: TP, offset: int) -> None:
         self.sought[tp] = offset
 
+    async def beginning_offsets(self, tps: list[TP]) -> dict[TP, int]:
+        return {tp: 3 for tp in tps}
 
-def test_the_committed_offset_seek_numbers_its_seeks_and_skips_what_aiokafka_skips() -> None:
+
+def test_the_committed_offset_seek_also_seeks_what_aiokafka_leaves_out() -> None:
+    """aiokafka's seek_to_committed seeks no partition without a committed offset (or at 0),
+    and faust discards what it fetched during a recovery: those records never came until the
+    settled generation's re-seek."""
     empty, never = TP("mail.events", 0), TP("mail.events", 5)
-    consumer = FakeAiokafka({KEPT: 82, OTHER: 40, empty: 0, never: None}, lost=OTHER)
+    changelog = TP("app-state-changelog", 5)  # faust's recovery reads those itself
+    consumer = FakeAiokafka(
+        {KEPT: 82, OTHER: 40, empty: 0, never: None, changelog: None}, lost=OTHER
+    )
     t = thread()
     t._ensure_consumer = lambda: consumer  # type: ignore[method-assign]
+    t.consumer = SimpleNamespace(  # type: ignore[assignment]
+        app=SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda n: "log" not in n))
+    )
     committed: Any = asyncio.run(t._seek_to_committed())
-    assert committed == {KEPT: 82, OTHER: 40, empty: 0, never: None}
-    # OTHER was revoked meanwhile (aiokafka raises on its seek); 0 and None are not sought,
-    # as aiokafka's own seek_to_committed does not (streams.app re-seeks those)
-    assert consumer.sought == {KEPT: 82}
-    assert t.seeks == 1 and t.seeked_at == {KEPT: 1} and t.seek_offsets == {KEPT: 82}
+    assert committed == {KEPT: 82, OTHER: 40, empty: 0, never: None, changelog: None}
+    # OTHER was revoked meanwhile (aiokafka raises on its seek)
+    assert consumer.sought == {KEPT: 82, empty: 3, never: 3}
+    assert t.seeks == 1 and set(t.seeked_at) == {KEPT, empty, never}
+    assert t.seek_offsets == {KEPT: 82, empty: 3, never: 3}
+    assert t.first_offsets == {empty: 3, never: 3}
+
+
+class Commits(SeekAwareConsumer):
+    """The consumer's commit bookkeeping alone (faust's state for it, no service)."""
+
+    def __init__(self) -> None:
+        self._acked = defaultdict(list)
+        self._acked_index = defaultdict(set)
+        self._gap = defaultdict(IntervalTree)
+        self._committed_offset = defaultdict(lambda: None)
+        self.start_offsets = {}
+
+    def ack_all(self, tp: TP, offsets: range) -> None:
+        self._acked[tp].extend(offsets)
+        self._acked_index[tp].update(offsets)
+
+
+def test_a_partition_never_committed_commits_only_from_where_it_starts() -> None:
+    """bench streams --workers 3: records 0-701 of a conversation partition were fetched and
+    discarded during a recovery, 702 on were given and acknowledged; faust, with no committed
+    offset to compare, committed 702 on and 0-701 were never handled."""
+    c = Commits()
+    c.ack_all(KEPT, range(702, 800))
+    assert c._new_offset(KEPT) is None  # where it starts is not known yet
+    c.start_offsets[KEPT] = 0  # the settled generation's re-seek: the earliest offset
+    assert c._new_offset(KEPT) is None  # 0-701 were not acknowledged
+    c.ack_all(KEPT, range(0, 702))
+    assert c._new_offset(KEPT) == 800
+
+
+def test_a_commit_at_zero_is_a_floor_too() -> None:
+    c = Commits()
+    c._committed_offset[KEPT] = 0  # faust skips its check for a committed offset of 0
+    c.start_offsets[KEPT] = 0
+    c.ack_all(KEPT, range(5, 9))
+    assert c._new_offset(KEPT) is None
+    c.ack_all(KEPT, range(0, 5))
+    assert c._new_offset(KEPT) == 9
+
+
+def test_a_transaction_marker_or_a_gap_at_the_floor_still_commits() -> None:
+    c = Commits()
+    c._committed_offset[KEPT] = 40  # offset 40 is a commit marker
+    c.ack_all(KEPT, range(41, 45))
+    assert c._new_offset(KEPT) == 45
+    c._committed_offset[KEPT] = 45
+    c._gap[KEPT].addi(45, 50)  # aborted records 45-49, read past by the consumer
+    c.ack_all(KEPT, range(50, 52))
+    assert c._new_offset(KEPT) == 52
+
+
+NEW = TP("mail.events", 4)
+
+
+class Seeking(Commits):
+    """faust's seek to the committed offsets, which found two stream partitions without a
+    committed offset (:class:`SeekAwareThread` sought them to their first offsets)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read_offset = defaultdict(lambda: None)
+        self.committed = {KEPT: 40, OTHER: 0, NEW: None}
+        self._thread = thread()
+
+    def assignment(self) -> set[TP]:
+        return set(self.committed) - {LOST}
+
+    async def seek_to_committed(self) -> dict[TP, int | None]:
+        self._thread.first_offsets = {OTHER: 7, NEW: 7, LOST: 7}
+        return dict(self.committed)
+
+
+LOST = TP("mail.events", 5)  # revoked by a rebalance during the seek
+
+
+def test_a_partition_without_a_committed_offset_commits_from_its_first_offset() -> None:
+    c = Seeking()
+    asyncio.run(c.perform_seek())
+    assert c.start_offsets == {OTHER: 7, NEW: 7}
+    c.ack_all(NEW, range(7, 12))
+    assert c._new_offset(NEW) == 12
+    c.ack_all(OTHER, range(9, 12))  # 7 and 8 not handed over: no commit over them
+    assert c._new_offset(OTHER) is None

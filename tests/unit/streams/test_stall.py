@@ -32,6 +32,7 @@ class FakeConsumer:
         self.resumed: list[TP] = []
         self.seeks: list[dict[TP, int]] = []
         self._paused_partitions = {CONVERSATIONS}
+        self._committed_offset: dict[TP, int] = {}
 
     def highwater(self, tp: TP) -> int | None:
         return self.ends.get(tp)
@@ -167,3 +168,97 @@ def test_a_record_given_again_in_its_generation_is_not_fresh() -> None:
     # the next generation starts afresh: everything it is given is new to it
     assert guard.delivered(CONVERSATIONS, 6, generation=3)
     assert guard.delivered(CONVERSATIONS, 7, generation=3)
+
+
+async def test_a_commit_stuck_behind_records_handed_over_after_it_is_seeked_to(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Records 83-674 never reached the agents (faust dropped them), 675 on did: faust's commit
+    stays at 83 for good while deliveries go on, so the stall by deliveries never shows."""
+    clock = Clock()
+    guard = StallGuard(stall_s=30, clock=clock)
+    guard.expect({CONVERSATIONS: 83}, generation=2)
+    consumer = FakeConsumer({CONVERSATIONS: 2000})
+    consumer._committed_offset[CONVERSATIONS] = 83
+    for offset in range(675, 705):
+        guard.delivered(CONVERSATIONS, offset, 2)
+        clock.now += 1
+        assert await guard.check(consumer) == {}  # delivered within the second
+    for offset in range(705, 720):  # 30 s since the commit was last seen to move
+        guard.delivered(CONVERSATIONS, offset, 2)
+    clock.now += 1
+    with caplog.at_level(logging.WARNING, "streams.stall"):
+        assert await guard.check(consumer) == {CONVERSATIONS: 83}
+    assert consumer.seeks == [{CONVERSATIONS: 83}]
+    (line,) = caplog.messages
+    assert "its commit stayed behind records handed over after it" in line
+    assert "offset 83" in line
+    guard.delivered(CONVERSATIONS, 83, 2)  # the seek handed it over, and the commit moves on
+    consumer._committed_offset[CONVERSATIONS] = 720
+    consumer.ends[CONVERSATIONS] = 720  # and nothing waits
+    clock.now += 60
+    assert await guard.check(consumer) == {}
+
+
+async def test_a_commit_waiting_for_a_slow_record_or_moving_on_is_not_stuck() -> None:
+    clock = Clock()
+    guard = StallGuard(stall_s=30, clock=clock)
+    guard.expect({CONVERSATIONS: 10}, generation=2)
+    consumer = FakeConsumer({CONVERSATIONS: 11})
+    consumer._committed_offset[CONVERSATIONS] = 10
+    guard.delivered(CONVERSATIONS, 10, 2)  # in the agent's hands for minutes (registry away)
+    for _ in range(10):
+        clock.now += 20
+        assert await guard.check(consumer) == {}
+    consumer.ends[CONVERSATIONS] = 50
+    for offset in range(11, 40):  # a busy partition: the commit follows the deliveries
+        guard.delivered(CONVERSATIONS, offset, 2)
+        consumer._committed_offset[CONVERSATIONS] = offset - 3
+        clock.now += 20
+        assert await guard.check(consumer) == {}
+    # records given in an older generation say nothing of this one's commit
+    guard.expect({CONVERSATIONS: 36}, generation=3)
+    consumer._committed_offset[CONVERSATIONS] = 36
+    clock.now += 120
+    consumer.ends[CONVERSATIONS] = 36
+    assert await guard.check(consumer) == {}
+    assert consumer.seeks == []
+
+
+def given(guard: StallGuard, offsets: list[int] | range, generation: int = 2) -> list[bool]:
+    return [guard.delivered(CONVERSATIONS, o, generation=generation) for o in offsets]
+
+
+def test_a_record_in_a_hole_of_what_was_given_is_fresh_when_it_comes() -> None:
+    """bench streams --workers 3: faust dropped records 4-9 on their way to the agents, gave
+    10-20; the stall guard's seek to the committed 4 brought 4-20 again. 4-9 were skipped as
+    given (first <= offset <= last) and committed past: never answered."""
+    guard = StallGuard()
+    assert all(given(guard, [*range(0, 4), *range(10, 21)]))
+    assert not guard.given_from(CONVERSATIONS, 2, 4)  # a hole after 4: re-seek it
+    assert given(guard, range(4, 22)) == [True] * 6 + [False] * 11 + [True]
+    assert guard.given_from(CONVERSATIONS, 2, 0)  # all of 0-21 now
+
+
+def test_transaction_markers_make_a_partition_re_seeked_and_recognised() -> None:
+    guard = StallGuard()
+    records = [0, 1, 3, 4, 6, 7]  # a commit marker at 2 and at 5: never given
+    assert all(given(guard, records))
+    assert not guard.given_from(CONVERSATIONS, 2, 0)
+    assert given(guard, records) == [False] * 6  # the re-seek's second delivery: not again
+    assert guard.given_from(CONVERSATIONS, 2, 6)
+
+
+def test_what_is_kept_stops_growing_when_the_generation_settles() -> None:
+    guard = StallGuard()
+    assert all(given(guard, [0, 1, 3, 4, 8]))  # holes at 2, 5-7 before the settle
+    guard.expect({CONVERSATIONS: 0}, generation=2)
+    runs = guard._given[CONVERSATIONS].runs
+    assert runs == [[0, 1], [3, 4], [8, 8]]
+    # months of transactions: one marker each, nothing more is kept
+    assert all(given(guard, [o for o in range(9, 30_000) if o % 3]))
+    assert runs == [[0, 1], [3, 4], [8, 8]]
+    assert given(guard, [6, 5, 7, 2]) == [True] * 4  # a seek brings the holes: handled
+    assert runs == [[0, 8]]
+    assert given(guard, [5, 100]) == [False, True]  # 100: not kept, handled again to be safe
+    assert guard._watched[CONVERSATIONS].next_offset == 29_999 + 1

@@ -342,6 +342,7 @@ class FakeConsumer:
             TP("x-changelog", 0): 3,
         }
         self.seeks: list[tuple[int, int]] = []
+        self.start_offsets: dict[TP, int] = {}
 
     async def seek_to_committed(self) -> dict[TP, int | None]:
         return dict(self.committed)
@@ -367,6 +368,8 @@ async def test_settled_generation_rewinds_events_to_committed_or_earliest(
     assert fake.seeks == []
     await w._reseek_after_rebalance()
     assert sorted(fake.seeks) == [(0, 7), (1, 2)]  # the changelog partition is left alone
+    # partition 1 was never committed: it may commit from its earliest offset on (streams.seeks)
+    assert fake.start_offsets == {TP(KAFKA.topics.events, 1): 2}
     await w._reseek_after_rebalance()  # once per generation
     assert len(fake.seeks) == 2
 
@@ -426,6 +429,7 @@ async def test_a_rebalance_during_the_reseek_leaves_the_worker_running(
     await w._reseek_after_rebalance()  # settling tick
     await w._reseek_after_rebalance()  # must not raise
     assert w._reseeked_generation != 3  # not done: the next generation re-seeks itself
+    assert fake.start_offsets == {}  # so a never-committed partition does not commit yet
     if revoke_by_generation:
         assert fake.seeks == []  # nothing seeked for a generation that is gone
         return
