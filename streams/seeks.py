@@ -25,7 +25,7 @@ the seek is never dropped (its records would be lost: aiokafka's position is pas
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 from faust.transport.drivers import aiokafka as aiokafka_driver
@@ -42,6 +42,8 @@ class SeekAwareThread(aiokafka_driver.AIOKafkaConsumerThread):
         self.seek_offsets: dict[Any, int] = {}
         #: ``seeks`` when the last batch was fetched.
         self.fetched_after = 0
+        #: Partitions seeked whose first record since has not been handed on: the seek's offset.
+        self.awaiting_first: dict[Any, int] = {}
         #: The first offsets of the stream partitions the last committed-offset seek found
         #: without a committed offset.
         self.first_offsets: dict[Any, int] = {}
@@ -52,6 +54,7 @@ class SeekAwareThread(aiokafka_driver.AIOKafkaConsumerThread):
         for tp, offset in offsets:
             self.seeked_at[tp] = self.seeks
             self.seek_offsets[tp] = offset
+            self.awaiting_first[tp] = offset
 
     async def _fetch_records(self, *args: Any, **kwargs: Any) -> Any:
         records = await super()._fetch_records(*args, **kwargs)
@@ -124,7 +127,18 @@ class SeekAwareConsumer(aiokafka_driver.Consumer):
         self.start_offsets: dict[Any, int] = {}
 
     def getmany(self, timeout: float) -> AsyncIterator[tuple[Any, Any]]:
-        return fresh_records(super().getmany(timeout), self._thread, self._read_offset)
+        return fresh_records(
+            super().getmany(timeout), self._thread, self._read_offset, self._no_records
+        )
+
+    def _no_records(self, tp: Any, offset: int, first: int) -> None:
+        """No record of ``tp`` from ``offset`` up to ``first``: a gap, as faust records one
+        between two records read (it does not from a read offset of 0 or none, so a partition
+        whose first records were compacted away or aborted never committed)."""
+        if self.app.topics.acks_enabled_for(tp.topic):
+            gaps = self._gap[tp]
+            gaps.addi(offset, first)
+            gaps.merge_overlaps()
 
     async def perform_seek(self) -> None:
         """faust's seek to the committed offsets (the end of a rebalance's recovery), which
@@ -158,17 +172,24 @@ class SeekAwareConsumer(aiokafka_driver.Consumer):
         await super().on_partitions_revoked(revoked)
         for tp in revoked:
             self.start_offsets.pop(tp, None)
+            self._thread.awaiting_first.pop(tp, None)
 
 
 async def fresh_records(
-    batch: AsyncIterator[tuple[Any, Any]], thread: Any, read_offset: MutableMapping[Any, Any]
+    batch: AsyncIterator[tuple[Any, Any]],
+    thread: Any,
+    read_offset: MutableMapping[Any, Any],
+    no_records: Callable[[Any, int, int], None] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
     """The records of one fetched ``batch`` (partition, message) that no seek made since the
     fetch supersedes. ``thread``: a :class:`SeekAwareThread` (its seek numbers); ``read_offset``:
     faust's read offsets, each set back to the seek's offset where the record in the agents'
-    hands during the seek moved it on."""
+    hands during the seek moved it on; ``no_records(tp, offset, first)``: called when the first
+    record of ``tp`` fetched after its seek to ``offset`` is at ``first`` > ``offset``, so that
+    no record is there in between (compacted away, aborted, a transaction marker)."""
     fetched: int | None = None
     handed: Any = None  # the partition of the record handed on last
+    awaiting = thread.awaiting_first
     async for tp, message in batch:
         if fetched is None:
             fetched = thread.fetched_after
@@ -177,6 +198,10 @@ async def fresh_records(
                 _keep_seek_offset(thread, read_offset, handed, fetched)
             if thread.seeked_at.get(tp, -1) > fetched:
                 continue  # aiokafka fetches it again from the seek's offset
+        if awaiting and tp in awaiting:
+            sought = awaiting.pop(tp)
+            if message.offset > sought and no_records is not None:
+                no_records(tp, sought, message.offset)
         handed = tp
         yield tp, message
     if fetched is not None and handed is not None and thread.seeks != fetched:

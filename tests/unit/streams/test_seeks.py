@@ -9,7 +9,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiokafka import TopicPartition as TP
 from intervaltree import IntervalTree
@@ -23,12 +23,17 @@ OTHER = TP("app-mail-events-by-conversation", 1)
 def thread() -> SeekAwareThread:
     t = object.__new__(SeekAwareThread)  # its numbering only: no faust service behind it
     t.seeks, t.seeked_at, t.seek_offsets, t.fetched_after = 0, {}, {}, 0
+    t.awaiting_first = {}
     return t
 
 
-async def source(records: list[tuple[TP, int]]) -> AsyncIterator[tuple[TP, int]]:
-    for record in records:
-        yield record
+class Message(NamedTuple):
+    offset: int
+
+
+async def source(records: list[tuple[TP, int]]) -> AsyncIterator[tuple[TP, Message]]:
+    for tp, offset in records:
+        yield tp, Message(offset)
 
 
 def drain(
@@ -37,14 +42,21 @@ def drain(
     read_offset: dict[TP, int],
     seek_during: tuple[TP, int] | None = None,
     seek: tuple[TP, int] = (KEPT, 82),
+    gaps: list[tuple[TP, int, int]] | None = None,
 ) -> list[tuple[TP, int]]:
     """faust's _drain_messages over one batch: each record handed to the agents, the read offset
     set to it afterwards; ``seek`` made (as perform_seek makes it) while ``seek_during`` is in
-    the agents' hands."""
+    the agents' hands. ``gaps``: what ``no_records`` was told."""
+
+    told = [] if gaps is None else gaps
+
+    def no_records(tp: TP, offset: int, first: int) -> None:
+        told.append((tp, offset, first))
 
     async def run() -> list[tuple[TP, int]]:
         handed = []
-        async for tp, offset in fresh_records(source(records), t, read_offset):
+        async for tp, message in fresh_records(source(records), t, read_offset, no_records):
+            offset = message.offset
             handed.append((tp, offset))
             if (tp, offset) == seek_during:
                 t.mark_seeks([seek])
@@ -232,3 +244,27 @@ def test_a_partition_without_a_committed_offset_commits_from_its_first_offset() 
     assert c._new_offset(NEW) == 12
     c.ack_all(OTHER, range(9, 12))  # 7 and 8 not handed over: no commit over them
     assert c._new_offset(OTHER) is None
+
+
+def test_the_first_record_after_a_seek_says_what_holds_no_record() -> None:
+    """A partition whose first records were compacted away (or aborted): sought to its first
+    offset 0, the first record fetched is 11. faust records no gap from a read offset of 0 or
+    none, so the partition never committed (its floor, 0, stayed short of the run from 11)."""
+    t, gaps = thread(), []
+    t.mark_seeks([(KEPT, 0), (OTHER, 5)])
+    t.fetched_after = t.seeks
+    drain(t, [(KEPT, 11), (OTHER, 5), (KEPT, 12), (OTHER, 6)], {}, gaps=gaps)
+    assert gaps == [(KEPT, 0, 11)]  # OTHER's first record is at its offset: nothing to say
+    drain(t, [(KEPT, 20)], {}, gaps=gaps)  # only the first record after a seek tells
+    assert gaps == [(KEPT, 0, 11)]
+
+
+def test_a_partition_whose_first_records_are_gone_commits() -> None:
+    c = Seeking()
+    c._thread.awaiting_first = {NEW: 7}
+    c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
+    c.start_offsets[NEW] = 7
+    c.ack_all(NEW, range(19, 25))
+    assert c._new_offset(NEW) is None  # 7-18: not known to hold no record yet
+    c._no_records(NEW, 7, 19)
+    assert c._new_offset(NEW) == 25
