@@ -476,6 +476,31 @@ def test_a_worker_joining_during_a_backlog_does_not_make_the_group_redo_the_firs
     assert again <= JOIN_DUPLICATES_MAX, pool.tail()
 
 
+def answer_openings(
+    kafka: KafkaSettings, pool: Pool, unique: str, count: int, workers: int
+) -> tuple[set[str], list[dict[str, Any]], Watch]:
+    """``count`` ticket openings spread over the partitions of mail.events, then ``workers``
+    workers started together; returns the openings' keys once every one was answered (by a
+    read_committed consumer of mail.commands), the commands read, and the pool's watch."""
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    openings = [thread_mail(t, 0, unique, now) for t in range(count)]
+    produce_to(kafka, [(m, t % PARTITIONS) for t, m in enumerate(openings)])
+    keys = {m["key"] for m in openings}
+    reader = TopicReader(kafka, kafka.topics.commands, COMMAND)
+    watch = Watch(pool, set())
+    try:
+        for _ in range(workers):
+            pool.start()
+        reader.until(
+            lambda got: len(answer_ids(got, keys)) == count,
+            watch,
+            missing=lambda got: len(keys - {c["event_key"] for c in got}),
+        )
+    finally:
+        reader.close()
+    return keys, reader.records, watch
+
+
 #: Ticket openings before two workers start together (test below): enough that the first to
 #: join is deep in it, with batches in hand, when the second one's join makes it seek.
 TOGETHER_BACKLOG = 8_000
@@ -490,24 +515,8 @@ def test_two_workers_started_together_on_a_backlog_answer_every_mail(
     # went on with the batch, took the skipped offsets for a gap, committed past them and
     # dropped the records fetched again: 586 mails of each of three partitions never answered,
     # in 1 run of 2 (streams/seeks.py). Counted here by a read_committed consumer.
-    now = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    openings = [thread_mail(t, 0, unique, now) for t in range(TOGETHER_BACKLOG)]
-    produce_to(kafka6, [(m, t % PARTITIONS) for t, m in enumerate(openings)])
-    keys = {m["key"] for m in openings}
-    reader = TopicReader(kafka6, kafka6.topics.commands, COMMAND)
-    watch = Watch(pool, set())
-    try:
-        pool.start()
-        pool.start()
-        reader.until(
-            lambda got: len(answer_ids(got, keys)) == TOGETHER_BACKLOG,
-            watch,
-            missing=lambda got: len(keys - {c["event_key"] for c in got}),
-        )
-    finally:
-        reader.close()
-    answered = Counter(c["event_key"] for c in reader.records)
-    assert set(answered) == keys
+    keys, commands, _ = answer_openings(kafka6, pool, unique, TOGETHER_BACKLOG, workers=2)
+    assert {c["event_key"] for c in commands} == keys
     print(f"{TOGETHER_BACKLOG} mails, two workers started together: all answered")
 
 
@@ -518,7 +527,7 @@ def test_a_partition_whose_first_records_were_aborted_is_committed_to_its_end(
     # same: no record at the first offsets): a read_committed consumer's first record there is
     # at offset 11. A partition never committed commits only from its first offset on
     # (streams/seeks.py); that it holds no record up to 11 is learnt from the first record
-    # fetched after the seek there. Before, the partition would never have committed.
+    # fetched after the seek there; without that, the floor kept it from ever committing.
     group = yaml.safe_load(config6.read_text())["streams"]["app_id"]
     now = dt.datetime.now(dt.UTC).replace(microsecond=0)
     topic = kafka6.topics.events
@@ -530,17 +539,8 @@ def test_a_partition_whose_first_records_were_aborted_is_committed_to_its_end(
         tx.produce(topic, key=record["key"], value=MAIL.encode(record, topic), partition=0)
     assert tx.flush(30) == 0
     tx.abort_transaction(30)
-    openings = [thread_mail(t, 0, unique, now) for t in range(60)]
-    produce_to(kafka6, [(m, t % PARTITIONS) for t, m in enumerate(openings)])
-    keys = {m["key"] for m in openings}
-    reader = TopicReader(kafka6, kafka6.topics.commands, COMMAND)
-    watch = Watch(pool, set())
-    try:
-        pool.start()
-        reader.until(lambda got: len(answer_ids(got, keys)) == len(keys), watch)
-    finally:
-        reader.close()
-    assert not {c["event_key"] for c in reader.records} & {m["key"] for m in aborted}
+    _, commands, watch = answer_openings(kafka6, pool, unique, 60, workers=1)
+    assert not {c["event_key"] for c in commands} & {m["key"] for m in aborted}
     deadline = time.monotonic() + DEADLINE_S
     while (lags := group_lag(kafka6, group, [topic])[topic]) != dict.fromkeys(lags, 0):
         assert time.monotonic() < deadline, f"mail.events not committed to its end: {lags}"
