@@ -25,10 +25,14 @@ the seek is never dropped (its records would be lost: aiokafka's position is pas
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
+from aiokafka.errors import KafkaError
 from faust.transport.drivers import aiokafka as aiokafka_driver
+
+log = logging.getLogger(__name__)
 
 
 class SeekAwareThread(aiokafka_driver.AIOKafkaConsumerThread):
@@ -89,7 +93,11 @@ class SeekAwareThread(aiokafka_driver.AIOKafkaConsumerThread):
             committed[tp] = await consumer.committed(tp)
         streams = self.consumer.app.topics.acks_enabled_for  # changelogs: faust's recovery's
         unset = [tp for tp, offset in committed.items() if not offset and streams(tp.topic)]
-        first = await consumer.beginning_offsets(unset) if unset else {}
+        try:
+            first = await consumer.beginning_offsets(unset) if unset else {}
+        except KafkaError as exc:  # the settled generation's re-seek seeks them (streams.app)
+            log.warning("first offsets of %d stream partitions not read: %r", len(unset), exc)
+            first = {}
         # None of a partition a rebalance took away meanwhile (aiokafka would raise).
         assigned = consumer.assignment()
         seeks = [(tp, offset) for tp, offset in committed.items() if offset and tp in assigned]

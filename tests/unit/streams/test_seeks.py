@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
+import pytest
 from aiokafka import TopicPartition as TP
+from aiokafka.errors import KafkaTimeoutError
 from intervaltree import IntervalTree
 
 from streams.seeks import SeekAwareConsumer, SeekAwareThread, fresh_records
@@ -268,3 +270,23 @@ def test_a_partition_whose_first_records_are_gone_commits() -> None:
     assert c._new_offset(NEW) is None  # 7-18: not known to hold no record yet
     c._no_records(NEW, 7, 19)
     assert c._new_offset(NEW) == 25
+
+
+def test_first_offsets_not_read_leave_those_partitions_to_the_settled_re_seek(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Unanswered(FakeAiokafka):
+        async def beginning_offsets(self, tps: list[TP]) -> dict[TP, int]:
+            raise KafkaTimeoutError()
+
+    never = TP("mail.events", 5)
+    consumer = Unanswered({KEPT: 82, never: None})
+    t = thread()
+    t._ensure_consumer = lambda: consumer  # type: ignore[method-assign]
+    t.consumer = SimpleNamespace(  # type: ignore[assignment]
+        app=SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda n: True))
+    )
+    committed: Any = asyncio.run(t._seek_to_committed())  # a broker slow to answer: no crash
+    assert committed == {KEPT: 82, never: None}
+    assert consumer.sought == {KEPT: 82} and t.first_offsets == {}
+    assert "first offsets of 1 stream partitions not read" in caplog.text
