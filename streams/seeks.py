@@ -155,7 +155,6 @@ class SeekAwareConsumer(aiokafka_driver.Consumer):
         re-seek, a first generation that rebalanced before it settled committed nothing, and
         the next read all of it again: 6,440 of 12,000 mails handled twice in `bench streams`
         with 3 workers.)"""
-        self._thread.first_offsets = {}
         await super().perform_seek()
         assigned = self.assignment()
         self.start_offsets.update(
