@@ -179,7 +179,7 @@ class _ReadCommittedConsumer(SeekAwareConsumer):
                 self.app.flow_control.suspend()
                 self.app.flow_control.clear()
             try:
-                await self.commit()
+                await self.commit_now()
             except Exception as exc:  # faust's own commit below still runs
                 log.warning("commit before the rebalance failed: %r", exc)
         await super().on_partitions_revoked(revoked)
@@ -645,9 +645,9 @@ class StreamsWorker:
         if self._settling_generation != generation:
             self._settling_generation = generation  # let the rebalance's own seek finish first
             return
-        consumer: Any = self.app.consumer  # ConsumerT does not declare seek_to_committed
+        consumer: Any = self.app.consumer  # ConsumerT does not declare committed_offsets
         async with self._lock:
-            committed = await consumer.seek_to_committed()
+            committed = await consumer.committed_offsets()
             sources = (self.kafka.topics.events, conversations_topic_name(self.settings.app_id))
             streams = [tp for tp in committed if tp.topic in sources]
             uncommitted = [tp for tp in streams if not committed[tp]]

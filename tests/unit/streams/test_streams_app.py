@@ -344,7 +344,12 @@ class FakeConsumer:
         self.seeks: list[tuple[int, int]] = []
         self.start_offsets: dict[TP, int] = {}
 
+    async def committed_offsets(self) -> dict[TP, int | None]:
+        return dict(self.committed)
+
     async def seek_to_committed(self) -> dict[TP, int | None]:
+        # The re-seek used this to read the committed offsets, and so rewound every partition.
+        self.seeks.extend((tp.partition, o) for tp, o in self.committed.items() if o)
         return dict(self.committed)
 
     async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
@@ -396,7 +401,7 @@ async def test_settled_generation_leaves_partitions_delivered_from_their_target(
 
 
 class RevokingConsumer(FakeConsumer):
-    """A rebalance revokes partition 1 between ``seek_to_committed`` and the seeks (aiokafka
+    """A rebalance revokes partition 1 between ``committed_offsets`` and the seeks (aiokafka
     raises IllegalStateError for a seek of an unassigned partition)."""
 
     def __init__(self, events_topic: str, app: Any, revoke_by_generation: bool) -> None:
