@@ -162,6 +162,19 @@ class SeekAwareConsumer(aiokafka_driver.Consumer):
                 return await self.commit()
         return await self.commit()
 
+    def ack(self, message: Any) -> bool:
+        """faust's ``ack``, for a record an agent was given only (``message.tracked``).
+
+        faust's pure-Python stream loop acknowledges the records it skips, which no agent
+        handled: one fetched in an older generation, or one that arrives while flow control is
+        off (``faust/streams.py``, ``_py_aiter``: ``value = skipped_value`` before the record is
+        tracked, then ``event.ack()``). Acknowledged, they could be committed past after a
+        rebalance. The compiled loop the worker runs (``faust._cython.streams``) does not
+        acknowledge them; this keeps a worker whose compiled module did not load as safe."""
+        if not message.tracked:
+            return False
+        return bool(super().ack(message))
+
     def getmany(self, timeout: float) -> AsyncIterator[tuple[Any, Any]]:
         return fresh_records(
             super().getmany(timeout), self._thread, self._read_offset, self._no_records

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import pytest
 from aiokafka import TopicPartition as TP
 from aiokafka.errors import KafkaTimeoutError
+from faust.types.tuples import ConsumerMessage
 from intervaltree import IntervalTree
 
 from streams.seeks import SeekAwareConsumer, SeekAwareThread, fresh_records
@@ -339,3 +340,21 @@ def test_a_commit_at_a_rebalance_also_commits_what_a_commit_under_way_left(
         return c.commits
 
     assert asyncio.run(run()) == ([110, 150] if commit_now else [110])
+
+
+def test_a_record_no_agent_was_given_is_not_acknowledged() -> None:
+    """faust's pure-Python stream loop acknowledges a record it skips (fetched in an older
+    generation, or while flow control was off) before tracking it: no agent handled it, and
+    acknowledged, a commit could go past it."""
+    c = Commits()
+    c.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
+    c._unacked_messages = set()
+    c._waiting_for_ack = None
+    c._n_acked = 0
+    skipped = ConsumerMessage(KEPT.topic, KEPT.partition, 7, 0.0, 0, None, b"k", b"v", None)
+    given = ConsumerMessage(KEPT.topic, KEPT.partition, 8, 0.0, 0, None, b"k", b"v", None)
+    given.tracked = True  # what the stream loop sets when an agent gets the record
+    assert skipped.tracked is False
+    assert c.ack(skipped) is False
+    assert c.ack(given) is True
+    assert c._acked[KEPT] == [8]
