@@ -1,14 +1,15 @@
 """The faust-streaming app: ``mail.events`` -> by conversation -> guards -> routing -> workflows
 -> ``mail.commands``.
 
-Two agents:
+Two steps:
 
-- ``mail-events`` reads ``mail.events`` (``read_committed``) and re-keys each record by its
-  conversation (:mod:`connectors.core.mail.conversation`: the thread root) onto the internal topic
+- ``mail.events`` (``read_committed``) is re-keyed in faust's fetch loop, without an agent
+  (:mod:`streams.inline`): each record by its conversation
+  (:mod:`connectors.core.mail.conversation`: the thread root) onto the internal topic
   ``<app_id>-mail-events-by-conversation``, value and headers unchanged; its offset is
   committed only after that send was acknowledged (the commit barrier of :mod:`streams.acks`).
   Tombstones are not forwarded.
-- ``mail-conversations`` reads that topic; the lifecycle of one record (one at a time, in
+- the agent ``mail-conversations`` reads that topic; the lifecycle of one record (one at a time, in
   partition order):
 
   1. decode the Avro ``MailEvent``;
@@ -61,7 +62,7 @@ from typing import Any
 import faust
 from aiokafka.errors import IllegalStateError
 from faust.transport.drivers import aiokafka as aiokafka_driver
-from faust.types import TP
+from faust.types import TP, Message
 from mode.services import WaitResults
 
 from connectors.core import tracing
@@ -91,6 +92,7 @@ from streams.changelogs import ensure_changelog_topics, repartition_spec
 from streams.config import StreamsSettings
 from streams.decoded import DecodedRecords
 from streams.drain import FINISHED, close_unstarted, first_step
+from streams.inline import InlineConductor, admit
 from streams.kafka_security import faust_credentials
 from streams.partitioner import KeyPartitioner
 from streams.partitions import PartitionedTable, PrefixIndex
@@ -104,7 +106,6 @@ from streams.workflow import BUILTIN_MODULES, Record, bind_workflows, workflow_e
 log = logging.getLogger(__name__)
 
 AGENT_NAME = "mail-conversations"
-REPARTITION_AGENT_NAME = "mail-events"
 TABLE_NAMES = ("runs", "rates", "state")
 #: How often final workflow state older than ``streams.state_retention_days`` is deleted: the
 #: retention is counted in days, so an hour late costs nothing, and a sweep walks every key.
@@ -216,6 +217,7 @@ class _ReadCommittedConsumer(SeekAwareConsumer):
 
 class _ReadCommittedTransport(aiokafka_driver.Transport):
     Consumer = _ReadCommittedConsumer
+    Conductor = InlineConductor
 
 
 class GatedTable(faust.Table[Any, Any]):
@@ -473,9 +475,8 @@ class StreamsWorker:
         state.prefix_index = PrefixIndex(state.data)
         #: Called with each record's / tick's outcome and whether it came from a record (metrics).
         self.outcome_hooks: list[Callable[[Outcome, bool], None]] = []
-        self.repartition_agent = self.app.agent(self.events_topic, name=REPARTITION_AGENT_NAME)(
-            self._repartition
-        )
+        conductor: InlineConductor = self.app.topics  # type: ignore[assignment]
+        conductor.handle_inline(self.events_topic, self._rekey)
         self.agent = self.app.agent(self.conversations_topic, name=AGENT_NAME)(self._consume)
         self.app.timer(settings.tick_interval_seconds)(self._tick)
         self._last_sweep: dt.datetime | None = None
@@ -483,16 +484,16 @@ class StreamsWorker:
     def _topic(self, name: str) -> Any:
         return self.app.topic(name, key_serializer="raw", value_serializer="raw")
 
-    async def _repartition(self, stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            if not self.stall_guard.delivered(message.tp, message.offset, message.generation_id):
-                continue  # forwarded in this generation already (streams.stall)
-            await self.forward(event.key, event.value, event.headers)
-            # A send that is not awaited does not yield to the loop: without this the agent ran
-            # through a whole backlog before the conversation agent and the timer got a turn
-            # (bench streams: the first command 3 s late, "Timer _tick is overlapping").
-            await asyncio.sleep(0)
+    async def _rekey(self, message: Message) -> None:
+        """Re-key one ``mail.events`` record, in faust's fetch loop (:mod:`streams.inline`)."""
+        app = self.app
+        await app.flow_control.acquire()
+        if not admit(app, message):  # of an older generation: read again by its owner
+            return
+        if self.stall_guard.delivered(message.tp, message.offset, app.consumer_generation_id):
+            await self.forward(message.key, message.value, message.headers)
+        # else: forwarded in this generation already (streams.stall)
+        app.consumer.ack(message)
 
     async def forward(
         self, key: bytes | None, value: bytes | None, headers: tracing.RecordHeaders = None

@@ -1,7 +1,8 @@
-"""Records the re-keying agent decoded, handed to the conversation agent of the same worker.
+"""Records the re-keying decoded, handed to the conversation agent of the same worker.
 
-Why: both agents of :mod:`streams.app` need the decoded ``MailEvent`` (the first for its
-conversation key, the second for everything), and Avro decoding took ~8 % of a worker's CPU
+Why: both steps of :mod:`streams.app` may need the decoded ``MailEvent`` (the re-keying for
+the conversation key of a record without the ``mailtap.conversation`` header, the agent for
+everything), and Avro decoding took ~8 % of a worker's CPU
 each time (py-spy, ``mailtap bench streams``, issue 29). The conversation agent reads the very
 bytes the first one forwarded, usually moments later and in the same process, so it takes the
 decoded record from here instead of decoding it again.

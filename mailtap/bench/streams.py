@@ -197,6 +197,8 @@ class OutputReader:
         #: Records of ``start_topic`` read (events the workers re-keyed).
         self.forwarded = 0
         self.first_ms: int | None = None
+        #: The first answer (command or workflow record) produced.
+        self.first_answer_ms: int | None = None
         self.last_ms = 0
 
     def poll(self) -> None:
@@ -210,6 +212,8 @@ class OutputReader:
                 continue
             self.records += 1
             self.last_ms = max(self.last_ms, stamp)
+            if self.first_answer_ms is None or stamp < self.first_answer_ms:
+                self.first_answer_ms = stamp
             if msg.topic() == self._workflow:
                 key = self._serde.decode(msg.value() or b"", self._workflow).get("event_key")
             else:
@@ -358,6 +362,11 @@ def _measure_workers(
         "events_per_s": round(reader.rate(len(keys)), 1),
         # Process start -> first event consumed: imports, group join, table recovery (not in the rate).
         "start_to_first_event_s": round((reader.first_ms or 0) / 1000 - wall_start, 2),
+        # First event re-keyed -> first answer: how long a backlog kept the workers from
+        # answering (a burst or a replay: new mail waits behind it).
+        "first_answer_after_first_event_s": round(
+            ((reader.first_answer_ms or 0) - (reader.first_ms or 0)) / 1000, 2
+        ),
     }
 
 
@@ -416,7 +425,8 @@ def bench_streams(
             f"{r['workers']} streams worker(s):            {r['events_per_s']:8.0f} events/s, "
             f"{r['ratio_to_bare']:.1%} of the bare loop in the same run, "
             f"{r['cpu_ms_per_event']:.2f} ms CPU per event "
-            f"(the workflows alone {r['workflows_cpu_ms_per_event']:.2f})"
+            f"(the workflows alone {r['workflows_cpu_ms_per_event']:.2f}), first answer "
+            f"{r['first_answer_after_first_event_s']:.1f} s after the first event"
             for r in runs
         ),
         f"targets: one worker >= {TARGET_EVENTS_PER_S:.0f} events/s and >= "

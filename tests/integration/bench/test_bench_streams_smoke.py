@@ -40,6 +40,8 @@ def test_the_streams_bench_counts_every_event_through_one_worker_and_the_bare_lo
     assert isinstance(run["mails_read_again"], int) and run["mails_read_again"] >= 0
     assert run["events_per_s"] > 0 and figures["bare_aiokafka_events_per_s"][0] > 0
     assert run["ratio_to_bare"] > 0 and run["start_to_first_event_s"] > 0
+    # Negative when no answer was seen (0 minus the first event) or the clock started late.
+    assert run["first_answer_after_first_event_s"] >= 0
     assert run["cpu_ms_per_event"] > 0 and figures["bare_cpu_ms_per_event"][0] > 0
     assert run["workflows_cpu_ms_per_event"] > 0
     assert figures["scaling"] == {"1": 1.0}

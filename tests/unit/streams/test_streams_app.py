@@ -17,7 +17,8 @@ from typing import Any, cast
 
 import pytest
 from aiokafka.errors import IllegalStateError
-from faust.types import TP
+from faust.types import TP, Message
+from faust.types.tuples import ConsumerMessage
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import KafkaSettings
@@ -26,6 +27,7 @@ from streams import app as streams_app
 from streams.app import StreamsWorker
 from streams.config import StreamsSettings
 from streams.errors import OutputLost
+from streams.inline import InlineConductor, admit
 from streams.pipeline import Outcome
 from streams.testing import EPOCH, mail_record
 from streams.workflows.approval import approval_id
@@ -261,6 +263,69 @@ async def test_mail_events_are_rekeyed_by_conversation_with_value_and_headers_un
         ("conversations", b"root@example.com"),
     ]
     assert [MAIL.decode(v)["key"] for _, _, v in sent.log] == [opening["key"], reply["key"]]
+
+
+class TrackingConsumer:
+    """What the re-keying asks of faust's consumer: tracking and acknowledgement."""
+
+    def __init__(self) -> None:
+        self.tracked: list[int] = []
+        self.acked: list[int] = []
+
+    def track_message(self, message: Message) -> None:
+        self.tracked.append(message.offset)
+
+    def ack(self, message: Message) -> bool:
+        self.acked.append(message.offset)
+        return True
+
+
+def fetched(topic: str, offset: int, generation: int, key: bytes, value: bytes) -> Message:
+    """A record as faust's consumer hands it on (tracked once something takes it)."""
+    headers = [("mailtap.conversation", b"root@x")]
+    return ConsumerMessage(
+        topic, 0, offset, 0.0, 0, headers, key, value, None, generation_id=generation
+    )
+
+
+async def test_mail_events_are_rekeyed_in_the_fetch_loop_without_an_agent(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    """faust's fetch loop hands a ``mail.events`` record to the re-keying itself (no agent
+    queue for a backlog to fill while the conversation topic's records wait behind it): it is
+    forwarded, tracked and acknowledged; one of an old generation (a rebalance) is left for
+    the next owner; one given again in the same generation is acknowledged, not forwarded."""
+    w, sent = worker
+    conductor = w.app.topics
+    assert isinstance(conductor, InlineConductor)
+    events = KAFKA.topics.events
+    handler = conductor._build_handler(TP(events, 0), set())
+    assert handler == w._rekey
+    faust_handler = conductor._build_handler(TP(w.conversations_topic_name, 0), set())
+    assert faust_handler != w._rekey  # the conversation agent's queue, as faust builds it
+    consumer = TrackingConsumer()
+    w.app.consumer = consumer  # type: ignore[assignment]
+    w.app.consumer_generation_id = 4
+    w.app.flow_control.resume()
+    key, value = encoded(mail_record(message_id="r@example.com", references=["<root@x>"]))
+    await handler(fetched(events, 10, 4, key, value))
+    await handler(fetched(events, 9, 3, key, value))  # fetched before the rebalance
+    await handler(fetched(events, 10, 4, key, value))  # again, after the settled re-seek
+    assert [(t, k) for t, k, _ in sent.log] == [("conversations", b"root@x")]
+    assert (consumer.tracked, consumer.acked) == ([10, 10], [10, 10])
+    w.app.flow_control.suspend()  # a rebalance began: nothing is handed on
+    assert not admit(w.app, fetched(events, 11, 4, key, value))
+    assert consumer.tracked == [10, 10]
+
+
+async def test_the_inline_topic_is_subscribed_when_the_conductor_starts(
+    worker: tuple[StreamsWorker, Recorder],
+) -> None:
+    w, _ = worker
+    conductor = w.app.topics
+    assert KAFKA.topics.events not in {t for topic in conductor for t in topic.topics}
+    await conductor.on_start()
+    assert KAFKA.topics.events in {t for topic in conductor for t in topic.topics}
 
 
 async def test_tick_fires_only_for_the_partitions_this_worker_owns(
