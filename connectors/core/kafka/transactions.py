@@ -145,9 +145,12 @@ class TransactionalSourceWriter:
             self._commit()
         except KafkaException as exc:
             error = _translate(exc)
-            if isinstance(error, FencedError):
-                raise error from exc
-            self._abort()
+            if not isinstance(error, FencedError):
+                # The abort may be what tells: a produce() after the broker fenced this
+                # producer raised only "Local: Fatal error", and its abort then _FENCED.
+                refused = self._abort()
+                if refused is not None and isinstance(_translate(refused), FencedError):
+                    error = _translate(refused)
             raise error from exc
 
     def _produce(
@@ -183,18 +186,28 @@ class TransactionalSourceWriter:
                 raise
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "commit did not complete"))
 
-    def _abort(self) -> None:
+    def _abort(self) -> KafkaException | None:
+        """Abort the open transaction; the exception when that failed (logged), else None."""
         try:
             self._producer.abort_transaction(COMMIT_TIMEOUT_S)
         except KafkaException as exc:
             log.warning("abort_transaction failed: %s", exc.args[0])
+            return exc
+        return None
 
     def close(self) -> None:
         self._producer.flush(10)
 
 
+#: Errors after which this producer can never write again. ``_FATAL`` is what ``produce()``
+#: raises once librdkafka holds a fatal error (its ``fatal()`` flag unset): a writer fenced by a
+#: second instance met it and took it for an aborted transaction, backed off, found the mailbox
+#: caught up by the other, and idled on, never stopping (tests/integration/imap/test_imap_faults).
+_FATAL_CODES = (KafkaError._FATAL, KafkaError._FENCED, KafkaError.PRODUCER_FENCED)
+
+
 def _translate(exc: KafkaException) -> MailtapError:
     err: KafkaError = exc.args[0]
-    if err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED):
+    if err.fatal() or err.code() in _FATAL_CODES:
         return FencedError(f"transactional producer fenced or fatal: {err.str()}")
     return TransactionAborted(f"transaction aborted: {err.str()}")

@@ -2,7 +2,7 @@ import random
 import ssl
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from connectors.core.config import KafkaSettings
 from connectors.core.errors import (
@@ -14,6 +14,7 @@ from connectors.core.errors import (
 )
 from connectors.core.kafka import transactions
 from connectors.core.kafka.clients import client_config, producer_config
+from connectors.core.kafka.errors import FencedError, TransactionAborted
 from connectors.core.kafka.offsets import canonical_json
 from connectors.core.kafka.topics import topic_specs
 from connectors.core.kafka.transactions import transactional_id
@@ -133,3 +134,64 @@ def test_only_transactional_producers_connect_to_every_broker_at_once() -> None:
         bootstrap_servers="127.0.0.1:1", client_properties={"enable.sparse.connections": "true"}
     )
     assert producer_config(own, transactional_id="t")["enable.sparse.connections"] == "true"
+
+
+class FencedProducer:
+    """A transactional producer the broker fenced while a transaction was open, as librdkafka
+    reports it: ``produce()`` raises only "Local: Fatal error" (the error's ``fatal()`` flag
+    unset), and the abort then says ``_FENCED``."""
+
+    produce_code = KafkaError._FATAL
+    abort_code: int | None = KafkaError._FENCED
+
+    def __init__(self, conf: dict[str, object]) -> None:
+        pass
+
+    def begin_transaction(self) -> None:
+        pass
+
+    def produce(self, *args: object, **kwargs: object) -> None:
+        raise KafkaException(KafkaError(self.produce_code, "Unable to produce message"))
+
+    def abort_transaction(self, timeout: float) -> None:
+        if self.abort_code is not None:
+            raise KafkaException(KafkaError(self.abort_code, "fenced by a newer instance"))
+
+
+@pytest.mark.parametrize(
+    ("produce_code", "abort_code"),
+    [
+        (KafkaError._FATAL, KafkaError._FENCED),  # as CI saw it
+        (KafkaError._FATAL, None),  # the produce's error alone says it
+        (KafkaError._STATE, KafkaError._FENCED),  # the abort alone says it
+    ],
+)
+def test_a_writer_fenced_mid_transaction_stops_not_retries(
+    monkeypatch: pytest.MonkeyPatch, produce_code: int, abort_code: int | None
+) -> None:
+    # Found by CI (test_imap_faults, a second instance started mid-backfill): the fenced first
+    # instance took "Local: Fatal error" for an aborted transaction, backed off and idled on.
+    monkeypatch.setattr(transactions, "Producer", FencedProducer)
+    monkeypatch.setattr(transactions, "init_transactions", lambda *args: None)
+    monkeypatch.setattr(FencedProducer, "produce_code", produce_code)
+    monkeypatch.setattr(FencedProducer, "abort_code", abort_code)
+    writer = transactions.TransactionalSourceWriter(
+        KafkaSettings(bootstrap_servers="127.0.0.1:1"), "mailtap-imap-a-INBOX"
+    )
+    record = transactions.SourceRecord("mail.events", b"k", b"v")
+    with pytest.raises(FencedError):
+        writer.write([record], [({"account": "a"}, {"uid": 1})])
+
+
+def test_a_writer_whose_transaction_failed_otherwise_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(transactions, "Producer", FencedProducer)
+    monkeypatch.setattr(transactions, "init_transactions", lambda *args: None)
+    monkeypatch.setattr(FencedProducer, "produce_code", KafkaError._STATE)
+    monkeypatch.setattr(FencedProducer, "abort_code", None)
+    writer = transactions.TransactionalSourceWriter(
+        KafkaSettings(bootstrap_servers="127.0.0.1:1"), "mailtap-imap-a-INBOX"
+    )
+    with pytest.raises(TransactionAborted):
+        writer.write([transactions.SourceRecord("mail.events", b"k", b"v")], [])
