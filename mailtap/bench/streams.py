@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import statistics
 import tempfile
 import time
@@ -42,11 +43,11 @@ from typing import Any
 import click
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
-from connectors.core.kafka.clients import consumer_config, producer_config
+from connectors.core.kafka.clients import admin_client, consumer_config, producer_config
 from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs, ensure_topics
 from connectors.core.mail.conversation import CONVERSATION_HEADER, conversation_key
 from mailtap.bench.ingest import _say, _services
@@ -58,6 +59,8 @@ from streams.app import conversations_topic_name
 from streams.changelogs import repartition_spec
 from streams.config import StreamsSettings
 from streams.testing import WorkflowHarness, mail_record
+
+log = logging.getLogger(__name__)
 
 #: mail.events of the bench (and so every worker's internal topics): room for 3 workers x 2.
 PARTITIONS = 6
@@ -370,6 +373,25 @@ def _measure_workers(
     }
 
 
+def _delete_run_topics(cfg: MailtapConfig, run: str) -> None:
+    """A run's topics once its figures are taken (its own ``bench.streams.*.<run>``, the retry
+    tiers, the workers' ``bench-streams-<run>-*``): each run left about 50 partitions behind,
+    and a dev broker holding 11,000 of them from earlier runs took over 2 minutes to start."""
+    admin = admin_client(cfg.kafka)
+    mark = f".{run}"
+    names = [
+        t
+        for t in admin.list_topics(timeout=30).topics
+        if (t.startswith("bench.streams.") and (t.endswith(mark) or f"{mark}." in t))
+        or t.startswith(f"{_app_id(run)}-")
+    ]
+    for future in admin.delete_topics(names, operation_timeout=30).values():
+        try:
+            future.result()
+        except KafkaException as exc:
+            log.warning("bench topic not deleted: %s", exc)
+
+
 def bench_streams(
     json_out: bool, events: int = 20_000, workers: tuple[int, ...] = (1, 2, 3)
 ) -> dict[str, Any]:
@@ -390,7 +412,10 @@ def bench_streams(
         _say("  bare aiokafka consume -> produce loop ...")
         bare.append(_measure_bare(cfg, keys, run))
         _say(f"  {count} streams worker(s) ...")
-        measured = _measure_workers(config, cfg, keys, count, run)
+        try:
+            measured = _measure_workers(config, cfg, keys, count, run)
+        finally:
+            _delete_run_topics(cfg, run)
         measured["ratio_to_bare"] = round(measured["events_per_s"] / bare[-1]["events_per_s"], 3)
         measured["workflows_cpu_ms_per_event"] = round(_workflows_cpu_ms(cfg, sample), 3)
         runs.append(measured)

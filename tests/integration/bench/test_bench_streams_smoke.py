@@ -3,7 +3,10 @@ event written, and the figures are there (its rates are figures, never asserted)
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from mailtap.bench import ingest
 from mailtap.bench.streams import bench_streams, sample_events
@@ -46,3 +49,9 @@ def test_the_streams_bench_counts_every_event_through_one_worker_and_the_bare_lo
     assert run["workflows_cpu_ms_per_event"] > 0
     assert figures["scaling"] == {"1": 1.0}
     assert isinstance(figures["one_worker_meets_target"], bool)
+    # The run's topics are gone (each left ~50 partitions behind, and a dev broker holding
+    # thousands of them from earlier runs took minutes to start).
+    (run_id,) = [p.name for p in Path(figures["logs"]).iterdir()]
+    admin = AdminClient({"bootstrap.servers": services.bootstrap_servers})
+    left = admin.list_topics(timeout=30).topics
+    assert [t for t in left if run_id in t] == []
