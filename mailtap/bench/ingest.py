@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -559,9 +559,16 @@ def _warm_broker(info: DevServices, seconds: float) -> dict[str, Any]:
 def _delete_topics(kafka: KafkaSettings, tag: str) -> None:
     """A round's topics (named ``*.bench-<tag>``, the source's retry tiers included), once its
     figures are taken: a bench run must not grow the broker."""
-    admin = admin_client(kafka)
     mark = f".bench-{tag}"
-    names = [t for t in admin.list_topics(timeout=30).topics if t.endswith(mark) or f"{mark}." in t]
+    delete_topics_where(kafka, lambda t: t.endswith(mark) or f"{mark}." in t)
+
+
+def delete_topics_where(kafka: KafkaSettings, wanted: Callable[[str], bool]) -> None:
+    """Delete the broker's topics whose name ``wanted`` accepts (a failure is logged)."""
+    admin = admin_client(kafka)
+    names = [t for t in admin.list_topics(timeout=30).topics if wanted(t)]
+    if not names:
+        return  # delete_topics refuses an empty list
     for future in admin.delete_topics(names, operation_timeout=30).values():
         try:
             future.result()

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
 import statistics
 import tempfile
 import time
@@ -43,14 +42,14 @@ from typing import Any
 import click
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, Producer
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
-from connectors.core.kafka.clients import admin_client, consumer_config, producer_config
+from connectors.core.kafka.clients import consumer_config, producer_config
 from connectors.core.kafka.topics import DELETED, TopicSpec, ensure_topic_specs, ensure_topics
 from connectors.core.mail.conversation import CONVERSATION_HEADER, conversation_key
-from mailtap.bench.ingest import _say, _services
+from mailtap.bench.ingest import _say, _services, delete_topics_where
 from mailtap.commands.streams_health import mails_read_again
 from mailtap.components import Component
 from mailtap.dev import DevServices, scenario
@@ -59,8 +58,6 @@ from streams.app import conversations_topic_name
 from streams.changelogs import repartition_spec
 from streams.config import StreamsSettings
 from streams.testing import WorkflowHarness, mail_record
-
-log = logging.getLogger(__name__)
 
 #: mail.events of the bench (and so every worker's internal topics): room for 3 workers x 2.
 PARTITIONS = 6
@@ -377,19 +374,14 @@ def _delete_run_topics(cfg: MailtapConfig, run: str) -> None:
     """A run's topics once its figures are taken (its own ``bench.streams.*.<run>``, the retry
     tiers, the workers' ``bench-streams-<run>-*``): each run left about 50 partitions behind,
     and a dev broker holding 11,000 of them from earlier runs took over 2 minutes to start."""
-    admin = admin_client(cfg.kafka)
     mark = f".{run}"
-    names = [
-        t
-        for t in admin.list_topics(timeout=30).topics
-        if (t.startswith("bench.streams.") and (t.endswith(mark) or f"{mark}." in t))
-        or t.startswith(f"{_app_id(run)}-")
-    ]
-    for future in admin.delete_topics(names, operation_timeout=30).values():
-        try:
-            future.result()
-        except KafkaException as exc:
-            log.warning("bench topic not deleted: %s", exc)
+    delete_topics_where(
+        cfg.kafka,
+        lambda t: (
+            (t.startswith("bench.streams.") and (t.endswith(mark) or f"{mark}." in t))
+            or t.startswith(f"{_app_id(run)}-")
+        ),
+    )
 
 
 def bench_streams(

@@ -149,8 +149,9 @@ class TransactionalSourceWriter:
                 # The abort may be what tells: a produce() after the broker fenced this
                 # producer raised only "Local: Fatal error", and its abort then _FENCED.
                 refused = self._abort()
-                if refused is not None and isinstance(_translate(refused), FencedError):
-                    error = _translate(refused)
+                fenced = None if refused is None else _translate(refused)
+                if isinstance(fenced, FencedError):
+                    error = fenced
             raise error from exc
 
     def _produce(
