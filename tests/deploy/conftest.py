@@ -6,30 +6,43 @@ test here is skipped with the reason; nothing passes silently. ``MAILTAP_DEPLOY_
 turns such a skip into a failure (for CI machines that must run them).
 
 testcontainers talks to ``podman system service`` on a private socket; Ryuk (its reaper) cannot
-be pulled here, so it is disabled and each fixture removes its own containers.
+be pulled here, so it is disabled and each fixture removes its own containers. For a session
+killed before its fixtures end, the session's containers.conf marks every container it starts
+(``mailtap.test-run=<the run's id>``, annotation and environment), and the leftovers plugin
+(``tests/support/leftovers.py``) removes them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from mailtap.dev.process import die_with_parent
-from tests.support import deploy
+from tests.support import deploy, leftovers
 
 SETUP = deploy.ROOT / "deploy" / "podman" / "setup.sh"
 BUILD = deploy.ROOT / "deploy" / "podman" / "build-image.sh"
 
 
+#: podman's default environment of a container (containers.conf(5)), which ``env`` replaces.
+DEFAULT_CONTAINER_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "TERM=xterm",
+)
+
+
 @dataclass(frozen=True)
 class Podman:
-    env: dict[str, str]  # CONTAINERS_CONF, MAILTAP_BASE_IMAGE
+    env: dict[str, str]  # CONTAINERS_CONF (the session's), MAILTAP_BASE_IMAGE
+    build_env: dict[str, str]  # CONTAINERS_CONF as setup.sh wrote it: nothing of the run
 
     def run(
         self, *args: str, check: bool = True, timeout: float = 600
@@ -54,8 +67,23 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"deploy tests skipped: {reason}")
 
 
+def marked_conf(setup_conf: Path, run_id: str, into: Path) -> Path:
+    """setup.sh's containers.conf with every container marked as one of run ``run_id``."""
+    marks = [*DEFAULT_CONTAINER_ENV, f"{leftovers.RUN_ENV}={run_id}"]
+    text = setup_conf.read_text()
+    assert "\n[containers]\n" in text, f"{setup_conf} has no [containers] table"
+    text = text.replace(
+        "\n[containers]\n",
+        "\n[containers]\n"
+        f"env = {json.dumps(marks)}\n"
+        f"annotations = {json.dumps([f'{leftovers.CONTAINER_ANNOTATION}={run_id}'])}\n",
+    )
+    into.write_text(text)
+    return into
+
+
 @pytest.fixture(scope="session")
-def podman() -> Podman:
+def podman(tmp_path_factory: pytest.TempPathFactory) -> Podman:
     setup = subprocess.run([str(SETUP), "--base"], capture_output=True, text=True, timeout=900)
     if setup.returncode != 0:
         _unavailable(f"deploy/podman/setup.sh failed:\n{setup.stderr[-2000:]}")
@@ -64,7 +92,13 @@ def podman() -> Podman:
         for line in setup.stdout.splitlines()
         if line.startswith("export ")
     )
-    tool = Podman(env)
+    run_id = os.environ[leftovers.RUN_ENV]
+    conf = marked_conf(
+        Path(env["CONTAINERS_CONF"]),
+        run_id,
+        tmp_path_factory.mktemp("podman") / "containers.conf",
+    )
+    tool = Podman({**env, "CONTAINERS_CONF": str(conf)}, env)
     probe = tool.run(
         "run",
         "--rm",
@@ -84,7 +118,11 @@ def podman() -> Podman:
 def image(podman: Podman) -> str:
     started = time.monotonic()
     build = subprocess.run(
-        [str(BUILD)], capture_output=True, text=True, timeout=1800, env={**os.environ, **podman.env}
+        [str(BUILD)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, **podman.build_env},
     )
     assert build.returncode == 0, build.stderr[-4000:]
     tag = build.stdout.strip().splitlines()[-1]

@@ -21,6 +21,13 @@ reaper it started at session start (its own process, in its own session, reading
 pytest writes to) sees the pipe's end of file and kills this run's processes the same way:
 those a test started with a plain ``subprocess.Popen``, which nothing else ties to pytest.
 
+Containers are not processes of the session: podman's ``conmon`` runs them outside its process
+groups, so a kill -9 of pytest left the deploy tests' containers running. Every container the
+suite starts carries the annotation ``mailtap.test-run=<id>`` (``tests/deploy/conftest.py``
+writes it, with the id in the containers' environment, into the session's containers.conf); at
+the session's end a container still there is a leftover (removed, and the run fails), and the
+reaper removes this run's containers (a pod with its pod) before it kills the processes.
+
 Services kept on purpose between runs (``MAILTAP_TEST_STATE_DIR``) are excluded by their process
 groups (:func:`keep`); those started by an earlier run do not carry this run's id at all. A
 service the suite started and did not keep is checked like everything else.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +53,10 @@ from pathlib import Path
 import pytest
 
 RUN_ENV = "MAILTAP_TEST_RUN"
+#: The annotation that marks a container of the run (see the module docstring).
+CONTAINER_ANNOTATION = "mailtap.test-run"
+#: podman's commands here: inspecting, or removing a container at once (no stop timeout).
+PODMAN_TIMEOUT_S = 120.0
 #: Processes the teardown has just signalled may still be exiting: wait this long at most for
 #: them to go before calling them leftovers (the check ends as soon as none is left).
 GRACE_S = 10.0
@@ -80,6 +92,18 @@ class Leftover:
 
     def __str__(self) -> str:
         return f"pid {self.pid}: {self.cmdline}"
+
+
+@dataclass(frozen=True)
+class Container:
+    id: str
+    name: str
+    pod: str  # the pod's id, or empty
+
+    def __str__(self) -> str:
+        return (
+            f"container {self.name} ({self.id[:12]}{', pod ' + self.pod[:12] if self.pod else ''})"
+        )
 
 
 @dataclass(frozen=True)
@@ -194,12 +218,54 @@ def kill(leftovers: Iterable[Leftover]) -> None:
             os.kill(leftover.pid, signal.SIGKILL)
 
 
+def _podman(*args: str) -> subprocess.CompletedProcess[str] | None:
+    """``podman args`` (None where podman is not installed, or does not answer)."""
+    if shutil.which("podman") is None:
+        return None
+    try:
+        return subprocess.run(
+            ["podman", *args], capture_output=True, text=True, timeout=PODMAN_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def find_containers(run_id: str) -> list[Container]:
+    """The containers (running or not) annotated ``mailtap.test-run=<run_id>``."""
+    listed = _podman("ps", "--all", "--quiet", "--no-trunc")
+    ids = listed.stdout.split() if listed is not None and listed.returncode == 0 else []
+    if not ids:
+        return []
+    # One may be removed between the two calls: inspect prints the others and exits 125.
+    template = f'{{{{.Id}}}}\t{{{{.Name}}}}\t{{{{.Pod}}}}\t{{{{index .Config.Annotations "{CONTAINER_ANNOTATION}"}}}}'
+    inspected = _podman("container", "inspect", "--format", template, *ids)
+    found = []
+    for line in inspected.stdout.splitlines() if inspected is not None else []:
+        fields = line.split("\t")
+        if len(fields) == 4 and fields[3] == run_id:
+            found.append(Container(fields[0], fields[1], fields[2]))
+    return found
+
+
+def remove_containers(containers: Iterable[Container]) -> None:
+    """Remove them at once, each pod with every container in it (a kube pod's own containers
+    carry only what its manifest gives them; its infra container carries the annotation)."""
+    containers = list(containers)
+    pods = sorted({container.pod for container in containers if container.pod})
+    if pods:
+        _podman("pod", "rm", "--force", "--time", "0", *pods)
+    alone = [container.id for container in containers if not container.pod]
+    if alone:
+        _podman("rm", "--force", "--time", "0", *alone)
+
+
 def reap_when_orphaned(run_id: str, kept_file: str) -> None:
-    """The reaper: block until pytest ends; unless it said the session ended normally, kill
-    every process of ``run_id`` but the kept groups' (again, while any is left: a process
-    being killed may have just forked)."""
+    """The reaper: block until pytest ends; unless it said the session ended normally, remove
+    the containers of ``run_id`` and kill every process of it but the kept groups' (again,
+    while any is left: a process being killed may have just forked)."""
     if sys.stdin.buffer.read() == _DONE:
         return
+    remove_containers(find_containers(run_id))
     for _ in range(20):
         kept = {int(pgid) for pgid in Path(kept_file).read_text().split()}
         found = find_leftovers(run_id, ignore_pids={os.getpid()}, ignore_groups=kept)
@@ -255,12 +321,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run_id = os.environ.get(RUN_ENV)
     if not run_id:
         return
+    containers = find_containers(run_id)
+    remove_containers(containers)
     found = check(run_id, float(os.environ.get(GRACE_ENV) or GRACE_S))
-    if not found:
+    if not found and not containers:
         return
     kill(found)
-    lines = [f"{len(found)} process(es) started by the test session outlived it (now killed):"]
-    lines += [f"  {leftover}" for leftover in found]
+    lines = []
+    if containers:
+        lines.append(
+            f"{len(containers)} container(s) the test session started outlived it (now removed):"
+        )
+        lines += [f"  {container}" for container in containers]
+    if found:
+        lines.append(
+            f"{len(found)} process(es) started by the test session outlived it (now killed):"
+        )
+        lines += [f"  {leftover}" for leftover in found]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_sep("=", "processes left behind", red=True)
