@@ -273,6 +273,8 @@ def reap_when_orphaned(run_id: str, kept_file: str) -> None:
             break
         kill(found)
         time.sleep(0.1)
+    # Once more: a podman client of the run killed just now may have created one meanwhile.
+    remove_containers(find_containers(run_id))
     with contextlib.suppress(OSError):
         os.unlink(kept_file)
 
