@@ -42,7 +42,7 @@ from typing import Any
 import click
 import yaml
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from connectors.core.avro.serde import AvroSerde
 from connectors.core.config import MailtapConfig, load_config
@@ -65,6 +65,10 @@ TARGET_EVENTS_PER_S = 3000.0
 TARGET_RATIO = 0.5
 #: A run that has not answered every event by then has failed (logs are kept and named).
 RUN_TIMEOUT_S = 600.0
+#: Mails written as one worker restarts on the first run's tables (the restart figure).
+RESTART_EVENTS = 4
+#: The tables of the built-in workflows (each with its changelog topic).
+TABLES = ("runs", "rates", "state")
 
 
 def sample_events(run: str, count: int) -> list[dict[str, Any]]:
@@ -370,6 +374,63 @@ def _measure_workers(
     }
 
 
+def _changelog_records(cfg: MailtapConfig, run: str) -> int:
+    """Records written to the run's table changelogs (their high watermarks): what a worker
+    restarted on these tables reads back before it answers."""
+    consumer = Consumer(consumer_config(cfg.kafka, f"bench-watermarks-{uuid.uuid4().hex}"))
+    try:
+        return sum(
+            consumer.get_watermark_offsets(
+                TopicPartition(f"{_app_id(run)}-{table}-changelog", partition), timeout=30
+            )[1]
+            for table in TABLES
+            for partition in range(PARTITIONS)
+        )
+    finally:
+        consumer.close()
+
+
+def _measure_restart(config: Path, cfg: MailtapConfig, run: str) -> dict[str, Any]:
+    """One worker restarted on the tables a run left (its workers stopped): process start ->
+    every answer to mail written as it starts. faust reads the tables' changelogs back first
+    (the memory store keeps nothing across a restart), so this is how long a restart or a
+    failover leaves new mail unanswered."""
+    fresh = sample_events(f"{run}-restart", RESTART_EVENTS)
+    records = _changelog_records(cfg, run)
+    reader = OutputReader(
+        cfg, [cfg.kafka.topics.commands, cfg.kafka.topics.workflow], {e["key"] for e in fresh}
+    )
+    spawned = time.time()
+    worker = Component(
+        "streams",
+        config,
+        config.parent / "logs" / "streams-restart.log",
+        env={"MAILTAP__HEALTH__PORT": str(free_ports(1)[0])},
+    ).start()
+    try:
+        _prefill(cfg, fresh)
+        started = time.monotonic()
+        while not reader.done:
+            reader.poll()
+            if not worker.alive:
+                raise click.ClickException(
+                    f"the restarted streams worker exited; last log lines:\n{worker.log_tail()}"
+                )
+            if time.monotonic() - started > RUN_TIMEOUT_S:
+                raise click.ClickException(
+                    f"the restarted worker answered {len(reader.answered)} of {RESTART_EVENTS} "
+                    f"new events in {RUN_TIMEOUT_S:.0f} s; logs in {config.parent / 'logs'}"
+                )
+    finally:
+        worker.stop()
+        reader.close()
+    return {
+        "changelog_records": records,
+        # The last answer to the new mail: the restart's outputs are the newest records.
+        "start_to_answers_s": round(reader.last_ms / 1000 - spawned, 2),
+    }
+
+
 def _delete_run_topics(cfg: MailtapConfig, run: str) -> None:
     """A run's topics once its figures are taken (its own ``bench.streams.*.<run>``, the retry
     tiers, the workers' ``bench-streams-<run>-*``): each run left about 50 partitions behind,
@@ -391,6 +452,7 @@ def bench_streams(
     info = _services()
     runs: list[dict[str, Any]] = []
     bare: list[dict[str, Any]] = []
+    restart: dict[str, Any] = {}
     folder = Path(tempfile.mkdtemp(prefix="mailtap-bench-streams-"))
     for count in workers:
         run = uuid.uuid4().hex[:8]
@@ -406,6 +468,9 @@ def bench_streams(
         _say(f"  {count} streams worker(s) ...")
         try:
             measured = _measure_workers(config, cfg, keys, count, run)
+            if not restart:  # once, on the first run's tables
+                _say("  one worker restarted on the tables of the run ...")
+                restart = {"workers_before": count, **_measure_restart(config, cfg, run)}
         finally:
             _delete_run_topics(cfg, run)
         measured["ratio_to_bare"] = round(measured["events_per_s"] / bare[-1]["events_per_s"], 3)
@@ -424,6 +489,7 @@ def bench_streams(
         "bare_events_counted": [b["events_counted"] for b in bare],
         "bare_cpu_ms_per_event": [b["cpu_ms_per_event"] for b in bare],
         "runs": runs,
+        "restart": restart,
         "target_events_per_s_one_worker": TARGET_EVENTS_PER_S,
         "target_ratio": TARGET_RATIO,
         "logs": str(folder),
@@ -446,6 +512,9 @@ def bench_streams(
             f"{r['first_answer_after_first_event_s']:.1f} s after the first event"
             for r in runs
         ),
+        f"a worker restarted on the tables of {events} events "
+        f"({restart['changelog_records']} changelog records): the new mail answered "
+        f"{restart['start_to_answers_s']:.1f} s after its process start",
         f"targets: one worker >= {TARGET_EVENTS_PER_S:.0f} events/s and >= "
         f"{TARGET_RATIO:.0%} of the bare loop; near-linear to 3 workers on {PARTITIONS} partitions",
     ]

@@ -48,6 +48,12 @@ def test_the_streams_bench_counts_every_event_through_one_worker_and_the_bare_lo
     assert run["cpu_ms_per_event"] > 0 and figures["bare_cpu_ms_per_event"][0] > 0
     assert run["workflows_cpu_ms_per_event"] > 0
     assert figures["scaling"] == {"1": 1.0}
+    # A worker restarted on the run's tables reads their changelogs back (a dedupe mark per
+    # event at least), then answers the 4 mails written as it starts.
+    restart = figures["restart"]
+    assert restart["workers_before"] == 1
+    assert restart["changelog_records"] >= 200
+    assert restart["start_to_answers_s"] > 0
     assert isinstance(figures["one_worker_meets_target"], bool)
     # The run's topics are gone (each left ~50 partitions behind, and a dev broker holding
     # thousands of them from earlier runs took minutes to start).
