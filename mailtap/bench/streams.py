@@ -299,6 +299,22 @@ def _cpu(components: list[Component]) -> float:
     return sum(cpu_seconds(c.process.pid) for c in components if c.process is not None)
 
 
+def _check_running(
+    workers: list[Component], reader: OutputReader, started: float, logs: Path
+) -> None:
+    """Raise when a worker exited, or when the events were not all answered in time."""
+    for worker in workers:
+        if not worker.alive:
+            raise click.ClickException(
+                f"a streams worker exited; last log lines:\n{worker.log_tail()}"
+            )
+    if time.monotonic() - started > RUN_TIMEOUT_S:
+        raise click.ClickException(
+            f"{len(workers)} worker(s) answered {len(reader.answered)} of {len(reader.wanted)} "
+            f"events in {RUN_TIMEOUT_S:.0f} s; logs in {logs}"
+        )
+
+
 def _measure_workers(
     config: Path, cfg: MailtapConfig, keys: set[str], workers: int, run: str
 ) -> dict[str, Any]:
@@ -332,16 +348,7 @@ def _measure_workers(
             if cpu_at_first_event is None and reader.first_ms is not None:
                 # Seen within a poll of it: what the workers spent on start-up stays out.
                 cpu_at_first_event = _cpu(components)
-            for comp in components:
-                if not comp.alive:
-                    raise click.ClickException(
-                        f"a streams worker exited; last log lines:\n{comp.log_tail()}"
-                    )
-            if time.monotonic() - started > RUN_TIMEOUT_S:
-                raise click.ClickException(
-                    f"{workers} worker(s) answered {len(reader.answered)} of {len(keys)} events "
-                    f"in {RUN_TIMEOUT_S:.0f} s; logs in {logs}"
-                )
+            _check_running(components, reader, started, logs)
         cpu_s = _cpu(components) - (cpu_at_first_event or 0.0)
         try:
             read_again = sum(mails_read_again(port) for port in ports)
@@ -412,15 +419,7 @@ def _measure_restart(config: Path, cfg: MailtapConfig, run: str) -> dict[str, An
         started = time.monotonic()
         while not reader.done:
             reader.poll()
-            if not worker.alive:
-                raise click.ClickException(
-                    f"the restarted streams worker exited; last log lines:\n{worker.log_tail()}"
-                )
-            if time.monotonic() - started > RUN_TIMEOUT_S:
-                raise click.ClickException(
-                    f"the restarted worker answered {len(reader.answered)} of {RESTART_EVENTS} "
-                    f"new events in {RUN_TIMEOUT_S:.0f} s; logs in {config.parent / 'logs'}"
-                )
+            _check_running([worker], reader, started, config.parent / "logs")
     finally:
         worker.stop()
         reader.close()
