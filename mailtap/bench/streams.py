@@ -54,7 +54,7 @@ from mailtap.commands.streams_health import mails_read_again
 from mailtap.components import Component
 from mailtap.dev import DevServices, scenario
 from mailtap.dev.process import cpu_seconds, free_ports
-from streams.app import conversations_topic_name
+from streams.app import TABLE_NAMES, conversations_topic_name
 from streams.changelogs import repartition_spec
 from streams.config import StreamsSettings
 from streams.testing import WorkflowHarness, mail_record
@@ -67,8 +67,6 @@ TARGET_RATIO = 0.5
 RUN_TIMEOUT_S = 600.0
 #: Mails written as one worker restarts on the first run's tables (the restart figure).
 RESTART_EVENTS = 4
-#: The tables of the built-in workflows (each with its changelog topic).
-TABLES = ("runs", "rates", "state")
 
 
 def sample_events(run: str, count: int) -> list[dict[str, Any]]:
@@ -393,7 +391,7 @@ def _changelog_records(cfg: MailtapConfig, run: str) -> int:
             consumer.get_watermark_offsets(
                 TopicPartition(f"{_app_id(run)}-{table}-changelog", partition), timeout=30
             )[1]
-            for table in TABLES
+            for table in TABLE_NAMES
             for partition in range(PARTITIONS)
         )
     finally:
